@@ -1,0 +1,54 @@
+"""Attention metadata in the FlashAttention "varlen" style.
+
+A batch flattens all requests' new tokens into one sequence. To attend, each request needs to know
+where its queries sit in that sequence and where its keys sit in the KV cache:
+
+  cu_seqlens_q   [B+1]  prefix sums of the new-token counts: request i owns queries cu[i]:cu[i+1]
+  cache_seqlens  [B]    total KV length of request i after this step (cached + new)
+  page_table     [B, max_seqlen_k]  KV locations of request i's tokens (rows of the big page table)
+  last_indices   [B]    index of each request's last query: where its next-token logits come from
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.core import Batch
+
+
+@dataclass
+class AttentionMetadata:
+    cu_seqlens_q: torch.Tensor
+    cache_seqlens: torch.Tensor
+    page_table: torch.Tensor
+    last_indices: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+def prepare_metadata(batch: Batch, page_table: torch.Tensor, device: torch.device) -> AttentionMetadata:
+    """Build the metadata of `batch` from its requests' lengths (read before `complete_one`), using
+    the engine's full page table [rows, max_seq_len]."""
+    seqlens_q = [req.extend_len for req in batch.reqs]
+    seqlens_k = [req.device_len for req in batch.reqs]
+    cu = [0]
+    for n in seqlens_q:
+        cu.append(cu[-1] + n)
+    cu_seqlens_q = torch.tensor(cu, dtype=torch.int32)
+    max_k = max(seqlens_k)
+    rows = torch.tensor([req.table_idx for req in batch.reqs], dtype=torch.int64)
+    pin = device.type == "cuda"
+
+    def to_dev(t: torch.Tensor) -> torch.Tensor:
+        return (t.pin_memory() if pin else t).to(device, non_blocking=True)
+
+    return AttentionMetadata(
+        cu_seqlens_q=to_dev(cu_seqlens_q),
+        cache_seqlens=to_dev(torch.tensor(seqlens_k, dtype=torch.int32)),
+        page_table=page_table[to_dev(rows), :max_k],
+        last_indices=to_dev((cu_seqlens_q[1:] - 1).to(torch.int64)),
+        max_seqlen_q=max(seqlens_q),
+        max_seqlen_k=max_k,
+    )

@@ -1,0 +1,66 @@
+"""The reference attention backend, in plain torch: store this step's K/V in the paged cache, then
+let each request's queries attend over all of its cached keys (causally for the new tokens).
+
+Prefill handles one request at a time (their lengths differ). Decode — one query per request —
+runs as one batched, masked computation over the padded page table, with no Python loop, so it is
+as fast as torch allows and can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.core import Batch
+from minisgl.kvcache import KVCache
+
+
+class TorchAttentionBackend:
+    def __init__(self, kv_cache: KVCache, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        self.kv_cache = kv_cache
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.group = num_heads // num_kv_heads
+        self.scale = 1.0 / math.sqrt(head_dim)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
+                batch: Batch) -> torch.Tensor:
+        """q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim]. Returns like q."""
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        if batch.is_decode:
+            return self._decode(q, layer_id, batch)
+        return self._prefill(q, layer_id, batch)
+
+    def _prefill(self, q: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        meta = batch.attn_metadata
+        k_cache, v_cache = self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id)
+        cu = meta.cu_seqlens_q.tolist()
+        lens_k = meta.cache_seqlens.tolist()
+        out = torch.empty_like(q)
+        for i in range(len(lens_k)):
+            qi = q[cu[i] : cu[i + 1]]  # [Lq, H, D]
+            len_q, len_k = qi.shape[0], lens_k[i]
+            locs = meta.page_table[i, :len_k]
+            ki, vi = k_cache[locs], v_cache[locs]  # [Lk, Hkv, D]
+            # query j sits at absolute position len_k - len_q + j and sees keys 0..that position
+            qpos = torch.arange(len_k - len_q, len_k, device=q.device).unsqueeze(1)
+            mask = torch.arange(len_k, device=q.device).unsqueeze(0) <= qpos  # [Lq, Lk]
+            oi = F.scaled_dot_product_attention(
+                qi.transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1),
+                attn_mask=mask, scale=self.scale, enable_gqa=True)
+            out[cu[i] : cu[i + 1]] = oi.transpose(0, 1)
+        return out
+
+    def _decode(self, q: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        meta = batch.attn_metadata
+        k_cache, v_cache = self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id)
+        locs = meta.page_table  # [B, max_k]; entries past a request's length are ignored
+        keys, values = k_cache[locs], v_cache[locs]  # [B, max_k, Hkv, D]
+        max_k = locs.shape[1]
+        mask = torch.arange(max_k, device=q.device).unsqueeze(0) < meta.cache_seqlens.unsqueeze(1)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2),  # [B, H, 1, D]
+            keys.transpose(1, 2), values.transpose(1, 2),  # [B, Hkv, max_k, D]
+            attn_mask=mask[:, None, None, :], scale=self.scale, enable_gqa=True)
+        return out.squeeze(2)

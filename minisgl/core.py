@@ -1,0 +1,166 @@
+"""The data every layer of the engine shares: sampling parameters, requests, batches, and the
+per-forward context.
+
+A request's lengths are the heart of the scheduler. For a request with prompt length P that has
+produced k tokens on the device:
+
+    cached_len      tokens whose KV is already in the cache (written by an earlier step)
+    device_len      tokens the device knows about: P + k
+    max_device_len  P + max_tokens: the request may not grow past this
+
+`device_len - cached_len` tokens go through the model in the next step (the "extend" part).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, List, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from minisgl.attention.metadata import AttentionMetadata
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token. `temperature == 0` (or `top_k == 1`) means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = -1  # -1: no top-k filtering
+    top_p: float = 1.0
+    max_tokens: int = 16
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or an integer >= 1, got {self.top_k!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(eq=False)
+class Req:
+    """One request as the scheduler sees it. `eq=False`: requests are compared by identity, so they
+    can live in sets and dicts even though their fields change."""
+
+    input_ids: torch.Tensor  # int32 on the CPU: the prompt, then every token the CPU has received
+    table_idx: int  # its row in the page table and the token pool
+    cached_len: int
+    output_len: int  # max_tokens
+    uid: int
+    sampling_params: SamplingParams
+    cache_handle: Any = None  # what the prefix cache gave it (locked while the request runs)
+    device_len: int = field(init=False)
+    max_device_len: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.device_len = len(self.input_ids)
+        self.max_device_len = len(self.input_ids) + self.output_len
+
+    @property
+    def remain_len(self) -> int:
+        """How many more tokens the device may still produce for this request."""
+        return self.max_device_len - self.device_len
+
+    @property
+    def extend_len(self) -> int:
+        """How many tokens the next forward pass must process for this request."""
+        return self.device_len - self.cached_len
+
+    @property
+    def can_decode(self) -> bool:
+        """Whether the device may run one more decode step for this request."""
+        return self.remain_len > 0
+
+    def complete_one(self) -> None:
+        """Advance the request by one step right after its forward pass is launched: everything the
+        device knew is now cached, and the device will know one token more (the one being sampled)."""
+        self.cached_len = self.device_len
+        self.device_len += 1
+
+    def append_host(self, next_token: torch.Tensor) -> None:
+        """Record a token that has arrived on the CPU."""
+        self.input_ids = torch.cat([self.input_ids, next_token.to(self.input_ids.dtype)])
+
+    def __repr__(self) -> str:
+        return (
+            f"Req(uid={self.uid}, table_idx={self.table_idx}, cached_len={self.cached_len}, "
+            f"device_len={self.device_len}, max_device_len={self.max_device_len})"
+        )
+
+
+@dataclass(eq=False)
+class Batch:
+    """The requests of one forward pass, and the tensors the scheduler prepared for it."""
+
+    reqs: List[Req]
+    phase: Literal["prefill", "decode"]
+    # Filled in by the scheduler before the forward pass:
+    input_ids: torch.Tensor | None = None  # gathered from the token pool on the engine stream
+    positions: torch.Tensor | None = None
+    out_loc: torch.Tensor | None = None  # KV-cache slot of every token processed
+    attn_metadata: "AttentionMetadata | None" = None
+    step: int = 0  # a running number, for the event log
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.phase == "prefill"
+
+    @property
+    def is_decode(self) -> bool:
+        return self.phase == "decode"
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+
+class Context:
+    """What a layer deep inside the model needs to know about the current forward pass (the batch and
+    the attention backend) without every forward() passing it along."""
+
+    def __init__(self, page_size: int, kv_cache: Any = None, attn_backend: Any = None) -> None:
+        self.page_size = page_size
+        self.kv_cache = kv_cache
+        self.attn_backend = attn_backend
+        self._batch: Batch | None = None
+
+    @property
+    def batch(self) -> Batch:
+        if self._batch is None:
+            raise RuntimeError("no batch is being run: use `with ctx.forward_batch(batch):`")
+        return self._batch
+
+    @contextmanager
+    def forward_batch(self, batch: Batch) -> Iterator[Batch]:
+        if self._batch is not None:
+            raise RuntimeError("a forward pass is already running in this context")
+        self._batch = batch
+        try:
+            yield batch
+        finally:
+            self._batch = None
+
+
+_GLOBAL_CTX: Context | None = None
+
+
+def set_global_ctx(ctx: Context | None) -> None:
+    global _GLOBAL_CTX
+    _GLOBAL_CTX = ctx
+
+
+def get_global_ctx() -> Context:
+    if _GLOBAL_CTX is None:
+        raise RuntimeError("no engine context: build an Engine first")
+    return _GLOBAL_CTX

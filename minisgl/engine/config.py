@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine needs to build itself. Most fields have a sensible default for the
+    bundled model on a laptop."""
+
+    model_path: str | Path
+    dtype: torch.dtype | None = None  # None: float32 on a CPU, the checkpoint's dtype on a GPU
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
+    max_running_req: int = 16
+    page_size: int = 1
+    num_page_override: int | None = None  # fix the KV pool size (tests); else sized automatically
+    max_seq_len_override: int | None = None  # longest request (prompt + output); else the model's limit
+    memory_ratio: float = 0.85  # share of free GPU memory the KV pool may take
+    cpu_kv_tokens: int = 65536  # KV pool size in tokens on a CPU when not overridden
+    cpu_streams: str | None = None  # "eager" / "deferred"; None: from MINISGL_CPU_STREAMS
+    seed: int | None = 0
+    use_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_running_req < 1:
+            raise ValueError("max_running_req must be >= 1")
+        if self.page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        if self.num_page_override is not None and self.num_page_override < 1:
+            raise ValueError("num_page_override must be >= 1")

@@ -1,0 +1,115 @@
+"""The engine: owns the model, the KV cache, the page table and token pool, and runs one batch.
+
+The engine works on its own stream. `forward_batch` only *launches* work there and advances each
+request's CPU-side state right away (`complete_one`), so the scheduler can plan the next step
+before this one has finished. The results arrive in a `ForwardOutput` whose `copy_done` event says
+when the sampled tokens have reached the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+import torch
+
+from minisgl.attention import TorchAttentionBackend
+from minisgl.core import Batch, Context, set_global_ctx
+from minisgl.env import ENV
+from minisgl.kvcache import KVCache
+from minisgl.models import ModelConfig, load_model
+from minisgl.utils import DeviceKit, Event, resolve_device
+
+from .config import EngineConfig
+from .sampler import BatchSamplingArgs, Sampler
+
+Index2D = Tuple[torch.Tensor, torch.Tensor]  # (rows, columns) into the token pool
+
+
+@dataclass
+class ForwardInput:
+    """One step, as the scheduler hands it to the engine."""
+
+    batch: Batch
+    sample_args: BatchSamplingArgs
+    input_tuple: Index2D  # where each processed token's id is read from in the token pool
+    write_tuple: Index2D  # where each request's sampled token is written in the token pool
+
+
+@dataclass
+class ForwardOutput:
+    next_tokens_gpu: torch.Tensor  # [B] on the device, valid once the engine stream gets there
+    next_tokens_cpu: torch.Tensor  # [B] on the host, valid after copy_done.synchronize()
+    copy_done: Event
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.kit = DeviceKit(self.device, config.cpu_streams or str(ENV.CPU_STREAMS.value))
+        self.model_config = ModelConfig.from_dir(config.model_path)
+        if config.dtype is not None:
+            self.dtype = config.dtype
+        else:  # a CPU has no fast bf16 matmul; a GPU runs the checkpoint's own dtype
+            self.dtype = self.model_config.dtype if self.kit.is_cuda else torch.float32
+        self.model = load_model(config.model_path, self.dtype, self.device)
+
+        cfg = self.model_config
+        self.max_seq_len = config.max_seq_len_override or cfg.max_position_embeddings
+        self.page_size = config.page_size
+        self.num_pages = config.num_page_override or self._auto_num_pages()
+        self.kv_cache = KVCache(cfg.num_layers, self.num_pages, self.page_size, cfg.num_kv_heads,
+                                cfg.head_dim, self.dtype, self.device)
+        # One row per request slot, plus a scratch row (the last) that absorbs writes nobody reads:
+        # the sample of a half-done chunked prefill, and padding rows of CUDA graphs.
+        rows = config.max_running_req + 1
+        self.page_table = torch.zeros(rows, self.max_seq_len, dtype=torch.int32, device=self.device)
+        self.token_pool = torch.zeros(rows, self.max_seq_len, dtype=torch.int32, device=self.device)
+        self.dummy_row = rows - 1
+
+        self.attn_backend = TorchAttentionBackend(self.kv_cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.ctx = Context(self.page_size, self.kv_cache, self.attn_backend)
+        set_global_ctx(self.ctx)
+        self.sampler = Sampler(self.device, config.seed)
+        self.stream = self.kit.new_stream()
+
+    def _auto_num_pages(self) -> int:
+        cfg = self.model_config
+        if not self.kit.is_cuda:
+            return max(1, self.config.cpu_kv_tokens // self.page_size)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        per_page = KVCache.bytes_per_page(cfg.num_layers, self.page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        return max(1, int(free * self.config.memory_ratio) // per_page)
+
+    def forward_batch(self, fi: ForwardInput) -> ForwardOutput:
+        """Launch one step on the engine stream: read the input ids from the token pool, run the
+        model, sample, write each sample into the token pool (where the next step reads it) and copy
+        the samples to the host. Then advance the requests' CPU state; the results are not waited for."""
+        batch = fi.batch
+        bs = batch.size
+        out = ForwardOutput(
+            next_tokens_gpu=torch.empty(bs, dtype=torch.int32, device=self.device),
+            next_tokens_cpu=self.kit.pin(torch.empty(bs, dtype=torch.int32)),
+            copy_done=self.kit.new_event(),
+        )
+
+        def work() -> None:
+            batch.input_ids = self.token_pool[fi.input_tuple]
+            with self.ctx.forward_batch(batch):
+                logits = self.model.forward()
+            tokens = self.sampler.sample(logits, fi.sample_args)
+            out.next_tokens_gpu.copy_(tokens)
+            # The write into the token pool happens *before* copy_done is recorded: whoever waits on
+            # copy_done may then reuse this request's row without racing this write.
+            self.token_pool[fi.write_tuple] = tokens
+            out.next_tokens_cpu.copy_(tokens, non_blocking=True)
+
+        self.stream.launch(work)
+        out.copy_done.record(self.stream)
+        for req in batch.reqs:
+            req.complete_one()
+        return out
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()

@@ -1,0 +1,65 @@
+"""Turning logits into next tokens.
+
+Greedy requests take the argmax (and if the whole batch is greedy, nothing else is computed).
+Otherwise, per request: divide by the temperature, keep the top-k logits, then keep the smallest set
+of tokens whose probability adds up to top-p, and draw from what is left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List
+
+import torch
+
+from minisgl.core import SamplingParams
+
+
+@dataclass
+class BatchSamplingArgs:
+    """Per-request sampling settings as tensors; `None` temperatures means everybody is greedy."""
+
+    temperatures: torch.Tensor | None  # [B] float32, 0 for greedy rows
+    top_k: torch.Tensor | None  # [B] int64, vocab size where off
+    top_p: torch.Tensor | None  # [B] float32
+
+    @classmethod
+    def from_params(cls, params: List[SamplingParams], vocab_size: int, device: torch.device
+                    ) -> "BatchSamplingArgs":
+        if all(p.is_greedy for p in params):
+            return cls(None, None, None)
+        temps = torch.tensor([0.0 if p.is_greedy else p.temperature for p in params], dtype=torch.float32)
+        top_k = torch.tensor([vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params])
+        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+        return cls(temps.to(device), top_k.to(device), top_p.to(device))
+
+
+def top_k_top_p_filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set to -inf every logit outside each row's top-k, then outside its top-p nucleus.
+    logits: [B, V] (already divided by temperature)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
+    sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    # a token stays if the mass *before* it is still below top_p (so the first token always stays)
+    mass_before = probs.cumsum(dim=-1) - probs
+    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p.unsqueeze(1), float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int | None = None) -> None:
+        self.generator = torch.Generator(device=device)
+        if seed is not None:
+            self.generator.manual_seed(seed)
+
+    def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
+        """logits [B, V] -> next token ids [B] (int32)."""
+        greedy = logits.argmax(dim=-1)
+        if args.temperatures is None:
+            return greedy.to(torch.int32)
+        temps = args.temperatures.clamp_min(1e-6).unsqueeze(1)
+        filtered = top_k_top_p_filter(logits.float() / temps, args.top_k, args.top_p)
+        probs = filtered.softmax(dim=-1)
+        drawn = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+        return torch.where(args.temperatures == 0, greedy, drawn).to(torch.int32)

@@ -1,0 +1,40 @@
+"""Environment switches, read once at import and changeable at run time (tests flip them).
+
+Each switch is an object with a `.value` so that code holding a reference to `ENV` always sees the
+current setting, whoever changed it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+def _env_flag(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class Switch:
+    name: str
+    value: object
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+
+class _Env:
+    def __init__(self) -> None:
+        # The overlap loop is the default, as in upstream; set to 1 for the normal (synchronous) loop.
+        self.DISABLE_OVERLAP_SCHEDULING = Switch(
+            "MINISGL_DISABLE_OVERLAP_SCHEDULING", _env_flag("MINISGL_DISABLE_OVERLAP_SCHEDULING")
+        )
+        # "eager" (work runs when launched) or "deferred" (work on the engine stream runs only when
+        # someone synchronizes on it): the deferred mode makes stream-ordering bugs visible on a CPU.
+        self.CPU_STREAMS = Switch("MINISGL_CPU_STREAMS", os.environ.get("MINISGL_CPU_STREAMS", "eager"))
+
+
+ENV = _Env()

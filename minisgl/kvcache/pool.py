@@ -1,0 +1,42 @@
+"""The KV cache: one buffer for every layer's keys and values.
+
+Layout [2, layers, pages, page_size, kv_heads, head_dim]. A token's KV lives at a *location*
+`page * page_size + offset`; flattening pages and page_size gives one row per location, which is
+how attention addresses it. One buffer (not one per layer) means one allocation and one number to
+size from free memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
+        self.buffer = torch.zeros(2, num_layers, num_pages, page_size, num_kv_heads, head_dim,
+                                  dtype=dtype, device=device)
+        # [2, layers, locations, kv_heads, head_dim]: a view, no copy
+        self._flat = self.buffer.view(2, num_layers, num_pages * page_size, num_kv_heads, head_dim)
+
+    @property
+    def num_locations(self) -> int:
+        return self.num_pages * self.page_size
+
+    def k_cache(self, layer_id: int) -> torch.Tensor:
+        return self._flat[0, layer_id]
+
+    def v_cache(self, layer_id: int) -> torch.Tensor:
+        return self._flat[1, layer_id]
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
+        """Write the keys and values of the tokens just computed (k, v: [tokens, kv_heads, head_dim])
+        to their locations `out_loc` [tokens] in layer `layer_id`."""
+        self._flat[0, layer_id][out_loc] = k
+        self._flat[1, layer_id][out_loc] = v
+
+    @staticmethod
+    def bytes_per_page(num_layers: int, page_size: int, num_kv_heads: int, head_dim: int,
+                       dtype: torch.dtype) -> int:
+        return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize

@@ -1,0 +1,9 @@
+from .attention import AttentionLayer
+from .base import BaseOP, OPList
+from .embedding import LMHead, VocabEmbedding
+from .linear import Linear
+from .norm import RMSNorm
+from .rotary import RotaryEmbedding
+
+__all__ = ["AttentionLayer", "BaseOP", "OPList", "LMHead", "VocabEmbedding", "Linear", "RMSNorm",
+           "RotaryEmbedding"]

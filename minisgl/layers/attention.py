@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import torch
+
+from minisgl.core import get_global_ctx
+
+from .base import BaseOP
+from .linear import Linear
+from .norm import RMSNorm
+from .rotary import RotaryEmbedding
+
+
+class AttentionLayer(BaseOP):
+    """Self-attention with grouped-query heads. q/k/v come out of one merged projection; Qwen3 then
+    RMS-normalizes each q and k head (Llama does not); RoPE rotates them; the attention backend
+    stores k/v in the paged KV cache and attends over everything cached for each request."""
+
+    def __init__(self, layer_id: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 qk_norm: bool, bias: bool, eps: float, rotary: RotaryEmbedding,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self._layer_id = layer_id
+        self._num_heads, self._num_kv_heads, self._head_dim = num_heads, num_kv_heads, head_dim
+        self._q_size, self._kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.qkv_proj = Linear(hidden, self._q_size + 2 * self._kv_size, bias, dtype, device)
+        self.o_proj = Linear(self._q_size, hidden, False, dtype, device)
+        if qk_norm:
+            self.q_norm = RMSNorm(head_dim, eps, dtype, device)
+            self.k_norm = RMSNorm(head_dim, eps, dtype, device)
+        self._qk_norm = qk_norm
+        self._rotary = rotary
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ctx = get_global_ctx()
+        qkv = self.qkv_proj.forward(x)
+        q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
+        q = q.reshape(-1, self._num_heads, self._head_dim)
+        k = k.reshape(-1, self._num_kv_heads, self._head_dim)
+        v = v.reshape(-1, self._num_kv_heads, self._head_dim)
+        if self._qk_norm:
+            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
+        q, k = self._rotary.forward(ctx.batch.positions, q, k)
+        out = ctx.attn_backend.forward(q, k, v, self._layer_id, ctx.batch)
+        return self.o_proj.forward(out.reshape(-1, self._q_size))

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from minisgl.kernel import fused_add_rms_norm, rms_norm
+
+from .base import BaseOP
+
+
+class RMSNorm(BaseOP):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
+        self.weight = torch.empty(size, dtype=dtype, device=device)
+        self._eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self._eps)
+
+    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm residual step: returns (norm(x + residual), x + residual). With no residual yet
+        (the first layer) x itself becomes the residual."""
+        if residual is None:
+            return rms_norm(x, self.weight, self._eps), x
+        return fused_add_rms_norm(x, residual, self.weight, self._eps)

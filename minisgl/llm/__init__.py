@@ -1,0 +1,3 @@
+from .llm import LLM, RequestResult
+
+__all__ = ["LLM", "RequestResult"]

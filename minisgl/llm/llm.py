@@ -1,0 +1,190 @@
+"""The offline interface: `LLM(...).generate(prompts, sampling_params)`.
+
+LLM *is* a Scheduler whose messages travel through an in-process queue. Besides `generate`, it
+exposes the pieces a test or a notebook needs to drive the engine step by step: `add_request`,
+`abort`, `step`, and the `results` collected so far.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.env import ENV
+from minisgl.message import AbortBackendMsg, DetokenizeMsg, UserMsg
+from minisgl.models import BUNDLED_MODEL
+from minisgl.scheduler import ForwardData, QueueIO, Scheduler, SchedulerConfig
+
+Prompt = str | Sequence[int]
+
+
+@dataclass
+class RequestResult:
+    uid: int
+    token_ids: List[int] = field(default_factory=list)
+    finished: bool = False
+    aborted: bool = False
+    error: str | None = None
+
+
+class LLM(Scheduler):
+    def __init__(self, model: str | Path = BUNDLED_MODEL, **options) -> None:
+        model_dir = Path(model)
+        if not model_dir.is_dir():
+            raise FileNotFoundError(f"model directory not found: {model_dir}")
+        self._queue = QueueIO(self._on_reply)
+        super().__init__(SchedulerConfig(model_path=model_dir, **options), self._queue)
+        self.tokenizer = _load_tokenizer(model_dir)
+        self.results: Dict[int, RequestResult] = {}
+        self._next_uid = 0
+        self._last_data: ForwardData | None = None
+
+    # ------------------------------------------------------------------ requests
+
+    def encode(self, prompt: Prompt) -> torch.Tensor:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model directory has no tokenizer.json: pass token ids instead of text")
+            ids = self.tokenizer.encode(prompt).ids
+        else:
+            ids = list(prompt)
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise ValueError("a prompt must be a string or a list of integer token ids")
+        return torch.tensor(ids, dtype=torch.int32)
+
+    def decode(self, token_ids: List[int]) -> str:
+        return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
+        """Queue one request; returns its uid. Raises ValueError (and queues nothing) if it can never run."""
+        params = params or SamplingParams()
+        ids = self.encode(prompt)
+        reason = self.validate_request(ids, params.max_tokens)
+        if reason is not None:
+            raise ValueError(reason)
+        uid = self._next_uid
+        self._next_uid += 1
+        self.results[uid] = RequestResult(uid)
+        self._queue.put(UserMsg(uid=uid, input_ids=ids, sampling_params=params))
+        return uid
+
+    def abort(self, uid: int) -> None:
+        """Stop request `uid`. It receives no further tokens."""
+        if uid not in self.results:
+            raise ValueError(f"unknown request uid {uid}")
+        result = self.results[uid]
+        if not result.finished:
+            result.aborted = result.finished = True
+            self._queue.put(AbortBackendMsg(uid=uid))
+
+    def _on_reply(self, msgs: List[DetokenizeMsg]) -> None:
+        for msg in msgs:
+            result = self.results.get(msg.uid)
+            if result is None or result.aborted:
+                continue
+            if msg.error is not None:
+                result.error, result.finished = msg.error, True
+                continue
+            result.token_ids.append(msg.next_token)
+            result.finished = msg.finished
+
+    # ------------------------------------------------------------------ running
+
+    @property
+    def busy(self) -> bool:
+        """Work remains: queued messages, unfinished requests, or a batch in flight."""
+        return self._last_data is not None or self.has_work or bool(self._queue._inbox)
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """One iteration of the loop ENV selects (overlap unless MINISGL_DISABLE_OVERLAP_SCHEDULING)."""
+        with self.stream.context():
+            if ENV.DISABLE_OVERLAP_SCHEDULING:
+                if self._last_data is not None:  # switched loops mid-run: finish the batch in flight
+                    self._process_last_data(self._last_data)
+                    self._last_data = None
+                self.normal_loop()
+            else:
+                self._last_data = self.overlap_loop(self._last_data)
+
+    def run_until_idle(self, max_idle_steps: int = 3) -> None:
+        idle = 0
+        while self.busy:
+            launched = self._step
+            self.step()
+            idle = idle + 1 if self._step == launched and self._last_data is None else 0
+            if idle > max_idle_steps:
+                raise RuntimeError("the scheduler made no progress: requests are stuck waiting "
+                                   f"({len(self.prefill_manager.pending)} queued)")
+
+    def generate(self, prompts: Prompt | List[Prompt],
+                 sampling_params: SamplingParams | List[SamplingParams] | None = None,
+                 progress: bool | None = None) -> List[Dict]:
+        """Run every prompt to completion; returns [{"text", "token_ids"}] in prompt order (plus
+        "error" for a request the scheduler refused)."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # a single prompt
+        prompts = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        # Check every prompt before queueing any, so a bad one loses nothing.
+        encoded = []
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            try:
+                ids = self.encode(prompt)
+                reason = self.validate_request(ids, p.max_tokens)
+            except ValueError as e:
+                reason = str(e)
+            if reason is not None:
+                raise ValueError(f"prompt {i}: {reason}")
+            encoded.append(ids.tolist())
+        uids = [self.add_request(ids, p) for ids, p in zip(encoded, params)]
+        show = progress if progress is not None else (len(uids) >= 64 and sys.stderr.isatty())
+        if show:
+            self._run_with_progress(uids)
+        else:
+            self.run_until_idle()
+        outputs = []
+        for uid in uids:
+            r = self.results.pop(uid)
+            out = {"text": self.decode(r.token_ids), "token_ids": r.token_ids}
+            if r.error is not None:
+                out["error"] = r.error
+            outputs.append(out)
+        return outputs
+
+    def _run_with_progress(self, uids: List[int]) -> None:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task("generating", total=len(uids))
+            while self.busy:
+                self.step()
+                bar.update(task, completed=sum(self.results[u].finished for u in uids))
+
+    def shutdown(self) -> None:
+        """Finish anything in flight and check that nothing leaked."""
+        while self._last_data is not None:
+            self.step()
+        self.engine.synchronize()
+
+
+def _load_tokenizer(model_dir: Path):
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:
+        raise ValueError(f"cannot read tokenizer {path}: {e}") from None

@@ -1,0 +1,34 @@
+"""Model definitions and loading: `load_model(dir, dtype, device)` builds the model on the meta
+device (no memory, no time spent on random init), then fills it from the checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .decoder import CausalLM
+from .llama import LlamaForCausalLM
+from .qwen3 import Qwen3ForCausalLM
+from .weight import load_weight
+
+_CLASSES = {"qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM}
+
+BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "shakespeare-qwen3"
+
+
+def create_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> CausalLM:
+    return _CLASSES[cfg.architecture](cfg, dtype, device)
+
+
+def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> CausalLM:
+    cfg = ModelConfig.from_dir(model_dir)
+    model = create_model(cfg, dtype, torch.device("meta"))
+    load_weight(model, model_dir, device)
+    model.move_rotary(device)
+    return model
+
+
+__all__ = ["ModelConfig", "CausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "load_weight",
+           "create_model", "load_model", "BUNDLED_MODEL"]

@@ -1,0 +1,81 @@
+"""ModelConfig: the handful of numbers the engine needs from a Hugging Face `config.json`.
+
+transformers 4 and 5 write some fields differently: the dtype is `torch_dtype` in 4 and `dtype` in 5;
+RoPE's base is a top-level `rope_theta` in 4 and lives in `rope_parameters` in 5. Both are read here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict
+
+import torch
+
+SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str  # "qwen3" or "llama"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    dtype: torch.dtype
+    eos_token_id: int | None
+
+    @classmethod
+    def from_hf(cls, raw: Dict[str, Any]) -> "ModelConfig":
+        """Build from the parsed `config.json` of either transformers layout."""
+        archs = raw.get("architectures") or []
+        arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(f"unsupported architectures {archs!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+        rope = raw.get("rope_parameters") or {}
+        rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        scaling = rope.get("rope_type", (raw.get("rope_scaling") or {}).get("rope_type", "default"))
+        if scaling not in ("default", None):
+            raise ValueError(f"RoPE scaling {scaling!r} is not supported")
+        dtype_name = raw.get("dtype", raw.get("torch_dtype", "bfloat16")) or "bfloat16"
+        num_heads = raw["num_attention_heads"]
+        eos = raw.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0]
+        return cls(
+            architecture=arch,
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=raw.get("num_key_value_heads", num_heads),
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=raw.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            dtype=getattr(torch, str(dtype_name).replace("torch.", "")),
+            eos_token_id=eos,
+        )
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json in model directory {model_dir}")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
+        return cls.from_hf(raw)

@@ -1,0 +1,83 @@
+"""The decoder-only transformer shared by Qwen3 and Llama: embeddings, N pre-norm blocks of
+(attention, SwiGLU MLP), a final norm and the LM head. The two families differ only in switches
+(Qwen3 normalizes q and k per head)."""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.core import get_global_ctx
+from minisgl.kernel import silu_and_mul
+from minisgl.layers import (AttentionLayer, BaseOP, Linear, LMHead, OPList, RMSNorm,
+                            RotaryEmbedding, VocabEmbedding)
+
+from .config import ModelConfig
+
+
+class MLP(BaseOP):
+    def __init__(self, hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, False, dtype, device)
+        self.down_proj = Linear(intermediate, hidden, False, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
+
+
+class DecoderLayer(BaseOP):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        eps = cfg.rms_norm_eps
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps, dtype, device)
+        self.self_attn = AttentionLayer(
+            layer_id, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            qk_norm=cfg.architecture == "qwen3", bias=cfg.attention_bias, eps=eps,
+            rotary=rotary, dtype=dtype, device=device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, dtype, device)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dtype, device)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None):
+        x, residual = self.input_layernorm.forward_fused(x, residual)
+        x = self.self_attn.forward(x)
+        x, residual = self.post_attention_layernorm.forward_fused(x, residual)
+        return self.mlp.forward(x), residual
+
+
+class DecoderBody(BaseOP):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        # The rotary table is computed for real even when the weights live on the meta device.
+        rope_device = torch.device("cpu") if device.type == "meta" else device
+        self._rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, rope_device)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
+        self.layers = OPList([DecoderLayer(cfg, i, self._rotary, dtype, device) for i in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x, residual = self.embed_tokens.forward(input_ids), None
+        for layer in self.layers:
+            x, residual = layer.forward(x, residual)
+        x, _ = self.norm.forward_fused(x, residual)
+        return x
+
+
+class CausalLM(BaseOP):
+    """`forward()` runs the batch in the global context and returns logits for each request's next
+    token: [num_reqs, vocab]."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        self._config = cfg
+        self.model = DecoderBody(cfg, dtype, device)
+        tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype, device, tied_to=tied)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self._config
+
+    def move_rotary(self, device: torch.device) -> None:
+        rot = self.model._rotary
+        rot._cos, rot._sin = rot._cos.to(device), rot._sin.to(device)
+
+    def forward(self) -> torch.Tensor:
+        batch = get_global_ctx().batch
+        hidden = self.model.forward(batch.input_ids)
+        return self.lm_head.forward(hidden)

@@ -1,0 +1,91 @@
+"""Streaming weight loading from safetensors files in Hugging Face layout.
+
+Tensors are read one at a time (never the whole checkpoint at once), renamed to the engine's keys,
+and q/k/v and gate/up projections are concatenated into the merged weights the engine uses.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+import torch
+
+from minisgl.layers import BaseOP
+
+# HF suffix -> (merged engine suffix, position of this part in the merged weight, parts in total)
+_MERGES = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0, 3),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1, 3),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2, 3),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0, 2),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1, 2),
+}
+
+
+def safetensors_files(model_dir: str | Path) -> List[Path]:
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [model_dir / n for n in names]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in model directory {model_dir}")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint file(s) listed but missing: {', '.join(missing)}")
+    return files
+
+
+def iter_hf_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for path in safetensors_files(model_dir):
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for key in f.keys():
+                    yield key, f.get_tensor(key)
+        except Exception as e:  # safetensors raises its own error types for a corrupt file
+            raise ValueError(f"cannot read checkpoint file {path}: {e}") from None
+
+
+def load_weight(model: BaseOP, model_dir: str | Path, device: torch.device) -> Dict[str, torch.Tensor]:
+    """Read the checkpoint in `model_dir` into a state dict keyed like `model.state_dict()`, merging
+    split projections, then load it into `model` (strictly). Returns the state dict."""
+    expected = {k: v for k, v in model.named_tensors()}
+    state: Dict[str, torch.Tensor] = {}
+    pending: Dict[str, List[torch.Tensor | None]] = {}  # merged key -> parts seen so far
+    for key, tensor in iter_hf_tensors(model_dir):
+        if key.endswith("rotary_emb.inv_freq"):
+            continue  # a cache some old checkpoints saved; recomputed from the config
+        if key == "lm_head.weight" and key not in expected:
+            continue  # a tied model may still ship a copy of the embedding as its head
+        merged = None
+        for hf_suffix, (engine_suffix, pos, total) in _MERGES.items():
+            if key.endswith(hf_suffix + ".weight") or key.endswith(hf_suffix + ".bias"):
+                kind = key.rsplit(".", 1)[1]
+                base = key[: -len(hf_suffix + "." + kind)]
+                merged = (f"{base}{engine_suffix}.{kind}", pos, total)
+                break
+        if merged is None:
+            target = expected.get(key)
+            state[key] = tensor.to(device=device, dtype=target.dtype if target is not None else tensor.dtype)
+            continue
+        mkey, pos, total = merged
+        parts = pending.setdefault(mkey, [None] * total)
+        if parts[pos] is not None:
+            raise ValueError(f"weight {key} appears twice in the checkpoint")
+        parts[pos] = tensor
+        if all(p is not None for p in parts):
+            target = expected.get(mkey)
+            dtype = target.dtype if target is not None else tensor.dtype
+            state[mkey] = torch.cat([p.to(device=device, dtype=dtype) for p in parts], dim=0)
+            del pending[mkey]
+    if pending:
+        mkey, parts = next(iter(pending.items()))
+        raise KeyError(f"missing weight: {mkey} needs {len(parts)} parts, found {sum(p is not None for p in parts)}")
+    model.load_state_dict(state)
+    return state

@@ -1,0 +1,162 @@
+"""The CacheManager: who owns which KV page.
+
+Every page is in exactly one of three places: the free list, the prefix cache, or held by a running
+request (the part of its KV the prefix cache has not taken). `check_integrity` verifies the first
+two add up to the whole pool whenever no request is running.
+
+Pages are `page_size` consecutive locations. A request's page-table row lists one location per
+token; its pages are allocated as its length grows, a page at a time.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, List, Tuple
+
+import torch
+
+from minisgl.core import Req
+from minisgl.kvcache import BasePrefixCache, CacheHandle, create_prefix_cache
+from minisgl.utils import EventLog
+
+
+def pages_for(num_tokens: int, page_size: int) -> int:
+    return -(-num_tokens // page_size)
+
+
+class CacheManager:
+    def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor, cache_type: str,
+                 events: EventLog | None = None) -> None:
+        self.num_pages, self.page_size = num_pages, page_size
+        self.page_table = page_table
+        self.device = page_table.device
+        self.prefix_cache: BasePrefixCache = create_prefix_cache(cache_type, page_size, self.device)
+        self.free_pages = torch.arange(num_pages, dtype=torch.int32, device=self.device)
+        self._events = events or EventLog()
+        self._lazy: List[torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self.free_pages)
+
+    @property
+    def available_pages(self) -> int:
+        """Pages a new request could get: free ones plus those the prefix cache could give up."""
+        return self.num_free_pages + self.prefix_cache.evictable_size // self.page_size
+
+    # ------------------------------------------------------------------ matching and locking
+
+    def match_req(self, input_ids: torch.Tensor) -> Tuple[CacheHandle, torch.Tensor]:
+        """The cached prefix a new request can reuse. The last prompt token is never matched: the
+        model must run on at least one token to produce the first output's logits."""
+        return self.prefix_cache.match_prefix(input_ids[: len(input_ids) - 1])
+
+    def lock(self, handle: CacheHandle) -> None:
+        self.prefix_cache.lock_handle(handle)
+
+    def unlock(self, handle: CacheHandle) -> None:
+        self.prefix_cache.lock_handle(handle, unlock=True)
+
+    # ------------------------------------------------------------------ allocation
+
+    def _take_pages(self, n: int) -> torch.Tensor:
+        if n > self.num_free_pages:
+            evicted = self.prefix_cache.evict((n - self.num_free_pages) * self.page_size)
+            self._free_locations(evicted)
+            self._flush_lazy()
+        if n > self.num_free_pages:
+            raise RuntimeError(f"out of KV pages: need {n}, have {self.num_free_pages} free")
+        pages, self.free_pages = self.free_pages[:n], self.free_pages[n:]
+        return pages
+
+    def allocate_paged(self, reqs: List[Req]) -> None:
+        """Give each request KV locations for the tokens it is about to process, positions
+        [cached_len, device_len), and write them into its page-table row. Locations below
+        cached_len were allocated before, so the request's last page may still have room."""
+        p = self.page_size
+        for req in reqs:
+            start, end = req.cached_len, req.device_len
+            held = pages_for(start, p)  # pages the request already has
+            new = self._take_pages(pages_for(end, p) - held)
+            if len(new):
+                self._events.emit("pages_alloc", uid=req.uid, pages=len(new))
+            parts = []
+            room_end = min(held * p, end)  # positions still fitting in the last held page
+            if start < room_end:
+                last = self.page_table[req.table_idx, start - 1]
+                parts.append(last + torch.arange(1, room_end - start + 1, dtype=torch.int32, device=self.device))
+            if len(new):
+                locs = (new.unsqueeze(1) * p + torch.arange(p, dtype=torch.int32, device=self.device)).flatten()
+                parts.append(locs[: end - room_end])
+            if parts:
+                self.page_table[req.table_idx, start:end] = parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    # ------------------------------------------------------------------ freeing
+
+    def _free_locations(self, locs: torch.Tensor) -> None:
+        """Free the pages of `locs`, a page-aligned run of locations (whole pages)."""
+        if locs.numel() == 0:
+            return
+        pages = locs[:: self.page_size] // self.page_size
+        self._events.emit("pages_free", pages=len(pages))
+        if self._lazy is not None:
+            self._lazy.append(pages.to(torch.int32))
+        else:
+            self.free_pages = torch.cat([self.free_pages, pages.to(torch.int32)])
+
+    def _flush_lazy(self) -> None:
+        if self._lazy:
+            self.free_pages = torch.cat([self.free_pages, *self._lazy])
+            self._lazy.clear()
+
+    @contextmanager
+    def lazy_free_region(self) -> Iterator[None]:
+        """Collect the frees of a whole batch and concatenate once: one cat instead of dozens."""
+        self._lazy = []
+        try:
+            yield
+        finally:
+            lazy, self._lazy = self._lazy, None
+            if lazy:
+                self.free_pages = torch.cat([self.free_pages, *lazy])
+
+    def cache_req(self, req: Req, *, finished: bool) -> None:
+        """Hand the request's computed prefix (its first cached_len tokens) to the prefix cache.
+
+        Tokens the cache already had under other locations are duplicates: free ours, and point the
+        request's page table at the cache's copy. If the request is finished, free everything the
+        cache did not take and drop the request's lock; otherwise lock the new, longer prefix."""
+        row, n = req.table_idx, req.cached_len
+        locs = self.page_table[row, :n]
+        old: CacheHandle = req.cache_handle
+        prefix_len, new = self.prefix_cache.insert_prefix(req.input_ids[:n], locs)
+        if prefix_len > old.cached_len:
+            self._free_locations(locs[old.cached_len : prefix_len].clone())
+        self.unlock(old)
+        if finished:
+            self._free_locations(self.page_table[row, new.cached_len : n].clone())
+            req.cache_handle = CacheHandle(0)
+            return
+        if prefix_len > old.cached_len:
+            _, cached = self.prefix_cache.match_prefix(req.input_ids[: new.cached_len])
+            self.page_table[row, old.cached_len : prefix_len] = cached[old.cached_len : prefix_len]
+        self.lock(new)
+        req.cache_handle = new
+
+    # ------------------------------------------------------------------ checks
+
+    def check_integrity(self) -> None:
+        """With no request running: every page is either free or in the prefix cache, once."""
+        self.prefix_cache.check_integrity()
+        cached_locs = self.prefix_cache.all_indices()
+        cached_pages = torch.unique(cached_locs // self.page_size)
+        free = self.free_pages
+        n_free, n_cached = len(free), len(cached_pages)
+        assert len(torch.unique(free)) == n_free, "a page is in the free list twice"
+        assert n_free + n_cached == self.num_pages, \
+            f"free_pages({n_free}) + cache_pages({n_cached}) != num_pages({self.num_pages})"
+        overlap = torch.isin(free, cached_pages.to(free.dtype))
+        assert not bool(overlap.any()), f"{int(overlap.sum())} page(s) are both free and in the prefix cache"
+        assert self.prefix_cache.protected_size == 0, "a prefix is still locked with no request running"

@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minisgl.engine import EngineConfig
+
+
+@dataclass
+class SchedulerConfig(EngineConfig):
+    cache_type: str = "radix"  # "radix" or "naive"
+    max_extend_tokens: int = 8192  # prefill token budget per step; longer prompts are chunked
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.cache_type not in ("radix", "naive"):
+            raise ValueError(f"cache_type must be 'radix' or 'naive', got {self.cache_type!r}")
+        if self.max_extend_tokens < 1:
+            raise ValueError("max_extend_tokens must be >= 1")

@@ -1,0 +1,282 @@
+"""The Scheduler: receives requests, decides what runs each step, launches it, and handles results.
+
+Two loops drive it:
+
+* `normal_loop`: receive, schedule, launch step N, wait for step N's tokens, handle them.
+* `overlap_loop`: receive, schedule, launch step N, *then* handle step N-1 while step N runs.
+
+With overlap, the CPU's state is one step ahead of the results it handles. Four rules keep the
+results right (each fixes a bug of upstream mini-sglang; see chapter 11):
+
+1. finished is decided from the tokens the CPU has received, not from `can_decode`;
+2. a request that finished at step N but rode along in step N+1 gets no message at N+1;
+3. a freed request slot is reused only once no batch in flight can still write to it;
+4. an abort that arrives while the request's batch is in flight marks it finished, so that batch's
+   results are dropped and its pages are not cached or freed twice.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Dict, List, Set, Tuple
+
+import torch
+
+from minisgl.attention import prepare_metadata
+from minisgl.core import Batch, Req
+from minisgl.engine import BatchSamplingArgs, Engine, ForwardInput, ForwardOutput
+from minisgl.env import ENV
+from minisgl.message import AbortBackendMsg, BackendMsg, DetokenizeMsg, UserMsg
+from minisgl.utils import EventLog
+
+from .cache import CacheManager, pages_for
+from .config import SchedulerConfig
+from .decode import DecodeManager
+from .io import SchedulerIO
+from .prefill import ChunkedReq, PrefillManager
+from .table import TableManager
+
+ForwardData = Tuple[ForwardInput, ForwardOutput]
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, io: SchedulerIO) -> None:
+        self.config = config
+        self.io = io
+        self.events = EventLog()
+        self.engine = Engine(config)
+        engine = self.engine
+        self.device = engine.device
+        self.eos_token_id = engine.model_config.eos_token_id
+        self.vocab_size = engine.model_config.vocab_size
+        self.token_pool, self.page_table = engine.token_pool, engine.page_table
+        self.table_manager = TableManager(config.max_running_req, self.events)
+        self.cache_manager = CacheManager(engine.num_pages, engine.page_size, engine.page_table,
+                                          config.cache_type, self.events)
+        self.decode_manager = DecodeManager()
+        self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager, self.decode_manager,
+                                              engine.token_pool, engine.page_table, self.events)
+        self.stream = engine.kit.new_stream()  # the scheduler's own stream (metadata, table writes)
+        self.finished_reqs: Set[Req] = set()  # finished at the step handled last
+        self._live: Dict[int, Req] = {}  # uid -> launched request whose end has not been handled
+        self._defer_slot_free = False
+        self._deferred_slots: List[Tuple[int, int]] = []  # (table_idx, uid)
+        self._step = 0
+
+    # ------------------------------------------------------------------ streams
+
+    @property
+    def engine_stream_ctx(self):
+        return self.engine.stream.context() if self.engine.kit.is_cuda else nullcontext()
+
+    # ------------------------------------------------------------------ messages
+
+    def receive_msg(self, blocking: bool = False) -> List[BackendMsg]:
+        return self.io.receive(blocking)
+
+    def send_result(self, reply: List[DetokenizeMsg]) -> None:
+        if reply:
+            self.events.emit("send", msgs=list(reply))
+            self.io.send(reply)
+
+    def _reject(self, uid: int, reason: str) -> None:
+        self.events.emit("reject", uid=uid, reason=reason)
+        self.send_result([DetokenizeMsg(uid=uid, next_token=-1, finished=True, error=reason)])
+
+    def validate_request(self, input_ids: torch.Tensor, max_tokens: int) -> str | None:
+        """Why a request can never run here, or None if it can."""
+        n = len(input_ids)
+        if n == 0:
+            return "the prompt is empty"
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            return f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+        limit = self.engine.max_seq_len
+        if n + max_tokens > limit:
+            return f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the context length {limit}"
+        need = pages_for(n + max_tokens, self.engine.page_size)
+        if need > self.engine.num_pages:
+            return f"the request needs {need} KV pages but the pool has only {self.engine.num_pages}"
+        return None
+
+    def _process_one_msg(self, msg: BackendMsg) -> None:
+        if isinstance(msg, UserMsg):
+            reason = self.validate_request(msg.input_ids, msg.sampling_params.max_tokens)
+            if reason is not None:
+                self._reject(msg.uid, reason)
+            else:
+                self.prefill_manager.add_one_req(msg.uid, msg.input_ids, msg.sampling_params)
+        elif isinstance(msg, AbortBackendMsg):
+            self._abort(msg.uid)
+        else:
+            raise TypeError(f"unknown message {msg!r}")
+
+    def _abort(self, uid: int) -> None:
+        pending = self.prefill_manager.get(uid)
+        if pending is not None:
+            self.prefill_manager.remove(pending)
+            chunk = pending.chunked_req
+            if chunk is None:  # still queued: holds nothing
+                self.events.emit("abort", uid=uid, state="queued")
+                return
+            # part-way through a chunked prefill; its last chunk may be in flight (rule 4)
+            self._free_req_resources(chunk)
+            self.finished_reqs.add(chunk)
+            self.events.emit("abort", uid=uid, state="prefilling")
+            return
+        req = self._live.pop(uid, None)
+        if req is not None:
+            self.decode_manager.remove_req(req)
+            self._free_req_resources(req)
+            # Rule 4: its latest batch may still be in flight; its results must be dropped.
+            self.finished_reqs.add(req)
+            self.events.emit("abort", uid=uid, state="running")
+            return
+        self.events.emit("abort", uid=uid, state="not running")
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _schedule_next_batch(self) -> ForwardInput | None:
+        batch = self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens) \
+            or self.decode_manager.schedule_next_batch()
+        if batch is None:
+            return None
+        return self._prepare_batch(batch)
+
+    def _prepare_batch(self, batch: Batch) -> ForwardInput:
+        """Allocate KV locations and build the index tensors of one step (on the scheduler stream)."""
+        self.cache_manager.allocate_paged(batch.reqs)
+        rows, positions = [], []
+        for req in batch.reqs:
+            rows.append(torch.full((req.extend_len,), req.table_idx, dtype=torch.int64))
+            positions.append(torch.arange(req.cached_len, req.device_len, dtype=torch.int64))
+        kit = self.engine.kit
+        input_tuple = (kit.to_device(torch.cat(rows)), kit.to_device(torch.cat(positions)))
+        # Each sample goes to the position after the request's last token; a chunk's sample is junk
+        # and goes to the scratch row.
+        dummy = self.engine.dummy_row
+        write_rows = [dummy if isinstance(r, ChunkedReq) else r.table_idx for r in batch.reqs]
+        write_cols = [0 if isinstance(r, ChunkedReq) else r.device_len for r in batch.reqs]
+        write_tuple = (kit.to_device(torch.tensor(write_rows, dtype=torch.int64)),
+                       kit.to_device(torch.tensor(write_cols, dtype=torch.int64)))
+        batch.positions = input_tuple[1]
+        batch.out_loc = self.page_table[input_tuple].to(torch.int64)
+        batch.attn_metadata = prepare_metadata(batch, self.page_table, self.device)
+        args = BatchSamplingArgs.from_params([r.sampling_params for r in batch.reqs], self.vocab_size, self.device)
+        return ForwardInput(batch, args, input_tuple, write_tuple)
+
+    def _forward(self, forward_input: ForwardInput) -> ForwardOutput:
+        batch = forward_input.batch
+        self._step += 1
+        batch.step = self._step
+        self.events.emit("launch", step=batch.step, phase=batch.phase, uids=[r.uid for r in batch.reqs],
+                         table_idxs=[r.table_idx for r in batch.reqs])
+        for req in batch.reqs:
+            if not isinstance(req, ChunkedReq):
+                self._live[req.uid] = req
+        output = self.engine.forward_batch(forward_input)
+        self.decode_manager.filter_reqs(batch.reqs)
+        return output
+
+    # ------------------------------------------------------------------ results
+
+    def _release_deferred_slots(self) -> None:
+        for table_idx, uid in self._deferred_slots:
+            self.table_manager.free(table_idx, uid)
+        self._deferred_slots.clear()
+
+    def _free_req_resources(self, req: Req) -> None:
+        """Give back a finished (or aborted) request's slot and the KV the prefix cache does not keep.
+
+        Rule 3: under overlap, a batch that still holds this request may be running, and it will
+        write its sample into the request's token-pool row. Handing the row to a new request now
+        would let the scheduler's writes (the new prompt) race that write. So the row goes back only
+        at the next handling of results, once the batch in flight is known to be done. KV pages need
+        no such care: whatever writes them next is queued behind the old batch on the engine stream.
+        """
+        if self._defer_slot_free:
+            self._deferred_slots.append((req.table_idx, req.uid))
+        else:
+            self.table_manager.free(req.table_idx, req.uid)
+        self.cache_manager.cache_req(req, finished=True)
+
+    def _process_last_data(self, last_data: ForwardData | None) -> None:
+        if last_data is None:
+            return
+        batch, output = last_data[0].batch, last_data[1]
+        output.copy_done.synchronize()  # this batch, and every one before it, is done
+        self._release_deferred_slots()
+        reply: List[DetokenizeMsg] = []
+        new_finished: Set[Req] = set()
+        tokens = output.next_tokens_cpu
+        with self.cache_manager.lazy_free_region():
+            for i, req in enumerate(batch.reqs):
+                if isinstance(req, ChunkedReq):
+                    continue  # a chunk samples nothing real
+                if req in self.finished_reqs:
+                    continue  # rule 2/4: it finished (or was aborted) after this batch was launched
+                token = tokens[i : i + 1]
+                req.append_host(token)
+                next_token = int(token.item())
+                # Rule 1: judge by what the CPU has received; can_decode already reflects step N+1.
+                finished = len(req.input_ids) >= req.max_device_len
+                if not req.sampling_params.ignore_eos and next_token == self.eos_token_id:
+                    finished = True
+                reply.append(DetokenizeMsg(uid=req.uid, next_token=next_token, finished=finished))
+                if finished:
+                    self._live.pop(req.uid, None)
+                    self.decode_manager.remove_req(req)
+                    self._free_req_resources(req)
+                    new_finished.add(req)
+                elif batch.is_prefill:  # hand the prompt's KV to the prefix cache right away
+                    self.cache_manager.cache_req(req, finished=False)
+        self.events.emit("handle", step=batch.step, phase=batch.phase, uids=[r.uid for r in batch.reqs])
+        self.finished_reqs = new_finished
+        self.send_result(reply)
+
+    # ------------------------------------------------------------------ loops
+
+    @property
+    def has_work(self) -> bool:
+        return self.prefill_manager.runnable or self.decode_manager.runnable
+
+    def normal_loop(self) -> None:
+        self._defer_slot_free = False
+        for msg in self.receive_msg(blocking=not self.has_work):
+            self._process_one_msg(msg)
+        forward_input = self._schedule_next_batch()
+        ongoing = None
+        if forward_input is not None:
+            self.engine.stream.wait_stream(self.stream)  # this step's metadata must be ready first
+            ongoing = (forward_input, self._forward(forward_input))
+        self._process_last_data(ongoing)
+
+    def overlap_loop(self, last_data: ForwardData | None) -> ForwardData | None:
+        """Launch this step, then handle the previous one's results while this one runs."""
+        self._defer_slot_free = True
+        if last_data is None:  # nothing in flight: slots whose release was deferred are safe now
+            self._release_deferred_slots()
+        blocking = not (last_data is not None or self.has_work)
+        for msg in self.receive_msg(blocking=blocking):
+            self._process_one_msg(msg)
+        forward_input = self._schedule_next_batch()
+        ongoing = None
+        if forward_input is not None:
+            self.engine.stream.wait_stream(self.stream)
+            ongoing = (forward_input, self._forward(forward_input))
+        self._process_last_data(last_data)
+        if ongoing is None:  # nothing is in flight any more
+            self._release_deferred_slots()
+        return ongoing
+
+    @torch.inference_mode()
+    def run_forever(self) -> None:
+        """The online server's loop (the offline LLM steps the loops itself)."""
+        with self.stream.context():
+            if ENV.DISABLE_OVERLAP_SCHEDULING:
+                while True:
+                    self.normal_loop()
+            data = None
+            while True:
+                data = self.overlap_loop(data)
