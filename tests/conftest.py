@@ -1,0 +1,42 @@
+"""pytest hooks shared by every test: the --device option, GPU-only tests, and restoring the
+environment switches tests flip. Helpers the tests import live in helpers.py."""
+
+from __future__ import annotations
+
+import os
+from typing import List
+
+import pytest
+import torch
+
+from minisgl.env import ENV
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                     help="device the engine runs on (default: cpu)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    dev = config.getoption("--device")
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    os.environ["MINISGL_TEST_DEVICE"] = dev
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    if os.environ["MINISGL_TEST_DEVICE"] != "cuda":
+        skip = pytest.mark.skip(reason="needs --device cuda")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _restore_env():
+    """Tests flip the overlap switch and the CPU stream mode; put them back afterwards."""
+    saved = (ENV.DISABLE_OVERLAP_SCHEDULING.value, ENV.CPU_STREAMS.value)
+    yield
+    ENV.DISABLE_OVERLAP_SCHEDULING.value, ENV.CPU_STREAMS.value = saved
+
+
