@@ -1,0 +1,165 @@
+"""The exercise registry (`judge/exercises.toml`) as typed objects.
+
+Only the standard library is used here: the judge's parent process, `judge.check` inside a learner's
+kernel and the notebook generator all read the registry without importing torch or the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_REGISTRY = Path(__file__).resolve().parent / "exercises.toml"
+# Tests of the judge point it at a registry of their own (tiny fake chapters) through this variable.
+REGISTRY_ENV = "MINISGL_JUDGE_REGISTRY"
+
+
+class RegistryError(ValueError):
+    """The registry file is missing a field or has a malformed one (the message says which)."""
+
+
+class UnknownChapter(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Exercise:
+    chapter: str  # "ch11"
+    name: str  # "process_last_data"
+    target: str  # "minisgl.scheduler.scheduler:Scheduler._process_last_data"
+    tests: Tuple[str, ...]  # "test_ch11_overlap.py::test_name": what a wrong version must fail
+    hints: Tuple[str, ...]  # gentlest first
+    todo: str = ""  # optional: the stub's one-line "what to implement" (else from the docstring)
+
+    @property
+    def id(self) -> str:
+        return f"{self.chapter}.{self.name}"
+
+    @property
+    def module(self) -> str:
+        return self.target.split(":", 1)[0]
+
+    @property
+    def qualname(self) -> str:
+        return self.target.split(":", 1)[1]
+
+    @property
+    def attr(self) -> str:
+        """The name the learner's `def` must have: the target's last component."""
+        return self.qualname.rsplit(".", 1)[-1]
+
+    @property
+    def owner(self) -> str | None:
+        """The class holding the target, or None for a module-level function."""
+        return self.qualname.rsplit(".", 1)[0] if "." in self.qualname else None
+
+    def judges(self, nodeid: str) -> bool:
+        """Whether the test `nodeid` (as pytest names it) is one of this exercise's tests."""
+        return any(test_matches(ref, nodeid) for ref in self.tests)
+
+
+@dataclass(frozen=True)
+class Chapter:
+    key: str  # "ch11"
+    number: int
+    title: str
+    test_files: Tuple[Path, ...]  # absolute
+    exercises: Tuple[Exercise, ...]
+
+    def exercise(self, name: str) -> Exercise:
+        for ex in self.exercises:
+            if name in (ex.name, ex.attr, ex.id):
+                return ex
+        known = ", ".join(e.name for e in self.exercises) or "none"
+        raise UnknownChapter(f"{self.key} has no exercise {name!r} (its exercises: {known})")
+
+
+@dataclass(frozen=True)
+class Registry:
+    path: Path
+    chapters: Dict[str, Chapter]
+
+    def chapter(self, name: str | int) -> Chapter:
+        key = chapter_key(name)
+        if key is None or key not in self.chapters:
+            known = ", ".join(self.chapters)
+            raise UnknownChapter(f"unknown chapter {str(name)!r}: the chapters are {known}")
+        return self.chapters[key]
+
+    def up_to(self, name: str | int) -> List[Chapter]:
+        last = self.chapter(name).number
+        return [c for c in self.chapters.values() if c.number <= last]
+
+
+def chapter_key(name: str | int) -> str | None:
+    """'ch11', 'ch3', '11', 11 -> 'ch11' / 'ch03'; None when it is not a chapter name at all."""
+    m = re.fullmatch(r"(?:ch)?(\d{1,2})", str(name).strip().lower())
+    return f"ch{int(m.group(1)):02d}" if m else None
+
+
+def test_matches(ref: str, nodeid: str) -> bool:
+    """A registry test reference ('test_x.py::test_y', or with a 'tests/' prefix) names a pytest node
+    id ('tests/test_x.py::test_y'), or all parametrizations of it ('...::test_y[a-1]')."""
+    ref_file, _, ref_rest = ref.partition("::")
+    file, _, rest = nodeid.partition("::")
+    if Path(ref_file).name != Path(file).name:
+        return False
+    return rest == ref_rest or rest.startswith(ref_rest + "[")
+
+
+test_matches.__test__ = False  # type: ignore[attr-defined]  # a helper, not a pytest test
+
+
+def load_registry(path: str | Path | None = None) -> Registry:
+    path = Path(path or os.environ.get(REGISTRY_ENV) or DEFAULT_REGISTRY)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RegistryError(f"exercise registry not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise RegistryError(f"{path} is not valid TOML: {e}") from None
+    # Relative test paths are relative to the repository holding the registry (judge/..), unless
+    # the file says otherwise with a top-level `root`.
+    root = Path(raw.pop("root")) if "root" in raw else path.resolve().parent.parent
+    chapters: Dict[str, Chapter] = {}
+    for key, table in raw.items():
+        if chapter_key(key) != key or not isinstance(table, dict):
+            raise RegistryError(f"{path}: [{key}] is not a chapter table like [ch03]")
+        exercises = tuple(_exercise(path, key, i, e) for i, e in enumerate(table.get("exercises", [])))
+        names = [e.name for e in exercises]
+        if len(set(names)) != len(names):
+            raise RegistryError(f"{path}: [{key}] lists an exercise name twice")
+        chapters[key] = Chapter(
+            key=key,
+            number=int(key[2:]),
+            title=str(table.get("title", key)),
+            test_files=tuple((root / f).resolve() for f in table.get("test_files", [])),
+            exercises=exercises,
+        )
+    return Registry(path, dict(sorted(chapters.items())))
+
+
+def _exercise(path: Path, chapter: str, i: int, e: object) -> Exercise:
+    where = f"{path}: [[{chapter}.exercises]] #{i + 1}"
+    if not isinstance(e, dict):
+        raise RegistryError(f"{where} is not a table")
+    for field in ("name", "target"):
+        if not isinstance(e.get(field), str) or not e[field]:
+            raise RegistryError(f"{where} needs a `{field}` string")
+    if not re.fullmatch(r"[\w.]+:[\w.]+", e["target"]):
+        raise RegistryError(f"{where}: target {e['target']!r} is not 'package.module:Qualified.name'")
+    for field in ("tests", "hints"):
+        if not all(isinstance(x, str) for x in e.get(field, [])):
+            raise RegistryError(f"{where}: `{field}` must be a list of strings")
+    return Exercise(chapter=chapter, name=e["name"], target=e["target"], tests=tuple(e.get("tests", [])),
+                    hints=tuple(e.get("hints", [])), todo=str(e.get("todo", "")))
