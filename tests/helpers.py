@@ -42,16 +42,18 @@ def test_device() -> str:
 test_device.__test__ = False  # a helper, not a test
 
 
-def build_llm(model: Path = MODEL, **options):
-    """An LLM with test-friendly defaults: float32, small fixed KV pool, short context."""
-    from minisgl.llm import LLM
+def build_llm(model: Path = MODEL, llm_class=None, **options):
+    """An LLM (or a subclass of it, e.g. a known-wrong variant) with test-friendly defaults:
+    float32, small fixed KV pool, short context."""
+    if llm_class is None:
+        from minisgl.llm import LLM as llm_class
 
     defaults = dict(dtype=torch.float32, device=test_device(), max_running_req=8,
                     num_page_override=1024, max_seq_len_override=256)
     if "page_size" in options and "num_page_override" not in options:
         defaults["num_page_override"] = 1024 // options["page_size"]
     defaults.update(options)
-    return LLM(model, **defaults)
+    return llm_class(model, **defaults)
 
 
 def greedy(max_tokens: int, **kw):
