@@ -19,8 +19,9 @@ except ModuleNotFoundError:  # Python 3.10
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_REGISTRY = Path(__file__).resolve().parent / "exercises.toml"
-# Tests of the judge point it at a registry of their own (tiny fake chapters) through this variable.
+# Tests of the judge point it at a registry (tiny fake chapters) and variants of their own.
 REGISTRY_ENV = "MINISGL_JUDGE_REGISTRY"
+VARIANTS_ENV = "MINISGL_JUDGE_VARIANTS"
 
 
 class RegistryError(ValueError):
@@ -163,3 +164,17 @@ def _exercise(path: Path, chapter: str, i: int, e: object) -> Exercise:
             raise RegistryError(f"{where}: `{field}` must be a list of strings")
     return Exercise(chapter=chapter, name=e["name"], target=e["target"], tests=tuple(e.get("tests", [])),
                     hints=tuple(e.get("hints", [])), todo=str(e.get("todo", "")))
+
+
+def variants_dir() -> Path:
+    return Path(os.environ.get(VARIANTS_ENV) or Path(__file__).resolve().parent / "variants")
+
+
+def variant_files(chapter: Chapter, name: str | None = None) -> List[Path]:
+    """The known-wrong variants of `chapter` (judge/variants/chNN_*.py); with `name`, the file
+    chNN_<name>.py, or else every chNN_<name>_*.py."""
+    folder = variants_dir()
+    if name is None:
+        return sorted(folder.glob(f"{chapter.key}_*.py"))
+    exact = folder / f"{chapter.key}_{name}.py"
+    return [exact] if exact.is_file() else sorted(folder.glob(f"{chapter.key}_{name}_*.py"))

@@ -1,0 +1,295 @@
+"""`python judge.py ...`: the command line. See `python judge.py --help` and judge/README.md.
+
+Exit codes: 0 everything passed (for --variant: every variant was caught; for --hint and the progress
+table: shown); 1 something failed; 2 the request itself was wrong (unknown chapter, missing or
+corrupt notebook or file, bad option); 3 the judge itself broke (set MINISGL_JUDGE_DEBUG=1 for its
+traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import traceback
+from pathlib import Path
+from typing import List, Sequence
+
+from .registry import REPO, Chapter, Registry, RegistryError, UnknownChapter, load_registry, variant_files
+
+NOTEBOOKS_ENV = "MINISGL_JUDGE_NOTEBOOKS"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    pass
+
+
+def notebooks_dir() -> Path:
+    return Path(os.environ.get(NOTEBOOKS_ENV) or REPO / "notebooks")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python judge.py",
+        description="Judge your exercises: swap your functions into the reference engine and run the "
+                    "chapter's tests. With no chapter: show your progress.",
+        epilog="examples:  python judge.py ch03 | python judge.py ch11 --device cuda | "
+               "python judge.py ch09 --hint | python judge.py ch11 --variant upstream | "
+               "python judge.py --selfcheck ch09")
+    p.add_argument("chapter", nargs="?", help="ch00 .. ch11 (or just 11)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--file", type=Path, help="judge this Python file (top-level defs named like the targets)")
+    src.add_argument("--notebook", type=Path, help="judge this notebook instead of notebooks/chNN_*.ipynb")
+    src.add_argument("--solution", action="store_true", help="run the tests on the reference engine")
+    src.add_argument("--variant", metavar="NAME", help="run a known-wrong variant (judge/variants/chNN_NAME*.py) "
+                                                       "and show which tests catch it; 'list' lists them")
+    p.add_argument("--cumulative", action="store_true",
+                   help="swap in your exercises of every chapter up to this one and run all their tests")
+    p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu", help="default: cpu")
+    p.add_argument("--exercise", metavar="NAME", help="run only the tests of this exercise")
+    p.add_argument("-k", dest="keyword", metavar="EXPR", help="run only the tests matching EXPR (as pytest -k)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per test (default 60 on cpu, 120 on cuda)")
+    p.add_argument("--time-limit", type=float, default=None, help="seconds for the whole run (default 900)")
+    p.add_argument("--hint", action="count", default=0,
+                   help="show hints for the unfinished exercises instead of judging; repeat (or --hint N) for more")
+    p.add_argument("--hint-level", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="list every test, passing ones too")
+    p.add_argument("--selfcheck", action="store_true",
+                   help="prove the judge: reference passes, each stub fails exactly its tests, variants are caught")
+    p.add_argument("--workers", type=int, default=2, help="parallel test processes for --selfcheck (default 2)")
+    return p
+
+
+def _normalize_hint(argv: Sequence[str]) -> List[str]:
+    """`--hint 2` means level 2; a bare `--hint` (repeatable) counts. argparse cannot do both alone."""
+    out: List[str] = []
+    it = list(argv)
+    i = 0
+    while i < len(it):
+        if it[i] == "--hint" and i + 1 < len(it) and re.fullmatch(r"\d+", it[i + 1]):
+            out += ["--hint-level", it[i + 1]]
+            i += 2
+            continue
+        if it[i].startswith("--hint="):
+            out += ["--hint-level", it[i].split("=", 1)[1]]
+        else:
+            out.append(it[i])
+        i += 1
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    try:
+        args = build_parser().parse_args(_normalize_hint(sys.argv[1:] if argv is None else argv))
+    except SystemExit as e:  # argparse has printed its message
+        return EXIT_OK if e.code == 0 else EXIT_USAGE
+    try:
+        return _main(args, console)
+    except (UsageError, UnknownChapter, RegistryError) as e:
+        if args.json:
+            print(json.dumps({"passed": False, "error": str(e)}))
+        else:
+            err.print(f"[bold red]judge:[/] {_escape(str(e))}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        err.print("judge: interrupted")
+        return EXIT_FAILED
+    except Exception as e:  # the judge's own bug: say so briefly, never a wall of traceback
+        if os.environ.get("MINISGL_JUDGE_DEBUG"):
+            traceback.print_exc()
+        err.print(f"[bold red]judge: internal error:[/] {_escape(type(e).__name__ + ': ' + str(e))}\n"
+                  "(this is a bug in the judge, not in your code; MINISGL_JUDGE_DEBUG=1 shows where)")
+        return EXIT_INTERNAL
+
+
+def _main(args: argparse.Namespace, console) -> int:
+    from . import progress, report
+
+    registry = load_registry()
+    if args.selfcheck:
+        from .selfcheck import selfcheck
+
+        chapters = [registry.chapter(args.chapter)] if args.chapter else list(registry.chapters.values())
+        return selfcheck(registry, chapters, console, workers=args.workers, device=args.device)
+    if args.chapter is None:
+        if args.hint or args.hint_level or args.file or args.notebook or args.solution or args.variant:
+            raise UsageError("name a chapter, e.g. `python judge.py ch03 ...`")
+        progress.show(registry, notebooks_dir(), console)
+        return EXIT_OK
+    chapter = registry.chapter(args.chapter)
+    chapters = registry.up_to(chapter.key) if args.cumulative else [chapter]
+    hint_level = args.hint_level if args.hint_level is not None else args.hint
+    if hint_level:
+        if args.exercise:
+            chapter.exercise(args.exercise)  # an unknown name is a usage error
+        return _hints(chapters, hint_level, args, console)
+    if args.variant:
+        return _variants(registry, chapter, chapters, args, console)
+
+    options = _options(args)
+    selectors = _selectors(chapter, args.exercise) if args.exercise else None
+    from .judging import judge
+
+    if args.solution:
+        verdict = judge(chapters, {}, options, mode="solution", origin="minisgl", selectors=selectors)
+    else:
+        codes = {c.key: _learner_code(c, args, is_target=(c.key == chapter.key)) for c in chapters}
+        origin = ", ".join(sorted({codes[c.key].origin for c in chapters}, key=str))
+        if _nothing_can_run(codes, chapters):
+            verdict = _static_verdict(chapters, codes, options, origin)
+        else:
+            verdict = judge(chapters, codes, options, mode="learner", origin=origin, selectors=selectors)
+        progress.record(verdict)
+    if args.json:
+        print(json.dumps(report.to_json(verdict, chapters), indent=1))
+    else:
+        report.render(verdict, chapters, console, verbose=args.verbose)
+    return EXIT_OK if verdict.passed else EXIT_FAILED
+
+
+def _options(args: argparse.Namespace):
+    from .runner import RunOptions
+
+    timeout = args.timeout or (120.0 if args.device != "cpu" else 60.0)
+    if timeout <= 0 or (args.time_limit is not None and args.time_limit <= 0):
+        raise UsageError("--timeout and --time-limit must be positive")
+    return RunOptions(device=args.device, test_timeout=timeout, time_limit=args.time_limit or 900.0,
+                      keyword=args.keyword)
+
+
+def _selectors(chapter: Chapter, name: str) -> List[str]:
+    ex = chapter.exercise(name)
+    if not ex.tests:
+        raise UsageError(f"{ex.id} has no tests listed in the registry yet")
+    by_name = {f.name: f for f in chapter.test_files}
+    out = []
+    for ref in ex.tests:
+        file, _, rest = ref.partition("::")
+        path = by_name.get(Path(file).name)
+        if path is None:
+            raise UsageError(f"{ex.id}: test {ref} is not in the chapter's test files")
+        out.append(f"{path}::{rest}" if rest else str(path))
+    return out
+
+
+def _learner_code(chapter: Chapter, args: argparse.Namespace, is_target: bool):
+    from .sources import SourceError, find_notebook, from_file, from_notebook
+
+    try:
+        if is_target and args.file is not None:
+            return from_file(args.file, chapter)
+        if is_target and args.notebook is not None:
+            return from_notebook(args.notebook, chapter)
+        return from_notebook(find_notebook(chapter, notebooks_dir()), chapter)
+    except SourceError as e:
+        raise UsageError(str(e)) from None
+
+
+def _nothing_can_run(codes, chapters: Sequence[Chapter]) -> bool:
+    """Every exercise already has a problem (e.g. the file does not parse): running tests is pointless."""
+    exercises = [(c, e) for c in chapters for e in c.exercises]
+    return bool(exercises) and all(e.name in codes[c.key].problems for c, e in exercises)
+
+
+def _static_verdict(chapters, codes, options, origin: str):
+    from .judging import ERROR, ExerciseVerdict, Verdict
+
+    exercises = [ExerciseVerdict(c.key, e.name, e.target, ERROR, problem=codes[c.key].problems[e.name])
+                 for c in chapters for e in c.exercises]
+    general = [g for c in chapters for g in codes[c.key].general_problems]
+    general.append("no test was run: fix the problems above first")
+    return Verdict([c.key for c in chapters], "learner", origin, options.device, exercises, [], general, 0.0)
+
+
+def _hints(chapters: Sequence[Chapter], level: int, args, console) -> int:
+    from . import progress, report
+    from .judging import ExerciseVerdict, Verdict
+
+    # Which exercises are unfinished: from the last judged run, if any (hints never run the tests).
+    data = progress.load()["chapters"]
+    exercises = [ExerciseVerdict(c.key, e.name, e.target, data.get(c.key, {}).get("exercises", {}).get(e.name, "?"))
+                 for c in chapters for e in c.exercises]
+    verdict = Verdict([c.key for c in chapters], "hints", "", "", exercises, [], [], 0.0)
+    if args.json:
+        out = {e.id: list(e.hints[:level]) for c in chapters for e in c.exercises
+               if not args.exercise or args.exercise in (e.name, e.attr, e.id)}
+        print(json.dumps({"hints": out}, indent=1))
+    else:
+        report.render_hints(verdict, chapters, console, level, only=args.exercise)
+    return EXIT_OK
+
+
+def variant_name(chapter: Chapter, path: Path) -> str:
+    return path.stem[len(chapter.key) + 1:]
+
+
+def _variants(registry: Registry, chapter: Chapter, chapters, args, console) -> int:
+    from rich.text import Text
+
+    from . import report
+    from .judging import judge
+    from .sources import from_file
+
+    known = [variant_name(chapter, p) for p in variant_files(chapter)]
+    if args.variant == "list":
+        for path in variant_files(chapter):
+            console.print(Text(f"{variant_name(chapter, path)}: {variant_doc(path)}"))
+        if not known:
+            console.print(f"{chapter.key} has no known-wrong variants")
+        return EXIT_OK
+    paths = variant_files(chapter, args.variant)
+    if not paths:
+        raise UsageError(f"no variant {args.variant!r} for {chapter.key}; known: {', '.join(known) or 'none'}")
+    options = _options(args)
+    selectors = _selectors(chapter, args.exercise) if args.exercise else None
+    all_caught = True
+    results = []
+    for path in paths:
+        code = from_file(path, chapter, missing="reference", origin=f"judge/variants/{path.name}")
+        name = variant_name(chapter, path)
+        verdict = judge(chapters, {chapter.key: code}, options, mode=f"variant {name}",
+                        origin=variant_doc(path), selectors=selectors)
+        caught = [t.test for t in verdict.tests if not t.ok]
+        broken = bool(code.problems) or any(t.standin for t in verdict.tests)
+        all_caught &= bool(caught) and not broken
+        results.append({"variant": name, "caught_by": caught, "broken": broken,
+                        "verdict": report.to_json(verdict, chapters)})
+        if not args.json:
+            report.render(verdict, chapters, console, verbose=args.verbose)
+            if broken:
+                console.print(Text(f"variant {name} itself does not load: see above", style="bold red"))
+            elif caught:
+                console.print(Text(f"variant {name} is caught by {len(caught)} test(s).", style="bold green"))
+            else:
+                console.print(Text(f"variant {name} is NOT caught by any test.", style="bold red"))
+            console.print()
+    if args.json:
+        print(json.dumps({"caught": all_caught, "variants": results}, indent=1))
+    return EXIT_OK if all_caught else EXIT_FAILED
+
+
+def variant_doc(path: Path) -> str:
+    import ast
+
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    except (OSError, SyntaxError):
+        return ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+__all__ = ["main"]

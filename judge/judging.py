@@ -1,0 +1,131 @@
+"""From learner code to a verdict: build the subprocess's swap spec, run the chapter's tests, and
+sort the outcomes per exercise."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+from .registry import Chapter, Exercise
+from .runner import RunOptions, RunResult, TestResult, run_pytest
+from .sources import LearnerCode
+
+# An exercise's status, in the order a learner cares about them.
+PASSING, FAILING, NOT_ATTEMPTED, ERROR, NO_TESTS, REFERENCE = (
+    "passing", "failing", "not attempted", "error", "no tests", "reference")
+
+
+@dataclass
+class ExerciseVerdict:
+    chapter: str
+    name: str
+    target: str
+    status: str
+    problem: str | None = None
+    attempted: bool = True
+    tests: List[TestResult] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return f"{self.chapter}.{self.name}"
+
+    @property
+    def passed_count(self) -> int:
+        return sum(t.ok for t in self.tests)
+
+
+@dataclass
+class Verdict:
+    chapters: List[str]
+    mode: str  # "learner" | "solution" | "variant <name>" | "stub <id>"
+    origin: str  # where the code came from
+    device: str
+    exercises: List[ExerciseVerdict]
+    tests: List[TestResult]  # every test, in run order
+    general: List[str]
+    wall: float
+    output_tail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return (not self.general and bool(self.tests) and all(t.ok for t in self.tests)
+                and all(e.status in (PASSING, NO_TESTS, REFERENCE) for e in self.exercises))
+
+    @property
+    def counts(self) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for t in self.tests:
+            out[t.outcome] = out.get(t.outcome, 0) + 1
+        return out
+
+    def exercises_of(self, test: str) -> List[ExerciseVerdict]:
+        return [e for e in self.exercises if any(t.test == test for t in e.tests)]
+
+
+def spec_unit(code: LearnerCode, chapter: Chapter) -> Dict:
+    """The JSON the subprocess swaps from: the snippets and, per exercise, whether to swap it and
+    what is already known to be wrong with it."""
+    exercises = []
+    for ex in chapter.exercises:
+        problem = code.problems.get(ex.name)
+        defined = ex.name in code.attempted
+        swap = problem is not None or defined or code.missing == "error"
+        exercises.append({"id": ex.id, "name": ex.name, "target": ex.target, "swap": swap, "problem": problem})
+    snippets = [{"label": s.label, "source": s.source, "exercise": s.exercise} for s in code.snippets]
+    return {"chapter": chapter.key, "origin": code.origin, "missing": code.missing,
+            "snippets": snippets, "exercises": exercises}
+
+
+def judge(chapters: Sequence[Chapter], codes: Dict[str, LearnerCode | None], options: RunOptions,
+          mode: str = "learner", origin: str = "", selectors: Sequence[str] | None = None) -> Verdict:
+    """Run the tests of `chapters` (or only `selectors`, 'file::test' ids) with `codes[chapter]`
+    swapped in (None: the reference stays)."""
+    filtered = selectors is not None or bool(options.keyword)
+    start = time.monotonic()
+    units = [spec_unit(codes[c.key], c) for c in chapters if codes.get(c.key) is not None]
+    files: List[str] = list(selectors) if selectors is not None else [str(f) for c in chapters for f in c.test_files]
+    general: List[str] = []
+    for c in chapters:
+        code = codes.get(c.key)
+        if code is not None:
+            general += [f"{c.key}: {g}" if len(chapters) > 1 else g for g in code.general_problems]
+        if not c.test_files:
+            general.append(f"{c.key} has no test files in the registry")
+    run = run_pytest(units, files, options) if files else RunResult()
+    verdict = Verdict(chapters=[c.key for c in chapters], mode=mode, origin=origin, device=options.device,
+                      exercises=[], tests=run.tests, general=general + run.general, wall=0.0,
+                      output_tail=run.output_tail)
+    for c in chapters:
+        for ex in c.exercises:
+            verdict.exercises.append(_exercise_verdict(ex, codes.get(c.key), run, filtered))
+    verdict.wall = time.monotonic() - start
+    return verdict
+
+
+def _exercise_verdict(ex: Exercise, code: LearnerCode | None, run: RunResult, filtered: bool) -> ExerciseVerdict:
+    tests = [t for t in run.tests if ex.judges(t.test)]
+    v = ExerciseVerdict(ex.chapter, ex.name, ex.target, PASSING, tests=tests)
+    swapped_in = code is not None and (ex.name in code.attempted or ex.name in code.problems
+                                       or code.missing == "error")
+    if not swapped_in:
+        v.status = REFERENCE
+        return v
+    v.problem = run.problems.get(ex.id) or code.problems.get(ex.name)
+    v.attempted = code.attempted.get(ex.name, True)
+    if v.problem is not None and not (v.attempted is False and "NotImplementedError" in v.problem):
+        v.status = ERROR
+    elif not v.attempted:
+        v.status = NOT_ATTEMPTED
+    elif not ex.tests:
+        v.status = NO_TESTS
+    elif not tests:  # none of its tests ran: selected out (-k), or the run broke down
+        v.status = ERROR if not filtered and (run.general or run.tests) else NO_TESTS
+        if v.status == ERROR and v.problem is None:
+            v.problem = "its tests did not run"
+    elif all(t.ok for t in tests):
+        v.status = PASSING
+    else:
+        v.status = FAILING
+    return v

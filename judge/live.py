@@ -1,0 +1,136 @@
+"""`judge.check("chNN")` in a notebook's last cell: judge the definitions live in the kernel, without
+saving the notebook.
+
+The source of each exercise function is taken with `inspect.getsource` (IPython keeps every cell's
+source, so this works for functions defined in cells), together with the learner's own helpers the
+functions use (functions and classes defined in the notebook, literal constants). The judging
+itself happens in a fresh subprocess, exactly as `python judge.py` does: the kernel never imports
+the engine for it and none of the learner's objects are touched.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+from typing import Any, Dict, List, Set
+
+from .registry import Chapter, load_registry
+from .sources import from_sources
+
+
+def check(chapter: str, namespace: Dict[str, Any] | None = None, device: str = "cpu", timeout: float = 60.0,
+          time_limit: float = 900.0, hint: int = 0, verbose: bool = False, _depth: int = 1):
+    """Judge `chapter` against the functions defined in `namespace` (default: the caller's globals,
+    i.e. the notebook's). Shows the report and returns the verdict."""
+    from rich.console import Console
+
+    from . import progress, report
+    from .judging import judge
+    from .runner import RunOptions
+
+    if namespace is None:
+        frame = sys._getframe(_depth)
+        namespace = frame.f_globals
+    registry = load_registry()
+    target = registry.chapter(chapter)
+    sources = collect_sources(target, namespace)
+    code = from_sources(target, sources, origin="live notebook")
+    options = RunOptions(device=device, test_timeout=timeout, time_limit=time_limit)
+    verdict = judge([target], {target.key: code}, options, mode="learner", origin="the live notebook")
+    progress.record(verdict)
+    console = Console(highlight=False)
+    report.render(verdict, [target], console, hint_level=hint, verbose=verbose)
+    return _Shown(verdict)
+
+
+class _Shown:
+    """The verdict, with a one-line repr so the cell's output is the report, not a dump."""
+
+    def __init__(self, verdict) -> None:
+        self.verdict = verdict
+        self.passed = verdict.passed
+
+    def __repr__(self) -> str:
+        n = len(self.verdict.tests)
+        ok = sum(t.ok for t in self.verdict.tests)
+        return f"<judge: {'passed' if self.passed else 'not passed'}, {ok}/{n} tests>"
+
+
+def collect_sources(chapter: Chapter, namespace: Dict[str, Any]) -> Dict[str | None, str]:
+    """{exercise name: its source, None: the helpers they use}. Exercises not defined are left out
+    (the judge then reports them as missing)."""
+    out: Dict[str | None, str] = {}
+    seen: Set[int] = set()
+    helpers: List[str] = []
+    home = namespace.get("__name__", "__main__")  # where the learner's own functions live
+    for ex in chapter.exercises:
+        fn = _function_of(namespace.get(ex.attr))
+        if fn is None or fn.__module__ != home:
+            continue  # not defined here (e.g. minisgl's own, imported): reported as missing
+        src = _source(fn)
+        if src is None:
+            out[ex.name] = f"{ex.attr} = None  # the judge could not read the source of `{ex.attr}`\n"
+            continue
+        seen.add(id(fn))
+        out[ex.name] = src
+        _helpers(fn, namespace, home, seen, helpers)
+    if helpers:
+        out[None] = "\n\n".join(helpers)
+    return out
+
+
+def _function_of(obj: Any):
+    if isinstance(obj, property):
+        obj = obj.fget
+    elif isinstance(obj, (classmethod, staticmethod)):
+        obj = obj.__func__
+    return obj if isinstance(obj, types.FunctionType) else None
+
+
+def _source(obj: Any) -> str | None:
+    try:
+        import textwrap
+
+        return textwrap.dedent(inspect.getsource(obj))
+    except (OSError, TypeError):
+        return None
+
+
+def _helpers(fn: types.FunctionType, namespace: Dict[str, Any], home: str, seen: Set[int], out: List[str]) -> None:
+    """Add the notebook-defined functions, classes and constants `fn` refers to (transitively)."""
+    for name in sorted(_global_names(fn.__code__)):
+        value = namespace.get(name)
+        if value is None or id(value) in seen:
+            continue
+        if isinstance(value, (int, float, str, bool, tuple)) and not isinstance(value, type) and _literal(value):
+            seen.add(id(value))
+            out.append(f"{name} = {value!r}")
+            continue
+        inner = _function_of(value) or value
+        if not isinstance(inner, (types.FunctionType, type)) or getattr(inner, "__module__", None) != home:
+            continue  # imported from a library or from minisgl: the reference module has its own
+        src = _source(inner)
+        if src is None:
+            continue
+        seen.add(id(value))
+        out.append(src)
+        if isinstance(inner, types.FunctionType):
+            _helpers(inner, namespace, home, seen, out)
+
+
+def _global_names(code: types.CodeType) -> Set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _literal(value: Any) -> bool:
+    import ast
+
+    try:
+        return ast.literal_eval(repr(value)) == value
+    except (ValueError, SyntaxError):
+        return False

@@ -1,0 +1,212 @@
+"""Showing a verdict: a rich report for people (terminal or notebook), JSON for machines.
+
+Learner-controlled text (messages, code lines) is always printed as plain Text, never as markup.
+The reference code is never shown; hints come from the registry, gentlest first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .judging import ERROR, FAILING, NO_TESTS, NOT_ATTEMPTED, PASSING, REFERENCE, ExerciseVerdict, Verdict
+from .registry import Chapter
+from .runner import TestResult
+
+STATUS_STYLE = {
+    PASSING: ("✔ passing", "green"),
+    FAILING: ("✘ failing", "red"),
+    NOT_ATTEMPTED: ("· not attempted", "yellow"),
+    ERROR: ("! error", "bold red"),
+    NO_TESTS: ("– no tests run", "dim"),
+    REFERENCE: ("= reference", "dim"),
+}
+OUTCOME_STYLE = {
+    "passed": ("✔", "green"), "skipped": ("–", "dim"), "failed": ("✘", "red"), "error": ("!", "red"),
+    "timeout": ("⧗", "magenta"), "crashed": ("☠", "bold red"),
+}
+
+
+def render(verdict: Verdict, chapters: Sequence[Chapter], console: Console, hint_level: int = 0,
+           verbose: bool = False) -> None:
+    console.print(_title(verdict, chapters))
+    if verdict.general:
+        for g in verdict.general:
+            console.print(Text("! ", style="bold red") + Text(g))
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    table.add_column("exercise")
+    table.add_column("status")
+    table.add_column("tests", justify="right")
+    for ex in verdict.exercises:
+        label, style = STATUS_STYLE[ex.status]
+        name = ex.id if len(verdict.chapters) > 1 else ex.name
+        tests = f"{ex.passed_count}/{len(ex.tests)}" if ex.tests else "-"
+        table.add_row(name, Text(label, style=style), tests)
+    if verdict.exercises:
+        console.print(table)
+    console.print()
+    for ex in verdict.exercises:
+        _exercise_details(ex, verdict, console, verbose)
+    _other_tests(verdict, console, verbose)
+    _summary(verdict, console)
+    if hint_level:
+        render_hints(verdict, chapters, console, hint_level)
+    elif verdict.mode == "learner" and not verdict.passed and any(
+            e.status in (FAILING, NOT_ATTEMPTED) for e in verdict.exercises):
+        key = verdict.chapters[-1]
+        console.print(Text(f"Stuck? `python judge.py {key} --hint` gives a hint for each unfinished exercise "
+                           "(repeat --hint, or --hint 2, for more).", style="dim"))
+
+
+def _title(verdict: Verdict, chapters: Sequence[Chapter]) -> Text:
+    if len(chapters) == 1:
+        head = f"{chapters[0].key} · {chapters[0].title}"
+    else:
+        head = f"{chapters[0].key}–{chapters[-1].key} (cumulative)"
+    what = {"learner": f"judging {verdict.origin}", "solution": "the reference solution"}.get(
+        verdict.mode, verdict.mode + (f" ({verdict.origin})" if verdict.origin else ""))
+    t = Text(head, style="bold")
+    t.append(f"\n{what} · device {verdict.device} · {verdict.wall:.1f} s", style="dim")
+    return t
+
+
+def _exercise_details(ex: ExerciseVerdict, verdict: Verdict, console: Console, verbose: bool) -> None:
+    name = ex.id if len(verdict.chapters) > 1 else ex.name
+    if ex.status == ERROR and ex.problem:
+        console.print(Text(f"! {name}: ", style="bold red") + Text(ex.problem))
+    elif ex.status == NOT_ATTEMPTED:
+        n = sum(t.sentinel == ex.id for t in verdict.tests)
+        console.print(Text(f"· {name}: ", style="yellow") + Text(
+            f"not attempted yet (still the stub); {n} test(s) fail with its NotImplementedError"))
+        return
+    bad = [t for t in ex.tests if not t.ok and not _stub_failure(t, verdict)]
+    if ex.status in (PASSING, REFERENCE, NO_TESTS) and not verbose:
+        return
+    if ex.status == FAILING:
+        console.print(Text(f"✘ {name}", style="red bold"))
+    elif verbose and ex.status != ERROR:
+        label, style = STATUS_STYLE[ex.status]
+        console.print(Text(f"{label[0]} {name}", style=style + " bold"))
+    shown = ex.tests if verbose else bad
+    if ex.status == ERROR and not verbose:
+        shown = [t for t in bad if not t.standin][:3]  # the stand-in's message is the problem above
+    for t in shown:
+        _test_line(t, console, indent="   ")
+    console.print()
+
+
+def _test_line(t: TestResult, console: Console, indent: str) -> None:
+    mark, style = OUTCOME_STYLE.get(t.outcome, ("?", ""))
+    line = Text(indent) + Text(f"{mark} ", style=style) + Text(_short_id(t.test))
+    line.append(f"  {t.outcome}" if t.outcome not in ("passed", "failed") else "", style=style)
+    line.append(f"  {t.duration:.2f} s", style="dim")
+    console.print(line)
+    if t.message and not t.ok:
+        for msg_line in t.message.splitlines():
+            console.print(Text(indent + "    ") + Text(msg_line))
+    if t.where and not t.ok and not t.sentinel:
+        console.print(Text(indent + "    in your code: ", style="cyan") + Text(t.where))
+
+
+def _stub_failure(t: TestResult, verdict: Verdict) -> bool:
+    """Failed only because an exercise is still its stub (said once, on the exercise's line)."""
+    return t.sentinel is not None and any(e.id == t.sentinel and e.status == NOT_ATTEMPTED
+                                          for e in verdict.exercises)
+
+
+def _other_tests(verdict: Verdict, console: Console, verbose: bool) -> None:
+    tied = {t.test for e in verdict.exercises for t in e.tests}
+    other = [t for t in verdict.tests if t.test not in tied]
+    if not other:
+        return
+    bad = [t for t in other if not t.ok and not _stub_failure(t, verdict)]
+    passed = sum(t.ok for t in other)
+    console.print(Text(f"Other tests of the chapter (not tied to one exercise): {passed}/{len(other)} passed",
+                       style="bold" if bad else "dim"))
+    for t in (other if verbose else bad):
+        _test_line(t, console, indent="   ")
+    if bad or verbose:
+        console.print()
+
+
+def _summary(verdict: Verdict, console: Console) -> None:
+    c = verdict.counts
+    total = len(verdict.tests)
+    passed = c.get("passed", 0)
+    parts = [f"{passed}/{total} tests passed"]
+    for outcome in ("failed", "error", "timeout", "crashed", "skipped"):
+        if c.get(outcome):
+            parts.append(f"{c[outcome]} {outcome}")
+    judged = [e for e in verdict.exercises if e.status not in (REFERENCE, NO_TESTS)]
+    if judged:
+        ok = sum(e.status == PASSING for e in judged)
+        parts.append(f"{ok}/{len(judged)} exercises passing")
+    untested = sum(e.status == NO_TESTS for e in verdict.exercises)
+    if untested:
+        parts.append(f"{untested} exercise(s) without tests run")
+    style = "bold green" if verdict.passed else "bold red"
+    head = "PASSED" if verdict.passed else "NOT PASSED"
+    console.print(Text(f"{head}: ", style=style) + Text(", ".join(parts) + f" ({verdict.wall:.1f} s)"))
+
+
+def render_hints(verdict_or_none: Verdict | None, chapters: Sequence[Chapter], console: Console,
+                 level: int, only: str | None = None) -> None:
+    """Hints 1..level for each exercise that is not passing (all of them without a verdict)."""
+    status: Dict[str, str] = {}
+    if verdict_or_none is not None:
+        status = {e.id: e.status for e in verdict_or_none.exercises}
+    shown = 0
+    for chapter in chapters:
+        for ex in chapter.exercises:
+            if only and only not in (ex.name, ex.attr, ex.id):
+                continue
+            if status.get(ex.id) in (PASSING, REFERENCE) and not only:
+                continue
+            shown += 1
+            console.print(Text(f"Hints for {ex.id} (`def {ex.attr}`):", style="bold cyan"))
+            if not ex.hints:
+                console.print(Text("   (no hints written for this exercise yet: read its docstring and the "
+                                   "chapter's notebook)", style="dim"))
+            for i, h in enumerate(ex.hints[:level], start=1):
+                console.print(Text(f"   {i}. ") + Text(h))
+            if ex.hints and level < len(ex.hints):
+                console.print(Text(f"   ({len(ex.hints) - level} more: --hint {min(level + 1, len(ex.hints))})",
+                                   style="dim"))
+    if not shown:
+        console.print(Text("Every exercise here is passing: no hints needed.", style="green"))
+
+
+def to_json(verdict: Verdict, chapters: Sequence[Chapter], hint_level: int = 0) -> Dict:
+    hints: Dict[str, List[str]] = {}
+    if hint_level:
+        for chapter in chapters:
+            for ex in chapter.exercises:
+                hints[ex.id] = list(ex.hints[:hint_level])
+    return {
+        "chapters": verdict.chapters,
+        "mode": verdict.mode,
+        "origin": verdict.origin,
+        "device": verdict.device,
+        "passed": verdict.passed,
+        "wall_s": round(verdict.wall, 2),
+        "counts": verdict.counts,
+        "general": verdict.general,
+        "exercises": [
+            {"id": e.id, "chapter": e.chapter, "name": e.name, "target": e.target, "status": e.status,
+             "problem": e.problem, "attempted": e.attempted, "tests": [t.test for t in e.tests]}
+            for e in verdict.exercises
+        ],
+        "tests": [dataclasses.asdict(t) for t in verdict.tests],
+        "hints": hints,
+    }
+
+
+def _short_id(nodeid: str) -> str:
+    """'tests/test_ch01_core.py::test_x[a]' -> 'test_ch01_core.py::test_x[a]'."""
+    path, sep, rest = nodeid.partition("::")
+    return path.rsplit("/", 1)[-1] + sep + rest
+

@@ -1,0 +1,298 @@
+"""Running pytest in a fresh subprocess with the learner's code swapped in (plugin.py does the swap).
+
+The subprocess gets its own process group, a wall-clock limit (the whole group is killed when it
+runs out), and its output is drained by a thread that keeps only the end of it. pytest-timeout
+stops a single test that runs too long. If the process dies in the middle of a test (`os._exit`, a
+crash), the test it was running is reported as such and pytest is started again on the tests not yet
+run, a few times at most.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+from .registry import REPO
+
+OUTPUT_KEEP = 16_000  # bytes of the subprocess's output kept (its end)
+MAX_RESTARTS = 3
+
+
+@dataclass
+class RunOptions:
+    device: str = "cpu"  # cpu | cuda | auto
+    test_timeout: float = 60.0  # per test, seconds
+    time_limit: float = 600.0  # whole run, seconds
+    keyword: str | None = None  # pytest -k
+    threads: int | None = None  # torch/OpenMP threads in the subprocess (None: its default)
+    env: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TestResult:
+    test: str  # pytest node id
+    outcome: str  # passed | failed | error | skipped | timeout | crashed
+    duration: float = 0.0
+    message: str | None = None
+    sentinel: str | None = None  # "chNN.name" when the exercise stub's NotImplementedError caused it
+    standin: bool = False  # failed because an exercise's code could not be put in place
+    where: str | None = None  # the learner's line the failure came from
+
+    __test__ = False  # not a pytest test class
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("passed", "skipped")
+
+
+@dataclass
+class RunResult:
+    tests: List[TestResult] = field(default_factory=list)
+    problems: Dict[str, str] = field(default_factory=dict)  # exercise id -> why its code is not in place
+    general: List[str] = field(default_factory=list)  # problems not tied to a test
+    swapped: List[str] = field(default_factory=list)
+    collected: List[str] = field(default_factory=list)
+    wall: float = 0.0
+    output_tail: str = ""
+    returncode: int | None = None
+
+
+def run_pytest(spec_units: List[Dict[str, Any]], test_files: Sequence[str | Path], options: RunOptions) -> RunResult:
+    """Run the tests (files, or 'file::test' node ids) with the units' code swapped in; never raises
+    for anything learner code does."""
+    start = time.monotonic()
+    result = RunResult()
+    missing = sorted({_file_of(f) for f in test_files if not Path(_file_of(f)).is_file()})
+    if missing:
+        result.general.append("test file(s) not found: " + ", ".join(_rel(Path(m)) for m in missing))
+        return result
+    tmp = Path(tempfile.mkdtemp(prefix="minisgl-judge-"))
+    try:
+        done: List[str] = []
+        for attempt in range(MAX_RESTARTS + 1):
+            left = options.time_limit - (time.monotonic() - start)
+            if left <= 1:
+                result.general.append(f"the run was stopped after its time limit of {options.time_limit:.0f} s")
+                break
+            finished = _one_process(spec_units, test_files, options, tmp, attempt, done, left, result)
+            if finished:
+                break
+        else:
+            result.general.append(f"the test process died {MAX_RESTARTS + 1} times; the remaining tests were not run")
+        not_run = [t for t in result.collected if t not in {r.test for r in result.tests}]
+        for t in not_run:
+            result.tests.append(TestResult(t, "error", message="not run: the test process had stopped"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result.wall = time.monotonic() - start
+    return result
+
+
+def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt: int, done: List[str],
+                 time_left: float, result: RunResult) -> bool:
+    """One pytest process. Returns True when no further attempt is needed."""
+    results_path = tmp / f"results{attempt}.jsonl"
+    spec_path = tmp / f"spec{attempt}.json"
+    test_dirs = sorted({str(Path(_file_of(f)).resolve().parent) for f in test_files})
+    spec = {"results": str(results_path), "units": spec_units, "test_dirs": test_dirs, "done": done}
+    spec_path.write_text(json.dumps(spec))
+    results_path.touch()
+
+    files = [Path(_file_of(f)).resolve() for f in test_files]
+    # pytest names tests relative to its rootdir, and not at all outside it.
+    rootdir = REPO if all(_inside(f, REPO) for f in files) else Path(os.path.commonpath([f.parent for f in files]))
+    cmd = [sys.executable, "-m", "pytest", "-p", "judge.plugin", "-p", "no:cacheprovider",
+           "-q", "--tb=no", "--show-capture=no", "--no-header", "-o", "console_output_style=classic",
+           "-o", "verbosity_assertions=2",  # full assertion diffs in the messages, terse terminal
+           "--rootdir", str(rootdir), "-c", str(REPO / "pyproject.toml")]
+    if _has_pytest_timeout():
+        cmd += ["-p", "pytest_timeout", f"--timeout={options.test_timeout:g}",
+                f"--timeout-method={_timeout_method()}"]
+    repo_tests = (REPO / "tests").resolve()
+    if any(f.parent == repo_tests for f in files):
+        cmd += ["--device", options.device]  # the repo's conftest defines it
+    if options.keyword:
+        cmd += ["-k", options.keyword]
+    cmd += [str(f) for f in test_files]
+
+    env = dict(os.environ)
+    env.update(options.env)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # the judge writes nothing into the learner's checkout
+    env["PYTHONUNBUFFERED"] = "1"
+    # Installed pytest plugins (nbval, benchmark, ...) cost seconds to import and judge nothing.
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env["MINISGL_JUDGE_SPEC"] = str(spec_path)
+    env.setdefault("MINISGL_TEST_DEVICE", options.device)
+    if options.threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(options.threads)
+
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=(os.name == "posix"))
+    tail = _Tail(proc.stdout)
+    killed = False
+    try:
+        proc.wait(timeout=time_left)
+    except subprocess.TimeoutExpired:
+        killed = True
+    finally:
+        _kill_group(proc)  # also any children the learner's code left behind
+        proc.wait()
+        tail.join()
+    result.returncode = proc.returncode
+    result.output_tail = tail.text()
+
+    events = _read_events(results_path)
+    started: str | None = None
+    finished = False
+    for ev in events:
+        kind = ev.get("event")
+        if kind == "swapped":
+            result.problems.update(ev.get("problems", {}))
+            result.swapped = sorted(set(result.swapped) | set(ev.get("swapped", [])))
+            for g in ev.get("general", []):
+                if g not in result.general:
+                    result.general.append(g)
+        elif kind == "collected":
+            result.collected += [t for t in ev["tests"] if t not in result.collected]
+        elif kind == "collect_error":
+            msg = f"the tests could not be collected ({ev['where']}): {ev['message']}"
+            if msg not in result.general:
+                result.general.append(msg)
+        elif kind == "start":
+            started = ev["test"]
+        elif kind == "result":
+            started = None
+            ev.pop("event")
+            ev.pop("exception", None)
+            result.tests.append(TestResult(**ev))
+            done.append(ev["test"])
+        elif kind == "finished":
+            finished = True
+    if finished:
+        return True
+    if killed:
+        why = f"the run exceeded its time limit of {options.time_limit:.0f} s and was stopped"
+    else:
+        why = f"the test process ended abruptly ({_exit_reason(proc.returncode)})"
+    if started is not None:
+        outcome = "timeout" if killed else "crashed"
+        result.tests.append(TestResult(started, outcome, message=why + " during this test"))
+        done.append(started)
+        return killed  # after a kill, the time is up; after a crash, go on with the rest
+    if not any(ev.get("event") == "swapped" for ev in events):
+        why += " while loading your code"
+    result.general.append(why + _output_hint(result.output_tail, events))
+    return True
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.relative_to(folder.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def _has_pytest_timeout() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pytest_timeout") is not None
+
+
+def _file_of(selector: str | Path) -> str:
+    return str(selector).split("::", 1)[0]
+
+
+def _timeout_method() -> str:
+    # signal: the timed-out test fails and the others still run; threads where there are no signals.
+    return "signal" if hasattr(signal, "SIGALRM") else "thread"
+
+
+def _read_events(path: Path) -> List[Dict[str, Any]]:
+    events = []
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return events
+    for line in text.splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # a line cut short by a kill
+    return events
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "unknown status"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}" + (" - out of memory?" if name == "SIGKILL" else "")
+    return f"exit status {code}: os._exit() or a crash"
+
+
+def _output_hint(tail: str, events) -> str:
+    if events or not tail.strip():
+        return ""
+    last = "\n".join(tail.strip().splitlines()[-8:])
+    return f"\n  last output:\n{last}"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        if os.name == "posix":
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(REPO))
+    except ValueError:
+        return str(p)
+
+
+class _Tail:
+    """Drains a pipe in a thread, keeping only its last OUTPUT_KEEP bytes (output can be huge)."""
+
+    def __init__(self, pipe) -> None:
+        self.pipe = pipe
+        self.buf = bytearray()
+        self.total = 0
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        for chunk in iter(lambda: self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536), b""):
+            self.total += len(chunk)
+            self.buf += chunk
+            if len(self.buf) > 2 * OUTPUT_KEEP:
+                del self.buf[: len(self.buf) - OUTPUT_KEEP]
+
+    def join(self) -> None:
+        self.thread.join(timeout=5)
+        try:
+            self.pipe.close()
+        except OSError:
+            pass
+
+    def text(self) -> str:
+        data = bytes(self.buf[-OUTPUT_KEEP:]).decode("utf-8", errors="replace")
+        return (f"[... {self.total - OUTPUT_KEEP} bytes of output cut ...]\n" + data) if self.total > OUTPUT_KEEP else data

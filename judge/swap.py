@@ -1,0 +1,284 @@
+"""Putting the learner's functions into the reference engine. Runs only in the judge's pytest
+subprocess (see plugin.py), never in the parent process or a learner's kernel.
+
+For each target module, the learner's snippets are executed in a namespace that starts as a copy of
+that module's globals, so the reference module's imports and names are there for the learner's
+code. The function of the target's name is then taken from that namespace and installed:
+
+* a method (`Class.name`): set on the class, wrapped as the original was (property, classmethod,
+  staticmethod; a `torch.no_grad()`-style decorator is re-applied);
+* a module-level function: replaced in every loaded module of the target's package, in the test
+  modules and in the learners' namespaces, wherever the original object is held. Modules imported
+  later get the learner's version from the module they import it from.
+
+An exercise whose code cannot run (syntax error, missing, wrong signature, raised while loading) is
+replaced by a stand-in that raises `LearnerCodeError` with the reason, so its tests fail saying why
+and the other exercises are still judged.
+
+Note: the namespace is a *copy*: a module global that the engine rebinds after the copy was made is
+not seen by the learner's function. No exercise of minisgl reads such a global.
+"""
+
+from __future__ import annotations
+
+import __future__
+import builtins
+import functools
+import importlib
+import inspect
+import linecache
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List
+
+ANNOTATIONS_FLAG = __future__.annotations.compiler_flag  # stubs' annotations may name TYPE_CHECKING-only types
+
+
+class LearnerCodeError(Exception):
+    """Raised by the stand-in of an exercise whose code could not be put in place."""
+
+
+@dataclass
+class SwapReport:
+    problems: Dict[str, str] = field(default_factory=dict)  # exercise id -> why its code is not in place
+    general: List[str] = field(default_factory=list)
+    swapped: List[str] = field(default_factory=list)  # exercise ids whose learner code is in place
+
+
+def apply_spec(spec: Dict[str, Any], test_dirs: List[str] | None = None) -> SwapReport:
+    report = SwapReport()
+    replacements: Dict[int, Any] = {}  # id(original module-level function) -> replacement
+    originals: Dict[int, Any] = {}  # keep the originals alive so their ids stay unique
+    namespaces: List[Dict[str, Any]] = []
+    packages = set()
+    for unit in spec.get("units", []):
+        _apply_unit(unit, report, replacements, originals, namespaces, packages)
+    if replacements:
+        _replace_everywhere(replacements, packages, test_dirs or [], namespaces)
+    spec["_replacements"] = (replacements, originals, packages, namespaces)  # for later rescans
+    return report
+
+
+def rescan(spec: Dict[str, Any], test_dirs: List[str]) -> None:
+    """Replace module-level originals in modules loaded since the swap (e.g. test modules)."""
+    replacements, _, packages, namespaces = spec.get("_replacements", ({}, {}, set(), []))
+    if replacements:
+        _replace_everywhere(replacements, packages, test_dirs, namespaces)
+
+
+# ---------------------------------------------------------------------- one chapter's code
+
+
+def _apply_unit(unit, report, replacements, originals, namespaces, packages) -> None:
+    exercises = [e for e in unit["exercises"] if e["swap"]]
+    by_module: Dict[str, List[dict]] = {}
+    for ex in exercises:
+        by_module.setdefault(ex["target"].split(":")[0], []).append(ex)
+    for module_name, exs in by_module.items():
+        packages.add(module_name.split(".")[0])
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:  # the engine itself is broken: nothing to judge against
+            for ex in exs:
+                report.problems[ex["id"]] = f"cannot import the reference module {module_name}: {_one_line(e)}"
+            continue
+        problems = {ex["name"]: ex["problem"] for ex in exs if ex.get("problem")}
+        namespace = _run_snippets(module, unit["snippets"], exs, problems, report)
+        namespaces.append(namespace)
+        for ex in exs:
+            problem = problems.get(ex["name"])
+            try:
+                owner, attr, raw = _resolve(module, ex["target"])
+            except AttributeError as e:
+                report.problems[ex["id"]] = f"the registry's target {ex['target']} does not exist: {e}"
+                continue
+            fn = None
+            if problem is None:
+                fn, problem = _learner_function(namespace, attr, raw, unit.get("missing", "error"))
+                if fn is None and problem is None:
+                    continue  # not defined, and the reference stays (variants, stubs)
+            if problem is not None:
+                report.problems[ex["id"]] = problem
+                fn = _standin(ex["id"], problem, raw)
+            else:
+                report.swapped.append(ex["id"])
+            _install(owner, attr, raw, fn, replacements, originals)
+
+
+def _run_snippets(module, snippets, exs, problems: Dict[str, str], report: SwapReport) -> Dict[str, Any]:
+    namespace = dict(vars(module))
+    namespace["__builtins__"] = builtins
+    here = {ex["name"] for ex in exs}
+    for snip in snippets:
+        source, label = snip["source"], snip["label"]
+        linecache.cache[label] = (len(source), None, source.splitlines(True), label)  # tracebacks show lines
+        try:
+            code = compile(source, label, "exec", flags=ANNOTATIONS_FLAG, dont_inherit=True)
+            exec(code, namespace)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # SystemExit too: a learner's sys.exit() must not end the judge
+            msg = f"loading {label} raised {_one_line(e)}{_where(e, label)}"
+            owner = snip.get("exercise")
+            if owner is not None:
+                if owner in here:
+                    problems.setdefault(owner, msg)
+            else:
+                # Code every exercise may depend on failed: none of this module's exercises is reliable.
+                if msg not in report.general:
+                    report.general.append(msg)
+                for name in here:
+                    problems.setdefault(name, f"your code failed to load: {msg}")
+    return namespace
+
+
+def _resolve(module, target: str):
+    """(the object holding the attribute, its name, the raw original as stored there)."""
+    qualname = target.split(":", 1)[1]
+    *path, attr = qualname.split(".")
+    owner = module
+    for part in path:
+        owner = getattr(owner, part)
+    if isinstance(owner, type):
+        for klass in owner.__mro__:  # the raw attribute (a property object, not its value)
+            if attr in vars(klass):
+                return owner, attr, vars(klass)[attr]
+        raise AttributeError(f"{owner.__name__} has no attribute {attr!r}")
+    return owner, attr, getattr(owner, attr)
+
+
+def _unwrap_kind(obj):
+    if isinstance(obj, property):
+        return obj.fget
+    if isinstance(obj, (classmethod, staticmethod)):
+        return obj.__func__
+    return obj
+
+
+def _learner_function(namespace, attr: str, raw, missing: str):
+    """(the learner's plain function, None) or (None, why it cannot be used) or (None, None) if
+    absent and the reference should stay."""
+    if attr not in namespace or namespace[attr] is raw or namespace[attr] is _unwrap_kind(raw):
+        if missing == "reference":
+            return None, None
+        return None, f"no `def {attr}(...)` was defined by your code"
+    fn = _unwrap_kind(namespace[attr])
+    if not callable(fn):
+        return None, f"`{attr}` is a {type(fn).__name__}, not a function"
+    problem = signature_problem(fn, _unwrap_kind(raw), attr)
+    return (None, problem) if problem else (fn, None)
+
+
+def signature_problem(fn: Callable, reference: Callable, attr: str) -> str | None:
+    """Why `fn` cannot be called the way the engine calls `reference`, or None. Parameter names and
+    kinds must match (callers pass some by keyword); extra parameters need a default."""
+    try:
+        got, want = inspect.signature(fn), inspect.signature(reference)
+    except (TypeError, ValueError):
+        return None
+    g, w = list(got.parameters.values()), list(want.parameters.values())
+    ok = len(g) >= len(w)
+    for i, p in enumerate(w):
+        if not ok:
+            break
+        q = g[i]
+        same_kind = q.kind == p.kind or (
+            p.kind == p.POSITIONAL_OR_KEYWORD and q.kind == q.POSITIONAL_OR_KEYWORD)
+        ok = same_kind and (q.name == p.name or p.kind == p.POSITIONAL_ONLY) and not (
+            p.default is not p.empty and q.default is q.empty)
+    for q in g[len(w):]:
+        ok = ok and (q.default is not q.empty or q.kind in (q.VAR_POSITIONAL, q.VAR_KEYWORD))
+    if ok:
+        return None
+    return f"wrong signature: expected `def {attr}{_plain(want)}`, got `def {attr}{_plain(got)}`"
+
+
+def _plain(sig: inspect.Signature) -> str:
+    params = [p.replace(annotation=p.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params, return_annotation=sig.empty))
+
+
+def _standin(exercise_id: str, problem: str, raw):
+    message = f"{exercise_id}: {problem}"
+
+    def standin(*args, **kwargs):
+        raise LearnerCodeError(message)
+
+    try:
+        standin.__signature__ = inspect.signature(_unwrap_kind(raw))  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        pass
+    return standin
+
+
+def _rewrap(raw, fn):
+    """Re-apply the original's kind, and a torch grad-mode decorator (@torch.no_grad()) if it had one."""
+    inner = _unwrap_kind(raw)
+    factory = None
+    if getattr(inner, "__wrapped__", None) is not None:
+        try:
+            factory = inspect.getclosurevars(inner).nonlocals.get("ctx_factory")
+        except (TypeError, ValueError):
+            factory = None
+    if callable(factory) and getattr(fn, "__wrapped__", None) is None:
+        learner = fn
+
+        @functools.wraps(learner)
+        def fn(*args, **kwargs):
+            with factory():
+                return learner(*args, **kwargs)
+
+    if isinstance(raw, property):
+        return property(fn, raw.fset, raw.fdel, raw.__doc__)
+    if isinstance(raw, classmethod):
+        return classmethod(fn)
+    if isinstance(raw, staticmethod):
+        return staticmethod(fn)
+    return fn
+
+
+def _install(owner, attr, raw, fn, replacements, originals) -> None:
+    new = _rewrap(raw, fn)
+    if isinstance(owner, type):
+        if not isinstance(new, (property, classmethod, staticmethod)):
+            new.__qualname__ = f"{owner.__qualname__}.{attr}"
+        setattr(owner, attr, new)
+    else:
+        replacements[id(raw)] = new
+        originals[id(raw)] = raw
+        setattr(owner, attr, new)
+
+
+def _replace_everywhere(replacements, packages, test_dirs: List[str], namespaces) -> None:
+    def holds(module) -> bool:
+        name = getattr(module, "__name__", "") or ""
+        if name.split(".")[0] in packages:
+            return True
+        path = getattr(module, "__file__", None) or ""
+        return any(path.startswith(d) for d in test_dirs)
+
+    dicts = [vars(m) for m in list(sys.modules.values()) if m is not None and holds(m)] + namespaces
+    for d in dicts:
+        for key, value in list(d.items()):
+            new = replacements.get(id(value))
+            if new is not None and value is not new:
+                d[key] = new
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, SystemExit):
+        return f"SystemExit({e.code!r}) (sys.exit() is not allowed in exercise code)"
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+
+
+def _where(e: BaseException, label: str) -> str:
+    if isinstance(e, SyntaxError) and e.lineno:
+        return f" at line {e.lineno}"
+    tb = e.__traceback__
+    line = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == label:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f" at line {line}" if line else ""
