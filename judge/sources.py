@@ -111,7 +111,9 @@ def from_notebook(path: str | Path, chapter: Chapter) -> LearnerCode:
         ours = meta.get("minisgl") if isinstance(meta.get("minisgl"), dict) else {}
         tags = meta.get("tags") if isinstance(meta.get("tags"), list) else []
         exercise = ours.get("exercise")
-        if isinstance(exercise, str) and exercise.startswith(chapter.key + "."):
+        if isinstance(exercise, str):
+            if not exercise.startswith(chapter.key + "."):
+                continue  # another chapter's exercise
             name = exercise.split(".", 1)[1]
         elif ours.get("support") is True or "support" in tags or "exercise" in tags:
             name = None  # learner-visible helpers (or an exercise cell we cannot attribute)

@@ -1,0 +1,278 @@
+"""The judge end to end on a fake chapter (ch42, see judge_fixtures.py): learner code is swapped into
+a tiny package and its tests run in a subprocess, so every run takes about a second.
+
+Each learner file below breaks the exercises in independent ways at once, so one run checks several
+of the ways learner code can go wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from judge.cli import main
+from judge_fixtures import SOLUTION, code_cell, fake_project, notebook
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps at 80 columns when not on a terminal
+    return fake_project(tmp_path, monkeypatch)
+
+
+def judge_json(capsys, *argv):
+    code = main([*argv, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def by_test(verdict):
+    return {t["test"].split("::")[-1]: t for t in verdict["tests"]}
+
+
+def by_exercise(verdict):
+    return {e["name"]: e for e in verdict["exercises"]}
+
+
+def test_a_correct_solution_passes_and_is_recorded(project, capsys):
+    code, v = judge_json(capsys, "ch42", "--file", str(project.write("mine.py", SOLUTION)))
+    assert code == 0 and v["passed"]
+    assert {e["status"] for e in v["exercises"]} == {"passing"}
+    assert v["counts"] == {"passed": 7}
+    # property and classmethod were re-applied; `double` reached the module that imported it
+    assert by_test(v)["test_is_big"]["outcome"] == by_test(v)["test_quadruple"]["outcome"] == "passed"
+    progress = json.loads(project.progress.read_text())["chapters"]["ch42"]
+    assert progress["passed"] and progress["exercises"]["double"] == "passing"
+
+
+def test_module_level_swap_reaches_every_importer(project, capsys):
+    wrong = SOLUTION.replace("return x * SCALE", "return x * 3")
+    code, v = judge_json(capsys, "ch42", "--file", str(project.write("mine.py", wrong)))
+    assert code == 1
+    tests = by_test(v)
+    # fakepkg.user imported `double` before the swap... and the test module imported it after
+    assert tests["test_quadruple"]["outcome"] == tests["test_double"]["outcome"] == "failed"
+    assert "assert 9 == 6" in tests["test_double"]["message"]
+    assert by_exercise(v)["double"]["status"] == "failing"
+    assert by_exercise(v)["bump"]["status"] == "passing"
+
+
+def test_stubs_in_a_notebook_are_not_attempted(project, capsys):
+    from judge import stubs
+
+    cells = [code_cell(stubs.stub_source("ch42", e.name) + "\nprint('try-out')\n", exercise=f"ch42.{e.name}")
+             for e in stubs.exercises("ch42")]
+    cells.insert(0, code_cell("import nothing_like_this  # scratch: never run by the judge"))
+    (project.notebooks / "ch42_fake.ipynb").write_text(notebook(cells))
+    code, v = judge_json(capsys, "ch42")
+    assert code == 1
+    assert {e["status"] for e in v["exercises"]} == {"not attempted"}
+    tests = by_test(v)
+    assert tests["test_double"]["sentinel"] == "ch42.double"
+    assert tests["test_starting_at"]["sentinel"] == "ch42.starting_at"
+    assert tests["test_unrelated"]["outcome"] == "passed"
+
+
+def test_exit_exception_and_endless_loop(project, capsys):
+    src = """
+    import sys
+
+    def double(x):
+        sys.exit(3)
+
+    def bump(self, by=1):
+        while True:
+            pass
+
+    def is_big(self):
+        return self.n > 10
+
+    def starting_at(cls, n):
+        raise ValueError("boom")
+    """
+    code, v = judge_json(capsys, "ch42", "--file", str(project.write("mine.py", src)), "--timeout", "2")
+    assert code == 1
+    tests = by_test(v)
+    assert tests["test_double"]["outcome"] == "failed" and "SystemExit: 3" in tests["test_double"]["message"]
+    assert tests["test_bump"]["outcome"] == "timeout"
+    assert tests["test_starting_at"]["message"] == "ValueError: boom"
+    assert tests["test_starting_at"]["where"].endswith('line 15, in starting_at: raise ValueError("boom")')
+    assert tests["test_unrelated"]["outcome"] == "passed"  # the run went on after all of it
+
+
+def test_os_exit_wrong_signature_and_megabytes_of_output(project, capsys):
+    src = """
+    import os
+
+    def double(x):
+        print("spam" * 5_000_000)  # 20 MB
+        return x * SCALE
+
+    def bump(self):
+        self.n += 1
+
+    def is_big(self):
+        os._exit(7)
+
+    def starting_at(cls, n):
+        c = cls()
+        c.n = n
+        return c
+    """
+    code, v = judge_json(capsys, "ch42", "--file", str(project.write("mine.py", src)))
+    assert code == 1
+    ex, tests = by_exercise(v), by_test(v)
+    assert ex["double"]["status"] == "passing"
+    assert ex["bump"]["status"] == "error"
+    assert ex["bump"]["problem"] == "wrong signature: expected `def bump(self, by=1)`, got `def bump(self)`"
+    assert tests["test_is_big"]["outcome"] == "crashed" and "exit status 7" in tests["test_is_big"]["message"]
+    assert tests["test_starting_at"]["outcome"] == "passed"  # run in a restarted process
+    assert tests["test_unrelated"]["outcome"] == "passed"
+
+
+def test_a_name_error_while_loading_and_a_missing_function(project, capsys):
+    src = """
+    @no_such_decorator
+    def double(x):
+        return x * SCALE
+
+    def bump_it(self, by=1):
+        self.n += by
+    """
+    code, v = judge_json(capsys, "ch42", "--file", str(project.write("mine.py", src)))
+    assert code == 1
+    ex = by_exercise(v)
+    assert "NameError: name 'no_such_decorator' is not defined at line 2" in ex["double"]["problem"]
+    assert "there is a `def bump_it`" in ex["bump"]["problem"]
+    assert {e["status"] for e in v["exercises"]} == {"error"}
+
+
+def test_a_file_that_does_not_parse_runs_no_test(project, capsys):
+    code, v = judge_json(capsys, "ch42", "--file", str(project.write("mine.py", "def double(x):\nreturn x\n")))
+    assert code == 1 and v["tests"] == []
+    assert "syntax error" in by_exercise(v)["double"]["problem"]
+
+
+def test_the_human_report(project, capsys):
+    wrong = SOLUTION.replace("return x * SCALE", "return x * 3").replace("self.n += by", "self.n += by / 0")
+    assert main(["ch42", "--file", str(project.write("mine.py", wrong))]) == 1
+    out = capsys.readouterr().out
+    assert "✘ failing" in out and "assert 9 == 6" in out and "NOT PASSED: 3/7 tests passed" in out
+    assert "ZeroDivisionError: division by zero" in out
+    assert "in your code: " in out and "line 7, in bump: self.n += by / 0" in out
+    assert "return x * SCALE" not in out  # never the reference
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["ch12"], "unknown chapter 'ch12'"),
+    (["ch42"], "no notebook for ch42"),
+    (["ch42", "--file", "nope.py"], "file not found"),
+    (["ch42", "--exercise", "triple"], "ch42 has no exercise 'triple'"),
+    (["ch42", "--variant", "nope"], "no variant 'nope' for ch42"),
+])
+def test_bad_requests_exit_2_with_one_line(project, capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_corrupt_notebook_exits_2(project, capsys):
+    (project.notebooks / "ch42_fake.ipynb").write_text('{"cells": [')
+    assert main(["ch42"]) == 2
+    assert "not a valid notebook: broken JSON" in capsys.readouterr().err
+
+
+def test_selection_by_exercise_and_keyword(project, capsys):
+    mine = str(project.write("mine.py", SOLUTION))
+    code, v = judge_json(capsys, "ch42", "--file", mine, "--exercise", "starting_at")
+    assert code == 0 and sorted(by_test(v)) == ["test_is_big", "test_starting_at"]
+    code, v = judge_json(capsys, "ch42", "--file", mine, "-k", "bump or unrelated")
+    assert code == 0 and sorted(by_test(v)) == ["test_bump", "test_unrelated"]
+
+
+def test_progress_table_and_hints(project, capsys):
+    assert main(["ch42", "--file", str(project.write("mine.py", SOLUTION.replace("n > 10", "n > 11")))]) == 1
+    capsys.readouterr()
+    assert main([]) == 0
+    table = capsys.readouterr().out
+    assert "ch42" in table and "A fake chapter" in table and "2/4" in table  # test_is_big is shared
+    assert main(["ch42", "--hint"]) == 0
+    out = capsys.readouterr().out
+    assert "Hints for ch42.is_big" in out and "Hints for ch42.double" not in out  # only unfinished ones
+    assert main(["ch42", "--hint", "--hint", "--exercise", "double"]) == 0
+    out = capsys.readouterr().out
+    assert "1. first hint" in out and "2. second hint" in out and "third hint" not in out
+    assert main(["ch42", "--hint", "3", "--exercise", "double"]) == 0
+    assert "3. third hint" in capsys.readouterr().out
+
+
+def test_variants_are_caught_or_not(project, capsys):
+    (project.variants / "ch42_triple.py").write_text('"""Triples instead of doubling."""\n\ndef double(x):\n    return 3 * x\n')
+    (project.variants / "ch42_harmless.py").write_text('"""Same as the reference."""\n\ndef double(x):\n    return x + x\n')
+    assert main(["ch42", "--variant", "list"]) == 0
+    assert "triple: Triples instead of doubling." in capsys.readouterr().out
+    code, out = judge_json(capsys, "ch42", "--variant", "triple")
+    assert code == 0 and out["caught"]
+    assert sorted(t.split("::")[-1] for t in out["variants"][0]["caught_by"]) == \
+        ["test_double", "test_quadruple", "test_total"]
+    code, out = judge_json(capsys, "ch42", "--variant", "harmless")
+    assert code == 1 and not out["caught"]
+    assert not project.progress.exists()  # only the learner's own runs are recorded
+
+
+def test_selfcheck_proves_the_fake_chapter(project, capsys):
+    (project.variants / "ch42_triple.py").write_text('"""Triples."""\n\ndef double(x):\n    return 3 * x\n')
+    assert main(["--selfcheck", "ch42"]) == 0
+    out = capsys.readouterr().out
+    assert "selfcheck passed" in out
+
+
+def test_selfcheck_names_registry_mistakes(project, capsys):
+    registry = project.root / "registry.toml"
+    text = registry.read_text().replace('tests = ["test_fake.py::test_bump"]', 'tests = ["test_fake.py::test_unrelated"]')
+    registry.write_text(text)
+    assert main(["--selfcheck", "ch42", "--workers", "1"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "listed for ch42.bump but pass with its stub (drop them from its tests): test_fake.py::test_unrelated" in out
+    assert 'fail with the stub of ch42.bump but are not in its tests (add them): "test_fake.py::test_bump"' in out
+
+
+def test_live_check_judges_the_notebook_namespace(project, capsys):
+    """As in a Jupyter kernel: functions defined in cells, whose source IPython keeps in linecache."""
+    import linecache
+
+    from judge.live import check
+
+    namespace = {"__name__": "__main__"}
+    cells = ["FACTOR = 2\n\ndef helper(x):\n    return x * FACTOR\n",
+             "def double(x):\n    return helper(x)\n",
+             "def bump(self, by=1):\n    self.n += by\n"]
+    for i, src in enumerate(cells):
+        name = f"<ipython-input-{i}>"
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+        exec(compile(src, name, "exec"), namespace)
+    shown = check("ch42", namespace=namespace)
+    assert "not passed, 5/7 tests" in repr(shown)
+    ex = {e.name: e for e in shown.verdict.exercises}
+    assert ex["double"].status == ex["bump"].status == "passing"  # helper and FACTOR came along
+    assert ex["is_big"].status == "error" and "no `def is_big(...)` found" in ex["is_big"].problem
+    assert "ch42" in json.loads(project.progress.read_text())["chapters"]
+
+
+def test_the_judge_writes_nothing_but_its_progress_file(project, capsys):
+    before = {p for p in project.root.rglob("*")}
+    assert main(["ch42", "--file", str(project.write("mine.py", SOLUTION))]) == 0
+    after = {p for p in project.root.rglob("*")}
+    assert after - before == {project.root / "mine.py", project.progress}
+
+
+def test_judge_py_entry_point(project):
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "judge.py", "ch42", "--file", str(project.write("mine.py", SOLUTION))],
+                         cwd=repo, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "PASSED: 7/7 tests passed" in out.stdout
