@@ -1,0 +1,118 @@
+"""A step-by-step view of two runs of the same problem side by side: upstream's code on the left,
+ours on the right, one turn of the scheduler's loop at a time.
+
+A line that only one of the two runs has in that turn is coloured: red on upstream's side, green
+on ours. The static SVG shows every turn at once; the widget steps through them.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Dict, List, Tuple
+
+from . import svg
+from .display import show
+from .overlap_problems import ProblemRun
+
+LINE_H, COL_W, TURN_W, PAD, CHARS = 14, 330, 46, 8, 54
+ONLY_UPSTREAM, ONLY_OURS = "#c62828", "#2e7d32"
+
+
+def _turn(run: ProblemRun, i: int) -> List[str]:
+    return run.frames[i].lines if i < len(run.frames) else []
+
+
+def _marked(lines: List[str], other: List[str], colour: str) -> List[Tuple[str, str]]:
+    return [(line, colour if line not in other else "#111") for line in lines]
+
+
+def problem_svg(title: str, upstream: ProblemRun, ours: ProblemRun) -> str:
+    """Both runs, turn by turn, in two columns; the verdicts below, full width."""
+    turns = max(len(upstream.frames), len(ours.frames))
+    x_up, x_ours = PAD + TURN_W, PAD + TURN_W + COL_W + PAD
+    width = x_ours + COL_W + PAD
+    parts: List[str] = [svg.text(PAD, 18, title, 14, weight="bold")]
+    y = 40
+    for x, run, label in ((x_up, upstream, "upstream"), (x_ours, ours, "ours")):
+        head = f"{label}: {'right' if run.ok else 'WRONG'}"
+        parts.append(svg.text(x, y, head, 12, weight="bold", fill="#111" if run.ok else ONLY_UPSTREAM))
+    y += 8
+    for i in range(turns):
+        up, mine = _turn(upstream, i), _turn(ours, i)
+        h = max(len(up), len(mine), 1) * LINE_H + 6
+        fill = "#f6f6f6" if i % 2 == 0 else "#ffffff"
+        parts.append(svg.rect(PAD, y, width - 2 * PAD, h, fill, stroke="#ddd", rx=0))
+        parts.append(svg.text(PAD + 4, y + 13, f"turn {i + 1}", 10, fill="#555"))
+        for x, lines in ((x_up, _marked(up, mine, ONLY_UPSTREAM)), (x_ours, _marked(mine, up, ONLY_OURS))):
+            for j, (line, colour) in enumerate(lines):
+                parts.append(svg.text(x, y + 13 + j * LINE_H, line[:CHARS], 10, fill=colour, mono=True))
+        y += h
+    y += 8
+    for run, label in ((upstream, f"upstream ({upstream.variant})"), (ours, f"ours ({ours.variant})")):
+        colour = "#111" if run.ok else ONLY_UPSTREAM
+        y += LINE_H + 2
+        parts.append(svg.text(PAD, y, label, 11, weight="bold", fill=colour))
+        for line in run.verdict:
+            y += LINE_H
+            parts.append(svg.text(PAD + 12, y, line[:2 * CHARS], 10, mono=True, fill=colour))
+    return svg.document(width, y + 10, parts, title)
+
+
+def _html_column(run: ProblemRun, lines: List[Tuple[str, str]], label: str) -> str:
+    body = "".join(f"<div style='color:{c};white-space:pre'>{escape(t)}</div>" for t, c in lines) or "<i>(nothing)</i>"
+    verdict = "right" if run.ok else "WRONG"
+    return (f"<div style='flex:1;min-width:0;font-family:monospace;font-size:12px'>"
+            f"<b>{escape(label)}: {verdict}</b><div style='margin-top:4px'>{body}</div></div>")
+
+
+def show_problems(runs: Dict[str, Tuple[ProblemRun, ProblemRun]]) -> None:
+    """`runs` maps a problem's title to (upstream's run, our run)."""
+    titles = list(runs)
+
+    def make_widget():
+        import ipywidgets as w
+
+        pick = w.ToggleButtons(options=titles, value=titles[0], style={"button_width": "160px"})
+        turn = w.IntSlider(min=1, max=1, value=1, description="turn")
+        panel, verdict = w.HTML(), w.HTML()
+
+        def redraw(change=None) -> None:
+            up, ours = runs[pick.value]
+            turn.max = max(len(up.frames), len(ours.frames))
+            if change is not None and change.get("owner") is pick:
+                turn.value = 1
+            i = turn.value - 1
+            a, b = _turn(up, i), _turn(ours, i)
+            panel.value = ("<div style='display:flex;gap:16px'>"
+                           + _html_column(up, _marked(a, b, ONLY_UPSTREAM), "upstream")
+                           + _html_column(ours, _marked(b, a, ONLY_OURS), "ours") + "</div>")
+            if turn.value == turn.max:
+                verdict.value = ("<div style='display:flex;gap:16px;font-family:monospace;font-size:12px'>"
+                                 + "".join(f"<div style='flex:1'>{'<br>'.join(escape(v) for v in r.verdict)}</div>"
+                                           for r in (up, ours)) + "</div>")
+            else:
+                verdict.value = "<i>step to the last turn for the outcome</i>"
+
+        pick.observe(redraw, "value")
+        turn.observe(redraw, "value")
+        redraw()
+        return w.VBox([pick, turn, panel, verdict])
+
+    figures = [problem_svg(t, *runs[t]) for t in titles]
+    static = figures[0] if len(figures) == 1 else _stack(figures)
+    show(static, "the overlap problems, upstream beside ours: " + ", ".join(titles), make_widget)
+
+
+def _stack(figures: List[str]) -> str:
+    """Put several SVG documents one under another in a single SVG."""
+    import re
+
+    parts, y, width = [], 0.0, 0.0
+    for fig in figures:
+        m = re.match(r"<svg [^>]*width='(\d+)' height='(\d+)'", fig)
+        w_, h_ = float(m[1]), float(m[2])
+        inner = fig[fig.index(">") + 1: fig.rindex("</svg>")]
+        parts.append(f"<g transform='translate(0,{y:.0f})'>{inner}</g>")
+        y += h_ + 12
+        width = max(width, w_)
+    return svg.document(width, y, parts, "overlap problems")

@@ -1,0 +1,170 @@
+"""The workbook tool (tools/workbook): reading chapter sources, rendering the two notebooks and the
+site page, and the rule that a learner notebook may fail only in its exercise cells.
+
+These run on small chapters written here; nothing is executed in a kernel and torch is not needed."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_output
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `tools` is not an installed package
+
+from tools.workbook import commands, listing, notebook, site  # noqa: E402
+from tools.workbook.source import (CodeCell, Exercise, Listing, Markdown, SourceError,  # noqa: E402
+                                   read_chapter)
+
+FRONT = """---
+minisgl:
+  chapter: ch11
+  title: A test chapter
+---
+"""
+
+BODY = """
+# Title
+
+Some prose with an example that is not a cell:
+
+````markdown
+```{code-cell} ipython3
+print("inside a fence: text")
+```
+````
+
+```{code-cell} ipython3
+:tags: [nbval-check-output]
+x = 1
+print(x)
+```
++++
+More prose.
+
+```{listing} minisgl.core:Req.complete_one
+```
+
+```{exercise} ch11.abort
+print("try it")
+```
+"""
+
+
+def write(tmp_path: Path, body: str, name: str = "ch11_test.md") -> Path:
+    path = tmp_path / name
+    path.write_text(FRONT + textwrap.dedent(body))
+    return path
+
+
+def test_blocks_are_read_in_order(tmp_path):
+    ch = read_chapter(write(tmp_path, BODY))
+    kinds = [type(b) for b in ch.blocks]
+    assert kinds == [Markdown, CodeCell, Markdown, Listing, Exercise]
+    assert "inside a fence" in ch.blocks[0].text  # a nested fence stays text
+    assert ch.blocks[1].tags == ["nbval-check-output"] and ch.blocks[1].source == "x = 1\nprint(x)"
+    assert ch.blocks[3].target == "minisgl.core:Req.complete_one"
+    assert (ch.blocks[4].key, ch.blocks[4].tryout) == ("ch11.abort", 'print("try it")')
+    assert ch.title == "A test chapter" and ch.stem == "ch11_test"
+
+
+@pytest.mark.parametrize("body,message", [
+    ("```{exercise} ch07.normal_loop\n```\n", "another chapter"),
+    ("```{figure} x.png\n```\n", "unknown directive"),
+    ("```{code-cell} ipython3\nx = 1\n", "never closed"),
+    ("```{listing} minisgl.core:Req.complete_one\nprint(1)\n```\n", "takes no body"),
+    ("```{code-cell} ipython3\n:caption: nope\nx = 1\n```\n", "does not take option"),
+])
+def test_malformed_sources_say_where(tmp_path, body, message):
+    with pytest.raises(SourceError, match=message):
+        read_chapter(write(tmp_path, body))
+
+
+def test_file_name_and_front_matter_must_agree(tmp_path):
+    with pytest.raises(SourceError, match="file name"):
+        read_chapter(write(tmp_path, "text\n", name="ch07_x.md"))
+
+
+def test_listing_reads_real_code_without_importing():
+    code = listing.resolve("minisgl.scheduler.scheduler:Scheduler.run_forever")
+    assert code.path == "minisgl/scheduler/scheduler.py"
+    assert code.source.startswith("@torch.inference_mode()\ndef run_forever(self)")
+    assert listing.resolve("tests/test_ch11_overlap.py::watch_slot_reuse").source.startswith("def watch_slot_reuse(")
+    with pytest.raises(listing.ListingError, match="not defined"):
+        listing.resolve("minisgl.core:Req.no_such_method")
+
+
+def test_learner_and_solution_notebooks(tmp_path):
+    from judge.stubs import reference_source, stub_source
+
+    ch = read_chapter(write(tmp_path, BODY))
+    learner, solution = notebook.render(ch, "learner"), notebook.render(ch, "solution")
+    assert [c.cell_type for c in learner.cells] == [c.cell_type for c in solution.cells]
+    assert [c.id for c in learner.cells] == [c.id for c in solution.cells]
+    ex = [c for c in learner.cells if "exercise" in c.metadata.get("tags", [])]
+    assert len(ex) == 1 and ex[0].metadata["minisgl"] == {"exercise": "ch11.abort"}
+    assert ex[0].source == stub_source("ch11", "abort").rstrip() + "\n\n\n" + 'print("try it")'
+    ref = next(c for c in solution.cells if notebook.cell_kind(c) == "exercise")
+    assert ref.source.startswith(reference_source("ch11", "abort").rstrip())
+    assert learner.cells[-1].source == 'import judge\n\njudge.check("ch11")'  # every notebook ends judged
+    nbformat.validate(learner)
+    assert notebook.dumps(learner) == notebook.dumps(notebook.render(ch, "learner"))  # deterministic
+
+
+def _executed(ch, outputs_by_kind):
+    nb = notebook.render(ch, "learner")
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = outputs_by_kind.get(notebook.cell_kind(cell), [])
+    return nb
+
+
+def _error(name, value):
+    return new_output("error", ename=name, evalue=value, traceback=[])
+
+
+def test_only_exercise_cells_may_raise_and_only_their_stub(tmp_path):
+    ch = read_chapter(write(tmp_path, BODY))
+    stub = _error("NotImplementedError", "ch11.abort: write Scheduler._abort")
+    assert commands.student_errors(ch, _executed(ch, {"exercise": [stub]})) == []
+    assert commands.student_errors(ch, _executed(ch, {"": [stub]}))  # an ordinary cell raised
+    wrong = _error("NameError", "name 'ForwardData' is not defined")
+    assert commands.student_errors(ch, _executed(ch, {"exercise": [wrong]}))
+
+
+def test_site_page_shows_outputs_figures_and_exercises(tmp_path):
+    ch = read_chapter(write(tmp_path, BODY))
+    nb = notebook.render(ch, "solution")
+    svg = "<svg xmlns='http://www.w3.org/2000/svg' width='10' height='10'></svg>"
+    for cell in nb.cells:
+        if cell.cell_type == "code" and notebook.cell_kind(cell) == "":
+            cell.outputs = [new_output("stream", name="stdout", text="1\n"),
+                            new_output("display_data", data={"image/svg+xml": svg, "text/plain": "a view"})]
+    page = site.render_page(ch, nb, tmp_path)
+    assert "```text { .nb-output }\n1\n```" in page
+    assert "![a view](ch11_test_files/cell001-1.svg)" in page
+    assert (tmp_path / "ch11_test_files" / "cell001-1.svg").read_text() == svg
+    assert '!!! question "Exercise ch11.abort"' in page and '??? success "Reference solution"' in page
+    assert "**`minisgl/core.py`** · `Req.complete_one`" in page
+
+
+def test_stale_notebooks_are_reported(tmp_path, monkeypatch):
+    ch = read_chapter(write(tmp_path, BODY))
+    monkeypatch.setattr(commands, "NOTEBOOKS", tmp_path / "notebooks")
+    monkeypatch.setattr(commands, "SOLUTIONS", tmp_path / "solutions")
+    monkeypatch.setattr(commands, "REPO", tmp_path)
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "solutions").mkdir()
+    commands.learner_path(ch).write_text(notebook.dumps(notebook.render(ch, "learner")))
+    executed = notebook.render(ch, "solution")
+    for i, cell in enumerate(c for c in executed.cells if c.cell_type == "code"):
+        cell.execution_count = i + 1
+        cell.outputs = [new_output("stream", name="stdout", text=f"run at {i}\n")]  # volatile: ignored
+    commands.solution_path(ch).write_text(notebook.dumps(executed))
+    assert commands.stale(ch) == []
+    new_source = write(tmp_path, BODY.replace("More prose.", "Changed prose."))
+    problems = commands.stale(read_chapter(new_source))
+    assert len(problems) == 2 and all("differ" in p for p in problems)

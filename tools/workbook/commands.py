@@ -1,0 +1,205 @@
+"""The tool's commands: build, check, execute, site, students. Each takes optional chapter ids
+("ch11") and works on every chapter when given none."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Iterable, List
+
+import nbformat
+
+from . import execute as runner
+from . import notebook, site
+from .paths import CHAPTERS, NOTEBOOKS, REPO, SITE_DOCS, SOLUTIONS
+from .source import Chapter, chapter_files, read_chapter
+
+
+def chapters(ids: Iterable[str] = ()) -> List[Chapter]:
+    ids = list(ids)
+    found = [read_chapter(p) for p in chapter_files(CHAPTERS)]
+    if ids:
+        unknown = set(ids) - {c.chapter for c in found}
+        if unknown:
+            raise SystemExit(f"no chapter source for {', '.join(sorted(unknown))} in {CHAPTERS.relative_to(REPO)}/")
+        found = [c for c in found if c.chapter in ids]
+    return found
+
+
+def learner_path(ch: Chapter) -> Path:
+    return NOTEBOOKS / f"{ch.stem}.ipynb"
+
+
+def solution_path(ch: Chapter) -> Path:
+    return SOLUTIONS / f"{ch.stem}.ipynb"
+
+
+def _rel(p: Path) -> str:
+    return p.relative_to(REPO).as_posix()
+
+
+# ---------------------------------------------------------------- build / execute
+
+
+def build(ids: Iterable[str] = ()) -> int:
+    """Write the learner notebooks. Solutions are written by `execute` (they need outputs)."""
+    NOTEBOOKS.mkdir(exist_ok=True)
+    for ch in chapters(ids):
+        path = learner_path(ch)
+        text = notebook.dumps(notebook.render(ch, "learner"))
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {_rel(path)}")
+        else:
+            print(f"{_rel(path)} is up to date")
+    return 0
+
+
+def execute(ids: Iterable[str] = ()) -> int:
+    """Render and run each solution notebook; write it with its outputs and its run time."""
+    SOLUTIONS.mkdir(exist_ok=True)
+    build(ids)
+    for ch in chapters(ids):
+        nb = notebook.render(ch, "solution")
+        print(f"executing {ch.stem} ...", flush=True)
+        result = runner.run(nb, SOLUTIONS)
+        nb = runner.sanitize(result.nb)
+        nb.metadata["minisgl"]["execution"] = {"seconds": round(result.seconds, 1)}
+        solution_path(ch).write_text(notebook.dumps(nb), encoding="utf-8")
+        print(f"wrote {_rel(solution_path(ch))} ({result.seconds:.1f} s)")
+    return 0
+
+
+# ---------------------------------------------------------------- check (staleness)
+
+
+def stale(ch: Chapter) -> List[str]:
+    """Why the derived files of `ch` do not match its source; empty when they do."""
+    problems = []
+    lp, sp = learner_path(ch), solution_path(ch)
+    want = notebook.dumps(notebook.render(ch, "learner"))
+    if not lp.is_file():
+        problems.append(f"{_rel(lp)} is missing")
+    elif lp.read_text(encoding="utf-8") != want:
+        problems.append(f"{_rel(lp)} differs from what {_rel(ch.path)} gives")
+    if not sp.is_file():
+        problems.append(f"{_rel(sp)} is missing")
+        return problems
+    saved = nbformat.read(sp, as_version=4)
+    fresh = notebook.strip_outputs(notebook.render(ch, "solution"))
+    if notebook.dumps(notebook.strip_outputs(saved)) != notebook.dumps(fresh):
+        problems.append(f"{_rel(sp)}: its cells differ from what {_rel(ch.path)} and minisgl give")
+    unrun = [c.id for c in saved.cells if c.cell_type == "code" and c.execution_count is None]
+    if unrun:
+        problems.append(f"{_rel(sp)}: cell(s) {', '.join(unrun)} were not executed")
+    return problems
+
+
+def check(ids: Iterable[str] = ()) -> int:
+    failed = False
+    known = {learner_path(c).name for c in chapters()}
+    for ch in chapters(ids):
+        problems = stale(ch)
+        for p in problems:
+            print(f"STALE {p}")
+        failed |= bool(problems)
+        if not problems:
+            print(f"ok    {ch.stem}")
+    if not list(ids):  # notebooks without a source are left-overs of a renamed chapter
+        for folder in (NOTEBOOKS, SOLUTIONS):
+            for p in sorted(folder.glob("*.ipynb")) if folder.is_dir() else []:
+                if p.name not in known:
+                    print(f"STALE {_rel(p)} has no source in chapters/")
+                    failed = True
+    if failed:
+        print("\nrebuild with `python -m tools.workbook build` (learner notebooks) and "
+              "`python -m tools.workbook execute chNN` (solutions)")
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------- site
+
+
+def build_site(ids: Iterable[str] = ()) -> int:
+    site.reset(SITE_DOCS)
+    site.copy_site_files(SITE_DOCS)
+    for ch in chapters(ids):
+        problems = stale(ch)
+        if problems:
+            raise SystemExit("\n".join(f"STALE {p}" for p in problems))
+        solution = nbformat.read(solution_path(ch), as_version=4)
+        page = site.render_page(ch, solution, SITE_DOCS)
+        (SITE_DOCS / f"{ch.stem}.md").write_text(page, encoding="utf-8")
+        print(f"wrote {_rel(SITE_DOCS / (ch.stem + '.md'))}")
+    return 0
+
+
+# ---------------------------------------------------------------- learner notebooks run
+
+
+def student_errors(ch: Chapter, nb: nbformat.NotebookNode) -> List[str]:
+    """Every error that is not an exercise stub's NotImplementedError raised in an exercise cell."""
+    problems = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        errors = [o for o in cell.outputs if o.get("output_type") == "error"]
+        if not errors:
+            continue
+        err = errors[0]
+        sentinel = err.get("ename") == "NotImplementedError" and str(err.get("evalue", "")).startswith(f"{ch.chapter}.")
+        if notebook.cell_kind(cell) == "exercise" and sentinel:
+            continue
+        where = "exercise cell" if notebook.cell_kind(cell) == "exercise" else "cell"
+        problems.append(f"{ch.stem} {where} {cell.id}: {err.get('ename')}: {err.get('evalue')}\n"
+                        f"    {cell.source.splitlines()[0] if cell.source else ''}")
+    return problems
+
+
+def students(ids: Iterable[str] = ()) -> int:
+    """Run each learner notebook as a learner would before writing anything: only exercise cells
+    may fail, and only with their stub's NotImplementedError."""
+    failed = False
+    for ch in chapters(ids):
+        path = learner_path(ch)
+        nb = nbformat.read(path, as_version=4)
+        result = runner.run(nb, NOTEBOOKS, allow_errors=True)
+        problems = student_errors(ch, result.nb)
+        raised = sum(1 for c in result.nb.cells if any(o.get("output_type") == "error" for o in c.get("outputs", [])))
+        for p in problems:
+            print(f"FAIL {p}")
+        if not problems:
+            print(f"ok   {_rel(path)}: {raised} exercise cell(s) raised their stub's NotImplementedError "
+                  f"({result.seconds:.1f} s)")
+        failed |= bool(problems)
+    return 1 if failed else 0
+
+
+def timings(ids: Iterable[str] = ()) -> int:
+    for ch in chapters(ids):
+        p = solution_path(ch)
+        if p.is_file():
+            secs = json.loads(p.read_text()).get("metadata", {}).get("minisgl", {}).get("execution", {}).get("seconds")
+            print(f"{ch.stem}: {secs} s")
+    return 0
+
+
+def main(argv: List[str]) -> int:
+    usage = ("usage: python -m tools.workbook COMMAND [chNN ...]\n"
+             "  build     write the learner notebooks (notebooks/)\n"
+             "  execute   build, then run the solution notebooks and write them with outputs (solutions/)\n"
+             "  check     fail if a generated notebook does not match its chapter source (what CI runs)\n"
+             "  site      write the site's pages into build/site_docs/ (then: mkdocs build --strict)\n"
+             "  students  run the learner notebooks: only exercise cells may raise, with their stub's error\n"
+             "  timings   the execution time recorded in each solution notebook")
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0 if argv else 2
+    commands = {"build": build, "execute": execute, "check": check, "site": build_site,
+                "students": students, "timings": timings}
+    cmd, ids = argv[0], argv[1:]
+    if cmd not in commands:
+        print(usage, file=sys.stderr)
+        return 2
+    return commands[cmd](ids)

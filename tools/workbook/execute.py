@@ -1,0 +1,68 @@
+"""Run a notebook top to bottom in a fresh kernel (nbclient), on the CPU, and time it.
+
+The kernel gets the repository on PYTHONPATH (so `minisgl` and `judge` import without an install)
+and none of the MINISGL_* switches of the calling shell, so the outputs depend only on the notebook
+and the bundled model.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List
+
+import nbformat
+from nbclient import NotebookClient
+
+from .paths import REPO
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+CELL_TIMEOUT_S = 300
+
+
+@dataclass
+class Run:
+    nb: nbformat.NotebookNode
+    seconds: float
+
+
+def kernel_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINISGL_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env["MPLBACKEND"] = "agg"
+    env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
+    return env
+
+
+def run(nb: nbformat.NotebookNode, cwd: Path, allow_errors: bool = False) -> Run:
+    nb = nbformat.from_dict(nb)
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", allow_errors=allow_errors,
+                            record_timing=False, store_widget_state=False,
+                            resources={"metadata": {"path": str(cwd)}})
+    start = time.perf_counter()
+    client.execute(env=kernel_env(), cwd=str(cwd))
+    return Run(nb, time.perf_counter() - start)
+
+
+def sanitize(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """What a saved solution keeps: the static view of every widget (the live one needs a kernel,
+    and without its state a saved widget output shows only an error), no volatile metadata."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        kept: List = []
+        for out in cell.outputs:
+            data = out.get("data")
+            if data is not None and WIDGET_VIEW in data:
+                data.pop(WIDGET_VIEW)
+                if set(data) <= {"text/plain"}:
+                    continue  # a widget without a static fallback leaves nothing worth keeping
+            kept.append(out)
+        cell.outputs = kept
+        cell.metadata.pop("execution", None)
+    nb.metadata.pop("widgets", None)
+    return nb

@@ -1,0 +1,136 @@
+"""Render the site's pages (markdown for mkdocs) from the executed solution notebooks.
+
+A chapter page is the solution notebook, cell by cell: prose as written, code with its real
+outputs, each exercise as its stub with the reference solution folded underneath. Widgets show
+their static fallback (the SVG or PNG they put beside the live view). Figures are written next
+to the page. Cells tagged `remove-cell`, `remove-input` or `remove-output` are left out in part.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+from pathlib import Path
+from typing import List
+
+import nbformat
+
+from . import exercises, notebook
+from .paths import CHAPTERS, SITE_DOCS
+from .source import Chapter, Exercise
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+SITE_FILES = ("index.md",)  # pages of chapters/ copied as they are
+
+
+def render_page(chapter: Chapter, solution: nbformat.NotebookNode, out_dir: Path) -> str:
+    exercise_blocks = iter(chapter.exercises)  # the exercise cells come in the same order
+    assets = out_dir / f"{chapter.stem}_files"
+    parts: List[str] = []
+    for i, cell in enumerate(solution.cells):
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if "remove-cell" in tags:
+            continue
+        kind = notebook.cell_kind(cell)
+        if cell.cell_type == "markdown":
+            if kind != "exercise_intro":  # the exercise box below says it
+                parts.append(cell.source)
+            continue
+        outputs = [] if "remove-output" in tags else _outputs(cell, assets, f"cell{i:03d}")
+        if kind == "exercise":
+            parts.append(_exercise_box(next(exercise_blocks), outputs))
+            continue
+        if "remove-input" not in tags:
+            parts.append(_code(cell.source))
+        parts.extend(outputs)
+    return "\n\n".join(p.rstrip() for p in parts if p.strip()) + "\n"
+
+
+def _exercise_box(block: Exercise, outputs: List[str]) -> str:
+    """The stub as the learner gets it, the reference folded underneath, then the try-out code
+    and what it printed with the reference in place."""
+    info = exercises.info(block.chapter, block.name)
+    body = [f"Write `{info.qualname}` (in `{info.module_path}`). The learner's notebook starts from this stub:",
+            _code(exercises.stub_source(block.chapter, block.name)),
+            '??? success "Reference solution"', "",
+            _indent(_code(exercises.reference_source(block.chapter, block.name)))]
+    if block.tryout.strip():
+        body += ["The notebook tries the function out inside the engine; with the reference in place:",
+                 _code(block.tryout)]
+        body += outputs
+    return f'!!! question "Exercise {block.key}"\n\n' + _indent("\n\n".join(body))
+
+
+def _code(source: str, lang: str = "python") -> str:
+    fence = notebook.fence_for(source)
+    return f"{fence}{lang}\n{source.rstrip()}\n{fence}"
+
+
+def _indent(text: str) -> str:
+    return "\n".join(("    " + line) if line.strip() else "" for line in text.splitlines())
+
+
+def _outputs(cell, assets: Path, stem: str) -> List[str]:
+    parts: List[str] = []
+    for j, out in enumerate(cell.get("outputs", [])):
+        kind = out.get("output_type")
+        if kind == "stream":
+            text = _ANSI.sub("", out.get("text", ""))
+            if text.strip():
+                parts.append(_output_text(text))
+        elif kind == "error":
+            parts.append(_output_text(_ANSI.sub("", "\n".join(out.get("traceback", [])))))
+        elif kind in ("display_data", "execute_result"):
+            parts.append(_rich(out.get("data", {}), assets, f"{stem}-{j}"))
+    return [p for p in parts if p]
+
+
+def _output_text(text: str) -> str:
+    fence = notebook.fence_for(text)
+    return f'{fence}text {{ .nb-output }}\n{text.rstrip()}\n{fence}'
+
+
+def _rich(data, assets: Path, stem: str) -> str:
+    if "image/svg+xml" in data:
+        return _figure(assets, f"{stem}.svg", _joined(data["image/svg+xml"]).encode(), data)
+    if "image/png" in data:
+        return _figure(assets, f"{stem}.png", base64.b64decode(_joined(data["image/png"])), data)
+    if "text/html" in data:
+        html = _joined(data["text/html"]).strip()
+        # A blank line would end the raw HTML block in Python-Markdown.
+        html = "\n".join(line for line in html.splitlines() if line.strip())
+        return f'<div class="nb-output nb-html" markdown="0">\n{html}\n</div>'
+    if "text/markdown" in data:
+        return _joined(data["text/markdown"])
+    if "text/plain" in data:
+        return _output_text(_ANSI.sub("", _joined(data["text/plain"])))
+    return ""
+
+
+def _figure(assets: Path, name: str, payload: bytes, data) -> str:
+    assets.mkdir(parents=True, exist_ok=True)
+    (assets / name).write_bytes(payload)
+    alt = _joined(data.get("text/plain", "figure")).strip().strip("<>").replace("\n", " ")[:120] or "figure"
+    alt = alt.replace("[", "(").replace("]", ")")
+    return f"![{alt}]({assets.name}/{name}){{ .nb-figure }}"
+
+
+def _joined(value) -> str:
+    return "".join(value) if isinstance(value, list) else str(value)
+
+
+def copy_site_files(out_dir: Path) -> None:
+    for name in SITE_FILES:
+        src = CHAPTERS / name
+        if src.is_file():
+            shutil.copyfile(src, out_dir / name)
+    css = Path(__file__).with_name("site.css")
+    (out_dir / "stylesheets").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(css, out_dir / "stylesheets" / "workbook.css")
+
+
+def reset(out_dir: Path = SITE_DOCS) -> None:
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
