@@ -147,7 +147,7 @@ def _main(args: argparse.Namespace, console) -> int:
             verdict = _static_verdict(chapters, codes, options, origin)
         else:
             verdict = judge(chapters, codes, options, mode="learner", origin=origin, selectors=selectors)
-        progress.record(verdict)
+        progress.record(verdict, chapters)
     if args.json:
         print(json.dumps(report.to_json(verdict, chapters), indent=1))
     else:

@@ -38,7 +38,7 @@ def check(chapter: str, namespace: Dict[str, Any] | None = None, device: str = "
     code = from_sources(target, sources, origin="live notebook")
     options = RunOptions(device=device, test_timeout=timeout, time_limit=time_limit)
     verdict = judge([target], {target.key: code}, options, mode="learner", origin="the live notebook")
-    progress.record(verdict)
+    progress.record(verdict, [target])
     console = Console(highlight=False)
     report.render(verdict, [target], console, hint_level=hint, verbose=verbose)
     return _Shown(verdict)

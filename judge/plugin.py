@@ -28,7 +28,7 @@ import pytest
 SPEC_ENV = "MINISGL_JUDGE_SPEC"
 SENTINEL = re.compile(r"^(ch\d\d\.\w+):")
 MAX_MESSAGE = 1500
-MAX_LINES = 14
+MAX_LINES = 10
 
 
 class _Judge:
@@ -189,7 +189,7 @@ def _learner_frame(chain: List[BaseException]) -> str | None:
 
 
 def _shorten(text: str, keep_end: bool = False) -> str:
-    lines = [ln for ln in text.rstrip().splitlines() if "Use -v to get" not in ln]
+    lines = [ln for ln in text.rstrip().splitlines() if ln.strip() and "Use -v to get" not in ln]
     if len(lines) > MAX_LINES:
         cut = f"... ({len(lines) - MAX_LINES} more lines)"
         lines = ([cut] + lines[-MAX_LINES:]) if keep_end else (lines[:MAX_LINES] + [cut])

@@ -7,14 +7,15 @@ import datetime as _dt
 import json
 import os
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Sequence
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from .judging import NO_TESTS, PASSING, Verdict
-from .registry import REPO, Registry
+from .registry import REPO, Chapter, Registry
 from .sources import SourceError, find_notebook, from_notebook
 
 PROGRESS_ENV = "MINISGL_JUDGE_PROGRESS"  # tests point this elsewhere
@@ -32,15 +33,17 @@ def load() -> Dict:
         return {"chapters": {}}  # missing or damaged: start afresh rather than fail
 
 
-def record(verdict: Verdict) -> None:
+def record(verdict: Verdict, chapters: Sequence[Chapter]) -> None:
     """Remember the outcome of judging the learner's code, per chapter and exercise."""
     if verdict.mode != "learner":
         return
     data = load()
     now = _dt.datetime.now().isoformat(timespec="seconds")
-    for key in verdict.chapters:
+    for chapter in chapters:
+        key = chapter.key
         exercises = {e.name: e.status for e in verdict.exercises if e.chapter == key}
-        tests = [t for e in verdict.exercises if e.chapter == key for t in e.tests]
+        files = {f.name for f in chapter.test_files}
+        tests = [t for t in verdict.tests if t.test.split("::")[0].rsplit("/", 1)[-1] in files]
         data["chapters"][key] = {
             "last_run": now,
             "source": verdict.origin,
@@ -60,27 +63,32 @@ def record(verdict: Verdict) -> None:
 
 def show(registry: Registry, notebooks_dir: Path, console: Console) -> None:
     data = load()["chapters"]
-    table = Table(title="minisgl workbook: progress", title_style="bold", header_style="bold")
-    for col, justify in (("chapter", "left"), ("title", "left"), ("exercises", "right"),
-                         ("attempted", "right"), ("passing", "right"), ("last run", "left")):
-        table.add_column(col, justify=justify)
+    table = Table(title="minisgl workbook: progress", title_style="bold", header_style="bold",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("chapter", no_wrap=True, min_width=7)
+    table.add_column("title", no_wrap=True, overflow="ellipsis", max_width=28)
+    for col in ("tried", "passing"):
+        table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+    table.add_column("last run", no_wrap=True, min_width=11)
+    table.add_column("tests", justify="right", no_wrap=True, min_width=7)
     for chapter in registry.chapters.values():
         n = len(chapter.exercises)
         attempted = "-"
         try:
             code = from_notebook(find_notebook(chapter, notebooks_dir), chapter)
-            attempted = str(sum(code.attempted.values()))
+            attempted = f"{sum(code.attempted.values())}/{n}"
         except SourceError:
             pass  # no notebook yet
         entry = data.get(chapter.key)
         if entry:
             ok = sum(s in (PASSING, NO_TESTS) for s in entry.get("exercises", {}).values())
             passing = Text(f"{ok}/{n}", style="green" if entry.get("passed") else "yellow" if ok else "red")
-            last = f"{entry.get('last_run', '?').replace('T', ' ')}  ({entry.get('tests_passed', 0)}/" \
-                   f"{entry.get('tests_total', 0)} tests)"
+            last = str(entry.get("last_run", "?")).replace("T", " ")[5:16]
+            tests = f"{entry.get('tests_passed', 0)}/{entry.get('tests_total', 0)}"
         else:
-            passing, last = Text("-"), "never"
-        table.add_row(chapter.key, chapter.title, str(n), attempted, passing, last)
+            passing, last, tests = Text("-"), "never", "-"
+        table.add_row(chapter.key, chapter.title, attempted, passing, last, tests)
     console.print(table)
-    console.print(Text("Judge a chapter: python judge.py ch03   ·   all options: python judge.py --help",
+    console.print(Text("tried: exercises no longer a stub in the saved notebook; passing: at the last run.\n"
+                       "Judge a chapter: python judge.py ch03   ·   all options: python judge.py --help",
                        style="dim"))

@@ -36,6 +36,7 @@ class RunOptions:
     keyword: str | None = None  # pytest -k
     threads: int | None = None  # torch/OpenMP threads in the subprocess (None: its default)
     env: Dict[str, str] = field(default_factory=dict)
+    launcher: Any = None  # a forkserver.ForkServer to fork the test process from (self-check)
 
 
 @dataclass
@@ -111,9 +112,10 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
     files = [Path(_file_of(f)).resolve() for f in test_files]
     # pytest names tests relative to its rootdir, and not at all outside it.
     rootdir = REPO if all(_inside(f, REPO) for f in files) else Path(os.path.commonpath([f.parent for f in files]))
+    # no:unraisableexception: at exit it runs gc.collect() five times, seconds with torch loaded.
     cmd = [sys.executable, "-m", "pytest", "-p", "judge.plugin", "-p", "no:cacheprovider",
+           "-p", "no:unraisableexception",
            "-q", "--tb=no", "--show-capture=no", "--no-header", "-o", "console_output_style=classic",
-           "-o", "verbosity_assertions=2",  # full assertion diffs in the messages, terse terminal
            "--rootdir", str(rootdir), "-c", str(REPO / "pyproject.toml")]
     if _has_pytest_timeout():
         cmd += ["-p", "pytest_timeout", f"--timeout={options.test_timeout:g}",
@@ -137,20 +139,14 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
     if options.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(options.threads)
 
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=(os.name == "posix"))
-    tail = _Tail(proc.stdout)
-    killed = False
-    try:
-        proc.wait(timeout=time_left)
-    except subprocess.TimeoutExpired:
-        killed = True
-    finally:
-        _kill_group(proc)  # also any children the learner's code left behind
-        proc.wait()
-        tail.join()
-    result.returncode = proc.returncode
-    result.output_tail = tail.text()
+    if options.launcher is not None and options.launcher.ready:
+        output = tmp / f"output{attempt}.txt"
+        returncode, killed = options.launcher.run(cmd[3:], env, str(REPO), str(output), time_left, options.threads)
+        result.returncode = returncode
+        result.output_tail = _file_tail(output)
+    else:
+        returncode, killed, result.output_tail = _popen(cmd, env, time_left)
+        result.returncode = returncode
 
     events = _read_events(results_path)
     started: str | None = None
@@ -184,7 +180,7 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
     if killed:
         why = f"the run exceeded its time limit of {options.time_limit:.0f} s and was stopped"
     else:
-        why = f"the test process ended abruptly ({_exit_reason(proc.returncode)})"
+        why = f"the test process ended abruptly ({_exit_reason(returncode)})"
     if started is not None:
         outcome = "timeout" if killed else "crashed"
         result.tests.append(TestResult(started, outcome, message=why + " during this test"))
@@ -194,6 +190,35 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
         why += " while loading your code"
     result.general.append(why + _output_hint(result.output_tail, events))
     return True
+
+
+def _popen(cmd: List[str], env: Dict[str, str], time_left: float):
+    """(exit code, killed on time, output tail) of a fresh subprocess in its own process group."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=(os.name == "posix"))
+    tail = _Tail(proc.stdout)
+    killed = False
+    try:
+        proc.wait(timeout=time_left)
+    except subprocess.TimeoutExpired:
+        killed = True
+    finally:
+        _kill_group(proc)  # also any children the learner's code left behind
+        proc.wait()
+        tail.join()
+    return proc.returncode, killed, tail.text()
+
+
+def _file_tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - OUTPUT_KEEP))
+            data = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return (f"[... {size - OUTPUT_KEEP} bytes of output cut ...]\n" + data) if size > OUTPUT_KEEP else data
 
 
 def _inside(path: Path, folder: Path) -> bool:

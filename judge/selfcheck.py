@@ -12,6 +12,7 @@ Runs are independent subprocesses, `workers` at a time.
 from __future__ import annotations
 
 import ast
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,8 +23,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from . import forkserver
+from .forkserver import ForkServer
 from .judging import Verdict, judge
-from .registry import Chapter, Exercise, Registry, variant_files
+from .registry import REPO, Chapter, Exercise, Registry, variant_files
 from .runner import RunOptions
 from .sources import LearnerCode, from_file, from_sources
 from .stubs import reference_source, stub_source
@@ -67,13 +70,25 @@ def selfcheck(registry: Registry, chapters: Sequence[Chapter], console: Console,
         for path in variant_files(chapter):
             code = from_file(path, chapter, missing="reference", origin=f"judge/variants/{path.name}")
             jobs.append(Job(chapter, "variant", path.stem[len(chapter.key) + 1:], code))
-    options = RunOptions(device=device, test_timeout=120.0, time_limit=900.0,
-                         threads=1 if workers > 1 else None)
+    threads = 1 if workers > 1 else None
     console.print(Text(f"selfcheck: {len(jobs)} runs over {len(chapters)} chapter(s), {workers} at a time",
                        style="bold"))
+    preload = forkserver.preload_for(sorted({e.module for c in chapters for e in c.exercises}))
+    local = threading.local()
+    servers: List[ForkServer] = []
+
+    def launcher() -> ForkServer | None:
+        if not forkserver.available():
+            return None
+        if getattr(local, "server", None) is None:
+            local.server = ForkServer(str(REPO), preload)
+            servers.append(local.server)
+        return local.server
 
     def run(job: Job) -> Outcome:
         t0 = time.monotonic()
+        options = RunOptions(device=device, test_timeout=120.0, time_limit=900.0, threads=threads,
+                             launcher=launcher())
         verdict = judge([job.chapter], {job.chapter.key: job.code} if job.code else {}, options,
                         mode=job.kind, origin=job.name)
         outcome = EVALUATE[job.kind](job, verdict)
@@ -82,8 +97,12 @@ def selfcheck(registry: Registry, chapters: Sequence[Chapter], console: Console,
         console.print(mark + Text(f" {job.chapter.key} {job.kind} {job.name}".rstrip() + f"  ({outcome.wall:.1f} s)"))
         return outcome
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        outcomes = static + list(pool.map(run, jobs))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            outcomes = static + list(pool.map(run, jobs))
+    finally:
+        for server in servers:
+            server.close()
     _summary(chapters, outcomes, console, time.monotonic() - start)
     return 0 if all(o.ok for o in outcomes) else 1
 
