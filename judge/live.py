@@ -35,7 +35,8 @@ def check(chapter: str, namespace: Dict[str, Any] | None = None, device: str = "
     registry = load_registry()
     target = registry.chapter(chapter)
     sources = collect_sources(target, namespace)
-    code = from_sources(target, sources, origin="live notebook")
+    code = from_sources(target, sources, origin="live notebook",
+                        missing_hint=" in the kernel (run the exercise's cell first)")
     options = RunOptions(device=device, test_timeout=timeout, time_limit=time_limit)
     verdict = judge([target], {target.key: code}, options, mode="learner", origin="the live notebook")
     progress.record(verdict, [target])

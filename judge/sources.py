@@ -127,10 +127,15 @@ def from_notebook(path: str | Path, chapter: Chapter) -> LearnerCode:
     return analyze(code, chapter)
 
 
-def from_sources(chapter: Chapter, sources: Dict[str | None, str], origin: str, *, missing: str = "error") -> LearnerCode:
+def from_sources(chapter: Chapter, sources: Dict[str | None, str], origin: str, *, missing: str = "error",
+                 missing_hint: str = "") -> LearnerCode:
     """From source text already in hand: {exercise name or None: source} (used by judge.check)."""
     snippets = [Snippet(f"<{origin}: {name or 'helpers'}>", src, name) for name, src in sources.items()]
-    return analyze(LearnerCode(chapter.key, origin, snippets, missing=missing), chapter)
+    code = analyze(LearnerCode(chapter.key, origin, snippets, missing=missing), chapter)
+    for name, problem in code.problems.items():
+        if problem.startswith("no `def") and missing_hint:
+            code.problems[name] = problem + missing_hint
+    return code
 
 
 def _strip_magics(source: str) -> str:

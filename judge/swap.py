@@ -94,7 +94,7 @@ def _apply_unit(unit, report, replacements, originals, namespaces, packages) -> 
                 continue
             fn = None
             if problem is None:
-                fn, problem = _learner_function(namespace, attr, raw, unit.get("missing", "error"))
+                fn, problem = _learner_function(namespace, module, attr, raw, unit.get("missing", "error"))
                 if fn is None and problem is None:
                     continue  # not defined, and the reference stays (variants, stubs)
             if problem is not None:
@@ -155,10 +155,15 @@ def _unwrap_kind(obj):
     return obj
 
 
-def _learner_function(namespace, attr: str, raw, missing: str):
+_ABSENT = object()
+
+
+def _learner_function(namespace, module, attr: str, raw, missing: str):
     """(the learner's plain function, None) or (None, why it cannot be used) or (None, None) if
     absent and the reference should stay."""
-    if attr not in namespace or namespace[attr] is raw or namespace[attr] is _unwrap_kind(raw):
+    # The namespace began as a copy of the module's globals: a name the learner's code did not bind
+    # is still the module's own object (a module-level function's original, or an unrelated global).
+    if namespace.get(attr, _ABSENT) is vars(module).get(attr, _ABSENT) or namespace.get(attr) is _unwrap_kind(raw):
         if missing == "reference":
             return None, None
         return None, f"no `def {attr}(...)` was defined by your code"

@@ -1,6 +1,6 @@
 """A tiny fake project for the judge's own tests: a package `fakepkg` (no torch, so each judged run
-is a sub-second pytest), its tests, and a registry with one chapter, ch42, whose exercises cover
-every kind of target (module function, method, property, classmethod).
+is a sub-second pytest), its tests, and a registry with a chapter, ch42, whose exercises cover
+every kind of target (module function, method, property, classmethod), and a second one, ch43.
 
 `fake_project(tmp_path, monkeypatch)` lays it out and points the judge at it (registry, variants,
 notebooks and progress file all inside tmp_path); `notebook(cells)` builds an .ipynb as plain JSON.
@@ -122,6 +122,27 @@ tests = ["test_fake.py::test_is_big"]
 name = "starting_at"
 target = "fakepkg.mod:Counter.starting_at"
 tests = ["test_fake.py::test_is_big", "test_fake.py::test_starting_at"]
+
+[ch43]
+title = "A second fake chapter"
+test_files = ["fake_tests/test_fake43.py"]
+
+[[ch43.exercises]]
+name = "total"
+target = "fakepkg.mod:total"
+tests = ["test_fake43.py::test_total_of_nothing", "test_fake43.py::test_total_of_three"]
+'''
+
+TESTS_43 = '''
+from fakepkg.mod import total
+
+
+def test_total_of_nothing():
+    assert total([]) == 0
+
+
+def test_total_of_three():
+    assert total([1, 2, 3]) == 12
 '''
 
 # A correct solution of every exercise, in the learner's format.
@@ -167,6 +188,7 @@ def fake_project(tmp_path: Path, monkeypatch) -> FakeProject:
     tests = tmp_path / "fake_tests"
     tests.mkdir()
     (tests / "test_fake.py").write_text(TESTS)
+    (tests / "test_fake43.py").write_text(TESTS_43)
     (tmp_path / "registry.toml").write_text(REGISTRY.format(root=tmp_path))
     project = FakeProject(tmp_path, tmp_path / "notebooks", tmp_path / "progress.json", tmp_path / "variants")
     project.notebooks.mkdir()

@@ -261,6 +261,21 @@ def test_live_check_judges_the_notebook_namespace(project, capsys):
     assert "ch42" in json.loads(project.progress.read_text())["chapters"]
 
 
+def test_cumulative_swaps_in_every_chapter_up_to_this_one(project, capsys):
+    (project.notebooks / "ch42_fake.ipynb").write_text(notebook([code_cell(
+        SOLUTION.replace("self.n += by", "self.n -= by"), exercise="ch42.double")]))
+    (project.notebooks / "ch43_more.ipynb").write_text(notebook([code_cell(
+        "def total(xs):\n    return sum(double(x) for x in xs)\n", exercise="ch43.total")]))
+    code, v = judge_json(capsys, "ch43")
+    assert code == 0 and v["chapters"] == ["ch43"]  # ch42 stays the reference
+    code, v = judge_json(capsys, "ch43", "--cumulative")
+    assert code == 1 and v["chapters"] == ["ch42", "ch43"]
+    status = {e["id"]: e["status"] for e in v["exercises"]}
+    assert status == {"ch42.double": "passing", "ch42.bump": "failing", "ch42.is_big": "passing",
+                      "ch42.starting_at": "passing", "ch43.total": "passing"}
+    assert len(v["tests"]) == 9
+
+
 def test_the_judge_writes_nothing_but_its_progress_file(project, capsys):
     before = {p for p in project.root.rglob("*")}
     assert main(["ch42", "--file", str(project.write("mine.py", SOLUTION))]) == 0
