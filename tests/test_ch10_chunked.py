@@ -1,0 +1,183 @@
+"""Chapter 10: chunked prefill under a per-step token budget (`max_extend_tokens`).
+
+Token counts per batch are read from the event log: with page_size 1 and the naive cache, the KV
+pages a request receives for a prefill batch are exactly the tokens it computes in it.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import pytest
+import torch
+from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
+
+from minisgl.env import ENV
+from minisgl.scheduler import CacheManager, ChunkedReq, PendingReq, PrefillAdder, TableManager
+
+
+@pytest.fixture(autouse=True)
+def normal_loop():
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # conftest puts the old value back afterwards
+
+
+def material() -> List[int]:
+    """All test prompts end to end: token ids to cut prompts of chosen lengths from."""
+    return [t for ids in prompt_ids() for t in ids]
+
+
+def prefill_batches(log) -> List[Dict[int, int]]:
+    """For each prefill batch, in order: {uid: KV pages it received for the batch}."""
+    out, pending = [], {}
+    for e in log:
+        if e.kind == "pages_alloc":
+            pending[e["uid"]] = pending.get(e["uid"], 0) + e["pages"]
+        elif e.kind == "launch":
+            if e["phase"] == "prefill":
+                out.append({u: pending.get(u, 0) for u in e["uids"]})
+            pending = {}
+    return out
+
+
+# ---------------------------------------------------------------- exactness
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("budget", [1, 3, 7, None])
+def test_chunked_prefill_matches_hf(budget, page_size):
+    options = {} if budget is None else {"max_extend_tokens": budget}
+    llm = build_llm(page_size=page_size, **options)
+    p = prompt_ids()
+    out = llm.generate(p, greedy(6))
+    assert_tokens_equal([o["token_ids"] for o in out], hf_greedy(p, 6), f"budget {budget}")
+    # Prompts that continue cached ones: chunks that start after a cached prefix.
+    more = [p[0] + p[3], p[3] + p[1]]
+    out = llm.generate(more, greedy(6))
+    assert_tokens_equal([o["token_ids"] for o in out], hf_greedy(more, 6), f"budget {budget}, cached prefix")
+    assert llm.table_manager.available_size == llm.table_manager.capacity
+    llm.cache_manager.check_integrity()
+
+
+# ---------------------------------------------------------------- the budget
+
+
+def test_prefill_batches_share_the_budget_in_arrival_order():
+    llm = build_llm(cache_type="naive", max_extend_tokens=7)
+    m = material()
+    prompts = [m[0:5], m[5:14], m[14:17], m[17:23]]
+    log = llm.events.record()
+    uids = [llm.add_request(x, greedy(4)) for x in prompts]
+    llm.run_until_idle()
+    a, b, c, d = uids
+    assert prefill_batches(log) == [
+        {a: 5, b: 2},  # a whole, then the start of b fills the budget
+        {b: 7},  # b goes on: nobody overtakes it
+        {c: 3, d: 4},  # b is done; c, then as much of d as fits
+        {d: 2},
+    ]
+    assert_tokens_equal([llm.results[u].token_ids for u in uids], hf_greedy(prompts, 4))
+
+
+@pytest.mark.parametrize("budget", [1, 3, 7])
+def test_no_prefill_batch_exceeds_the_budget(budget):
+    llm = build_llm(cache_type="naive", max_extend_tokens=budget)
+    p = prompt_ids()
+    log = llm.events.record()
+    out = llm.generate(p, greedy(3))
+    sizes = [sum(b.values()) for b in prefill_batches(log)]
+    assert max(sizes) <= budget, f"prefill batches of {sizes} tokens with a budget of {budget}"
+    assert sum(sizes) == sum(len(x) for x in p), "every prompt token is computed exactly once"
+    assert all(n == budget for n in sizes[:-1]), f"the budget should be filled while prompts wait: {sizes}"
+    assert_tokens_equal([o["token_ids"] for o in out], hf_greedy(p, 3))
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_long_prompt_is_split_and_answers_only_after_its_last_chunk(page_size):
+    budget = 5
+    llm = build_llm(page_size=page_size, max_extend_tokens=budget)
+    long = material()
+    log = llm.events.record()
+    uid = llm.add_request(long, greedy(4))
+    llm.run_until_idle()
+
+    chunks = [i for i, e in enumerate(log) if e.kind == "launch" and e["phase"] == "prefill" and uid in e["uids"]]
+    assert len(chunks) == -(-len(long) // budget), f"{len(long)} tokens with a budget of {budget}"
+    sends = [(i, m) for i, e in enumerate(log) if e.kind == "send" for m in e["msgs"] if m.uid == uid]
+    assert sends and sends[0][0] > chunks[-1], "a request gets no message before its last chunk is computed"
+    assert [m.finished for _, m in sends] == [False, False, False, True]
+    assert_tokens_equal([[m.next_token for _, m in sends]], hf_greedy([long], 4))
+    assert llm.results[uid].token_ids == [m.next_token for _, m in sends]
+    llm.cache_manager.check_integrity()
+
+
+# ---------------------------------------------------------------- PrefillAdder
+
+
+def _parts(num_pages: int, cache_type: str = "naive", slots: int = 4):
+    table = TableManager(slots)
+    cache = CacheManager(num_pages, 1, torch.zeros(slots + 1, 64, dtype=torch.int32), cache_type)
+    pool = torch.zeros(slots + 1, 64, dtype=torch.int32)
+    return cache, table, pool
+
+
+def _pending(uid: int, n: int, max_tokens: int = 2) -> PendingReq:
+    return PendingReq(uid, torch.arange(10 * uid + 1, 10 * uid + 1 + n, dtype=torch.int32), greedy(max_tokens))
+
+
+def test_prefill_adder_chunks_the_request_that_hits_the_budget():
+    cache, table, pool = _parts(64)
+    a, b, c = _pending(1, 4), _pending(2, 9), _pending(3, 3)
+    adder = PrefillAdder(6, 0, cache, table, pool, cache.page_table)
+    ra = adder.try_add_one(a)
+    assert type(ra) is not ChunkedReq and (ra.cached_len, ra.device_len) == (0, 4)
+    assert pool[ra.table_idx, :4].tolist() == a.input_ids.tolist(), "the prompt goes into the token pool"
+    rb = adder.try_add_one(b)
+    assert isinstance(rb, ChunkedReq), "b does not fit in what is left of the budget: it is chunked"
+    assert (rb.cached_len, rb.device_len) == (0, 2) and b.chunked_req is rb
+    assert pool[rb.table_idx, :9].tolist() == b.input_ids.tolist(), "the whole prompt is stored at once"
+    assert adder.try_add_one(c) is None, "the budget is spent"
+    assert table.available_size == 2, "a request that waits must not hold a slot"
+
+    rb.complete_one()  # the engine ran the chunk
+    rb2 = PrefillAdder(4, 0, cache, table, pool, cache.page_table).try_add_one(b)
+    assert isinstance(rb2, ChunkedReq) and (rb2.cached_len, rb2.device_len) == (2, 6)
+    assert rb2.table_idx == rb.table_idx and b.chunked_req is rb2
+    rb2.complete_one()
+    rb3 = PrefillAdder(100, 0, cache, table, pool, cache.page_table).try_add_one(b)
+    assert type(rb3) is not ChunkedReq, "the last piece is a normal request: it will decode"
+    assert (rb3.cached_len, rb3.device_len, rb3.max_device_len) == (6, 9, 11)
+    assert rb3.table_idx == rb.table_idx and b.chunked_req is None
+    assert table.available_size == 2, "a continued chunk keeps its slot"
+
+
+def test_prefill_adder_admits_only_what_memory_can_finish():
+    cache, table, pool = _parts(12)
+    adder = PrefillAdder(100, 4, cache, table, pool, cache.page_table)  # running requests may need 4 pages
+    assert adder.try_add_one(_pending(1, 4, max_tokens=4)) is not None  # needs 8 of the 8 left
+    assert adder.try_add_one(_pending(2, 1, max_tokens=1)) is None, "no page left for its whole life"
+    assert table.available_size == 3
+
+    table2 = TableManager(1)
+    adder = PrefillAdder(100, 0, cache, table2, pool, cache.page_table)
+    assert adder.try_add_one(_pending(1, 2)) is not None
+    assert adder.try_add_one(_pending(2, 2)) is None, "no request slot left"
+
+
+def test_prefill_adder_uses_and_locks_the_cached_prefix():
+    cache, table, pool = _parts(32, cache_type="radix")
+    prompt = torch.arange(1, 9, dtype=torch.int32)
+    cached_locs = cache.free_pages[-5:].clone()  # pretend an earlier request left 5 tokens' KV
+    cache.free_pages = cache.free_pages[:-5]
+    cache.prefix_cache.insert_prefix(prompt[:5], cached_locs)
+
+    req = PrefillAdder(2, 0, cache, table, pool, cache.page_table).try_add_one(PendingReq(1, prompt, greedy(3)))
+    assert isinstance(req, ChunkedReq) and (req.cached_len, req.device_len) == (5, 7), \
+        "computation starts after the cached prefix; the budget of 2 covers tokens 5 and 6"
+    assert cache.page_table[req.table_idx, :5].tolist() == cached_locs.tolist()
+    assert cache.prefix_cache.protected_size == 5, "the prefix in use must be locked"
+
+    cache.unlock(req.cache_handle)  # (as if it had been aborted)
+    short = PrefillAdder(100, 27, cache, table, pool, cache.page_table)  # memory is short now
+    assert short.try_add_one(PendingReq(2, prompt, greedy(3))) is None
+    assert cache.prefix_cache.protected_size == 0, "a request that waits must not keep a lock"
+    assert table.available_size == 3
