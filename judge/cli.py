@@ -283,7 +283,7 @@ def variant_doc(path: Path) -> str:
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     except (OSError, SyntaxError):
         return ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    return " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, on one line
 
 
 def _escape(text: str) -> str:

@@ -177,7 +177,8 @@ def render_hints(verdict_or_none: Verdict | None, chapters: Sequence[Chapter], c
                 console.print(Text(f"   ({len(ex.hints) - level} more: --hint {min(level + 1, len(ex.hints))})",
                                    style="dim"))
     if not shown:
-        console.print(Text("Every exercise here is passing: no hints needed.", style="green"))
+        console.print(Text("Every exercise here passed at the last run: no hints needed "
+                           "(--exercise NAME shows one exercise's hints anyway).", style="green"))
 
 
 def to_json(verdict: Verdict, chapters: Sequence[Chapter], hint_level: int = 0) -> Dict:

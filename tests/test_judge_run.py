@@ -276,6 +276,26 @@ def test_cumulative_swaps_in_every_chapter_up_to_this_one(project, capsys):
     assert len(v["tests"]) == 9
 
 
+def test_live_check_in_a_real_ipython_shell(project, capsys):
+    """`judge.check` called from a cell finds the cell-defined functions in the shell's namespace."""
+    ipython = pytest.importorskip("IPython.core.interactiveshell")
+    shell = ipython.InteractiveShell.instance()
+    try:
+        for cell in [SOLUTION, "import judge\nshown = judge.check('ch42')"]:
+            assert shell.run_cell(cell).success
+        assert shell.user_ns["shown"].passed
+    finally:
+        ipython.InteractiveShell.clear_instance()
+    assert "PASSED: 7/7 tests passed" in capsys.readouterr().out
+
+
+def test_an_endless_loop_while_loading_hits_the_time_limit(project, capsys):
+    src = "class Spin:\n    while True:\n        pass\n" + SOLUTION
+    code, v = judge_json(capsys, "ch42", "--file", str(project.write("mine.py", src)), "--time-limit", "3")
+    assert code == 1 and not v["passed"]
+    assert any("time limit of 3 s" in g and "while loading your code" in g for g in v["general"])
+
+
 def test_the_judge_writes_nothing_but_its_progress_file(project, capsys):
     before = {p for p in project.root.rglob("*")}
     assert main(["ch42", "--file", str(project.write("mine.py", SOLUTION))]) == 0
