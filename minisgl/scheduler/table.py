@@ -23,6 +23,8 @@ class TableManager:
         return self._max
 
     def allocate(self, uid: int = -1) -> int:
+        """Take a free row for request `uid` and return it (row 0 first, on a fresh manager). Raises
+        RuntimeError when every row is taken; emits `slot_alloc`."""
         if not self._free:
             raise RuntimeError("no free request slot")
         idx = self._free.pop()
@@ -30,6 +32,9 @@ class TableManager:
         return idx
 
     def free(self, idx: int, uid: int = -1) -> None:
+        """Give row `idx` back for reuse. Raises RuntimeError, changing nothing, for a row that is
+        out of range or already free (a double free would hand one row to two requests); emits
+        `slot_free`."""
         if not (0 <= idx < self._max) or idx in self._free:
             raise RuntimeError(f"request slot {idx} freed twice or never allocated")
         self._free.append(idx)
