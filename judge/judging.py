@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Dict, List, Sequence
 
 from .registry import Chapter, Exercise

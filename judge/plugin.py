@@ -12,6 +12,7 @@ test that ends the process (`os._exit`, a crash, a kill on timeout):
     {"event": "result", "test": nodeid, "outcome": "passed|failed|error|skipped|timeout", "duration": s,
      "message": ..., "sentinel": "chNN.name" | null, "standin": bool, "where": "cell 3, line 4: ..." | null}
     {"event": "finished"}
+    {"event": "fatal", "message": ...}          nothing can be judged here (e.g. --device cuda, no GPU)
 """
 
 from __future__ import annotations
@@ -54,11 +55,24 @@ def pytest_configure(config: pytest.Config) -> None:
     if not path or _judge is not None:
         return
     _judge = _Judge(path)
+    if _judge.spec.get("device") == "cuda" and not _cuda_available():
+        _judge.write({"event": "fatal", "message": "--device cuda, but there is no usable CUDA GPU here "
+                                                   "(use --device cpu, or auto)"})
+        pytest.exit("no CUDA GPU", returncode=4)
     from . import swap
 
     report = swap.apply_spec(_judge.spec, _judge.test_dirs)
     _judge.write({"event": "swapped", "problems": report.problems, "general": report.general,
                   "swapped": report.swapped})
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:

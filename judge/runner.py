@@ -105,7 +105,8 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
     results_path = tmp / f"results{attempt}.jsonl"
     spec_path = tmp / f"spec{attempt}.json"
     test_dirs = sorted({str(Path(_file_of(f)).resolve().parent) for f in test_files})
-    spec = {"results": str(results_path), "units": spec_units, "test_dirs": test_dirs, "done": done}
+    spec = {"results": str(results_path), "units": spec_units, "test_dirs": test_dirs, "done": done,
+            "device": options.device}
     spec_path.write_text(json.dumps(spec))
     results_path.touch()
 
@@ -175,6 +176,9 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
             done.append(ev["test"])
         elif kind == "finished":
             finished = True
+        elif kind == "fatal":
+            result.general.append(ev["message"])
+            return True
     if finished:
         return True
     if killed:

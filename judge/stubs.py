@@ -25,7 +25,7 @@ import tokenize
 from pathlib import Path
 from typing import List, Tuple
 
-from .registry import REPO, Exercise, Registry, load_registry
+from .registry import REPO, Exercise, load_registry
 
 __all__ = ["load_registry", "exercises", "stub_source", "reference_source", "sentinel_message"]
 
