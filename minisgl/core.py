@@ -45,6 +45,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
+        """Whether sampling can be skipped for the argmax: no temperature, or only one candidate."""
         return self.temperature == 0.0 or self.top_k == 1
 
 
