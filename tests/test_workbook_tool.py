@@ -168,3 +168,11 @@ def test_stale_notebooks_are_reported(tmp_path, monkeypatch):
     new_source = write(tmp_path, BODY.replace("More prose.", "Changed prose."))
     problems = commands.stale(read_chapter(new_source))
     assert len(problems) == 2 and all("differ" in p for p in problems)
+    # Only prose changed: `refresh` brings both notebooks up to date and keeps the outputs.
+    monkeypatch.setattr(commands, "CHAPTERS", tmp_path)
+    assert commands.refresh(["ch11"]) == 0
+    assert commands.stale(read_chapter(new_source)) == []
+    assert "run at 0" in commands.solution_path(ch).read_text()
+    # A code cell changed: its outputs must be made again, `refresh` refuses.
+    write(tmp_path, BODY.replace("x = 1", "x = 2"))
+    assert commands.refresh(["ch11"]) == 1

@@ -7,4 +7,5 @@ functions that display something, so `import minisgl` never needs them.
     timeline      the order of launch / handle / engine work in the normal and overlap loops
     overlap_problems   the four upstream overlap problems, run for real, ours beside upstream's
     stepper       a step-by-step view of those runs
+    tryout        `attempt(...)`: run an exercise's try-out lines even while it is still a stub
 """

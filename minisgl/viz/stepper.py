@@ -58,11 +58,18 @@ def problem_svg(title: str, upstream: ProblemRun, ours: ProblemRun) -> str:
     return svg.document(width, y + 10, parts, title)
 
 
-def _html_column(run: ProblemRun, lines: List[Tuple[str, str]], label: str) -> str:
-    body = "".join(f"<div style='color:{c};white-space:pre'>{escape(t)}</div>" for t, c in lines) or "<i>(nothing)</i>"
+def _html_column(run: ProblemRun, other: ProblemRun, upto: int, label: str, colour: str) -> str:
+    """Turns 1..upto of `run`, the last one shaded, as one <pre> block."""
+    rows = []
+    for i in range(upto):
+        mine, theirs = _turn(run, i), _turn(other, i)
+        shade = "background:#fff3c4;" if i == upto - 1 else ""
+        body = "\n".join(f"<span style='color:{c}'>{escape(t)}</span>" for t, c in _marked(mine, theirs, colour))
+        rows.append(f"<div style='{shade}padding:2px 4px;border-top:1px solid #ddd'>"
+                    f"<span style='color:#777'>turn {i + 1}</span>\n{body or '(nothing)'}</div>")
     verdict = "right" if run.ok else "WRONG"
-    return (f"<div style='flex:1;min-width:0;font-family:monospace;font-size:12px'>"
-            f"<b>{escape(label)}: {verdict}</b><div style='margin-top:4px'>{body}</div></div>")
+    return (f"<div style='flex:1;min-width:0'><b>{escape(label)}: {verdict}</b>"
+            f"<pre style='margin:4px 0 0 0;font-size:12px;line-height:1.35;white-space:pre-wrap'>{''.join(rows)}</pre></div>")
 
 
 def show_problems(runs: Dict[str, Tuple[ProblemRun, ProblemRun]]) -> None:
@@ -72,7 +79,7 @@ def show_problems(runs: Dict[str, Tuple[ProblemRun, ProblemRun]]) -> None:
     def make_widget():
         import ipywidgets as w
 
-        pick = w.ToggleButtons(options=titles, value=titles[0], style={"button_width": "160px"})
+        pick = w.ToggleButtons(options=titles, value=titles[0], style={"button_width": "auto"})
         turn = w.IntSlider(min=1, max=1, value=1, description="turn")
         panel, verdict = w.HTML(), w.HTML()
 
@@ -81,17 +88,16 @@ def show_problems(runs: Dict[str, Tuple[ProblemRun, ProblemRun]]) -> None:
             turn.max = max(len(up.frames), len(ours.frames))
             if change is not None and change.get("owner") is pick:
                 turn.value = 1
-            i = turn.value - 1
-            a, b = _turn(up, i), _turn(ours, i)
+            k = turn.value
             panel.value = ("<div style='display:flex;gap:16px'>"
-                           + _html_column(up, _marked(a, b, ONLY_UPSTREAM), "upstream")
-                           + _html_column(ours, _marked(b, a, ONLY_OURS), "ours") + "</div>")
-            if turn.value == turn.max:
-                verdict.value = ("<div style='display:flex;gap:16px;font-family:monospace;font-size:12px'>"
-                                 + "".join(f"<div style='flex:1'>{'<br>'.join(escape(v) for v in r.verdict)}</div>"
-                                           for r in (up, ours)) + "</div>")
+                           + _html_column(up, ours, k, "upstream", ONLY_UPSTREAM)
+                           + _html_column(ours, up, k, "ours", ONLY_OURS) + "</div>")
+            if k == turn.max:
+                verdict.value = ("<div style='display:flex;gap:16px'>" + "".join(
+                    f"<pre style='flex:1;font-size:12px;white-space:pre-wrap'>{escape(chr(10).join(r.verdict))}</pre>"
+                    for r in (up, ours)) + "</div>")
             else:
-                verdict.value = "<i>step to the last turn for the outcome</i>"
+                verdict.value = "<i>move the slider to the last turn for the outcome</i>"
 
         pick.observe(redraw, "value")
         turn.observe(redraw, "value")

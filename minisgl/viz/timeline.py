@@ -137,14 +137,16 @@ def show_timeline(timelines: List[Timeline]) -> None:
         import ipywidgets as w
 
         pick = w.ToggleButtons(options=[(t.title, i) for i, t in enumerate(timelines)], value=0,
-                               style={"button_width": "190px"})
-        slider = w.IntSlider(min=1, max=len(timelines[0].marks), value=1, description="mark",
-                             continuous_update=True)
+                               style={"button_width": "auto"})
+        n = len(timelines[0].marks)
+        slider = w.IntSlider(min=1, max=n, value=n, description="events")
         figure, caption = w.HTML(), w.HTML()
 
-        def redraw(_=None) -> None:
+        def redraw(change=None) -> None:
             tl = timelines[pick.value]
             slider.max = len(tl.marks)
+            if change is not None and change.get("owner") is pick:
+                slider.value = slider.max  # a new run: show all of it, then step back through it
             k = min(slider.value, slider.max)
             figure.value = timeline_svg([tl], upto=k, highlight=k - 1)
             caption.value = f"<b>{tl.marks[k - 1].label}</b>: {explain(tl, k - 1)}"

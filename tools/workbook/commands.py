@@ -71,6 +71,43 @@ def execute(ids: Iterable[str] = ()) -> int:
     return 0
 
 
+def _code_cells(nb: nbformat.NotebookNode) -> List[tuple]:
+    return [(c.source, c.metadata.get("tags", [])) for c in nb.cells if c.cell_type == "code"]
+
+
+def refresh(ids: Iterable[str] = ()) -> int:
+    """Bring solutions up to date without running them when only prose or listings changed: the
+    outputs of the saved notebook are kept if every code cell is unchanged. Otherwise: `execute`."""
+    build(ids)
+    failed = False
+    for ch in chapters(ids):
+        path = solution_path(ch)
+        fresh = notebook.render(ch, "solution")
+        if not path.is_file():
+            print(f"{_rel(path)} is missing: run `python -m tools.workbook execute {ch.chapter}`")
+            failed = True
+            continue
+        saved = nbformat.read(path, as_version=4)
+        if _code_cells(fresh) != _code_cells(saved):
+            print(f"{_rel(path)}: code cells changed, its outputs must be made again: "
+                  f"run `python -m tools.workbook execute {ch.chapter}`")
+            failed = True
+            continue
+        runs = iter([c for c in saved.cells if c.cell_type == "code"])
+        for cell in fresh.cells:
+            if cell.cell_type == "code":
+                old = next(runs)
+                cell.outputs, cell.execution_count = old.outputs, old.execution_count
+        fresh.metadata["minisgl"]["execution"] = saved.metadata.get("minisgl", {}).get("execution", {})
+        text = notebook.dumps(fresh)
+        if path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {_rel(path)} (prose and listings updated, outputs kept)")
+        else:
+            print(f"{_rel(path)} is up to date")
+    return 1 if failed else 0
+
+
 # ---------------------------------------------------------------- check (staleness)
 
 
@@ -113,8 +150,8 @@ def check(ids: Iterable[str] = ()) -> int:
                     print(f"STALE {_rel(p)} has no source in chapters/")
                     failed = True
     if failed:
-        print("\nrebuild with `python -m tools.workbook build` (learner notebooks) and "
-              "`python -m tools.workbook execute chNN` (solutions)")
+        print("\nrebuild with `python -m tools.workbook refresh` (learner notebooks, and solutions whose code "
+              "cells did not change) or `python -m tools.workbook execute chNN` (runs the solution)")
     return 1 if failed else 0
 
 
@@ -165,13 +202,16 @@ def students(ids: Iterable[str] = ()) -> int:
         path = learner_path(ch)
         nb = nbformat.read(path, as_version=4)
         result = runner.run(nb, NOTEBOOKS, allow_errors=True)
+        kept = REPO / "build" / "students" / path.name  # the run, for a look at what a learner sees
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(notebook.dumps(result.nb), encoding="utf-8")
         problems = student_errors(ch, result.nb)
         raised = sum(1 for c in result.nb.cells if any(o.get("output_type") == "error" for o in c.get("outputs", [])))
         for p in problems:
             print(f"FAIL {p}")
         if not problems:
-            print(f"ok   {_rel(path)}: {raised} exercise cell(s) raised their stub's NotImplementedError "
-                  f"({result.seconds:.1f} s)")
+            print(f"ok   {_rel(path)} runs to the end ({result.seconds:.1f} s); "
+                  f"{raised} exercise cell(s) raised their stub's NotImplementedError; run kept in {_rel(kept)}")
         failed |= bool(problems)
     return 1 if failed else 0
 
@@ -189,6 +229,7 @@ def main(argv: List[str]) -> int:
     usage = ("usage: python -m tools.workbook COMMAND [chNN ...]\n"
              "  build     write the learner notebooks (notebooks/)\n"
              "  execute   build, then run the solution notebooks and write them with outputs (solutions/)\n"
+             "  refresh   update solutions whose code cells did not change (prose, listings), keeping their outputs\n"
              "  check     fail if a generated notebook does not match its chapter source (what CI runs)\n"
              "  site      write the site's pages into build/site_docs/ (then: mkdocs build --strict)\n"
              "  students  run the learner notebooks: only exercise cells may raise, with their stub's error\n"
@@ -196,7 +237,7 @@ def main(argv: List[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
-    commands = {"build": build, "execute": execute, "check": check, "site": build_site,
+    commands = {"build": build, "execute": execute, "refresh": refresh, "check": check, "site": build_site,
                 "students": students, "timings": timings}
     cmd, ids = argv[0], argv[1:]
     if cmd not in commands:

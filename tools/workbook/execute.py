@@ -1,8 +1,8 @@
 """Run a notebook top to bottom in a fresh kernel (nbclient), on the CPU, and time it.
 
-The kernel gets the repository on PYTHONPATH (so `minisgl` and `judge` import without an install)
-and none of the MINISGL_* switches of the calling shell, so the outputs depend only on the notebook
-and the bundled model.
+The kernel gets the repository on PYTHONPATH (so `minisgl` and `judge` import without an install),
+none of the MINISGL_* switches of the calling shell (so the outputs depend only on the notebook and
+the bundled model), and one OpenMP thread unless OMP_NUM_THREADS says otherwise.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ def kernel_env() -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # One thread per kernel: on a CPU shared with other work (CI, a busy laptop), two OpenMP threads
+    # fighting for two cores make the small model ten times slower; one thread is steady.
+    env.setdefault("OMP_NUM_THREADS", "1")
     env["MPLBACKEND"] = "agg"
     env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
     return env
