@@ -108,6 +108,9 @@ class LLM(Scheduler):
                 if self._last_data is not None:  # switched loops mid-run: finish the batch in flight
                     self._process_last_data(self._last_data)
                     self._last_data = None
+                    # Slots freed while handling it were deferred (rule 3), but nothing is in flight
+                    # now, and the normal loop never releases deferred slots: do it here.
+                    self._release_deferred_slots()
                 self.normal_loop()
             else:
                 self._last_data = self.overlap_loop(self._last_data)

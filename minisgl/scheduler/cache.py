@@ -147,6 +147,13 @@ class CacheManager:
 
     # ------------------------------------------------------------------ checks
 
+    def held_pages(self, req: Req) -> torch.Tensor:
+        """The pages `req` holds itself (for integrity checks while requests run): those of its
+        computed tokens past the prefix its handle locks in the prefix cache. Together with the free
+        list and the cache's pages, the pages of every live request make up the whole pool."""
+        locs = self.page_table[req.table_idx, req.cache_handle.cached_len : req.cached_len]
+        return torch.unique(locs // self.page_size)
+
     def check_integrity(self) -> None:
         """With no request running: every page is either free or in the prefix cache, once."""
         self.prefix_cache.check_integrity()

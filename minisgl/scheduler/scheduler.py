@@ -235,6 +235,12 @@ class Scheduler:
         self.finished_reqs = new_finished
         self.send_result(reply)
 
+    def live_requests(self) -> List[Req]:
+        """Every request that holds a slot and KV right now (for integrity checks): prompts part-way
+        through a chunked prefill, and launched requests whose end has not been handled yet."""
+        chunks = [p.chunked_req for p in self.prefill_manager.pending if p.chunked_req is not None]
+        return chunks + list(self._live.values())
+
     # ------------------------------------------------------------------ loops
 
     @property
