@@ -15,6 +15,8 @@ import torch
 
 class BaseOP:
     def named_tensors(self, prefix: str = "") -> Iterator[Tuple[str, torch.Tensor]]:
+        """Yield (key, tensor) for every weight of this op and its sub-ops, depth first in attribute
+        order; the key is the attribute path after `prefix`. Private attributes (`_name`) are skipped."""
         for name, value in self.__dict__.items():
             if name.startswith("_"):
                 continue
