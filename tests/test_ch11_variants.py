@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import test_ch11_overlap as ch11
+from helpers import test_device
 from minisgl.llm import LLM
 
 VARIANTS = Path(__file__).resolve().parent.parent / "judge" / "variants"
@@ -41,6 +42,9 @@ CASES = [
 
 @pytest.mark.parametrize("variant,check", CASES, ids=[f"{v}-{c.__name__}" for v, c in CASES])
 def test_variant_is_caught(variant, check):
+    if check is ch11.check_slot_race_gives_right_tokens_deferred and test_device() == "cuda":
+        # CUDA streams are not deferred: the race shows only when the engine stream is delayed
+        pytest.skip("on a GPU: test_ch11_gpu.py::test_slot_reuse_race_on_the_gpu_upstream_vs_fix")
     with pytest.raises(AssertionError):
         check(variant_llm(variant))
 

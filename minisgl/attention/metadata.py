@@ -7,11 +7,20 @@ where its queries sit in that sequence and where its keys sit in the KV cache:
   cache_seqlens  [B]    total KV length of request i after this step (cached + new)
   page_table     [B, max_seqlen_k]  KV locations of request i's tokens (rows of the big page table)
   last_indices   [B]    index of each request's last query: where its next-token logits come from
+
+Three optional fields serve a GPU (the reference backend works without them):
+
+  rows                 [B]  each request's row in the engine's page table, on the device: a kernel
+                            can read each request's own locations there, with no padded gather
+  cu_seqlens_q_host    the same numbers as cu_seqlens_q / cache_seqlens, as Python lists: code that
+  cache_seqlens_host   needs them on the CPU reads these instead of `.tolist()` on a device tensor,
+                       which would wait for the GPU (and undo overlap scheduling)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import List
 
 import torch
 
@@ -26,6 +35,9 @@ class AttentionMetadata:
     last_indices: torch.Tensor
     max_seqlen_q: int
     max_seqlen_k: int
+    rows: torch.Tensor | None = None
+    cu_seqlens_q_host: List[int] | None = None
+    cache_seqlens_host: List[int] | None = None
 
 
 def prepare_metadata(batch: Batch, page_table: torch.Tensor, device: torch.device) -> AttentionMetadata:
@@ -44,11 +56,15 @@ def prepare_metadata(batch: Batch, page_table: torch.Tensor, device: torch.devic
     def to_dev(t: torch.Tensor) -> torch.Tensor:
         return (t.pin_memory() if pin else t).to(device, non_blocking=True)
 
+    rows_dev = to_dev(rows)
     return AttentionMetadata(
         cu_seqlens_q=to_dev(cu_seqlens_q),
         cache_seqlens=to_dev(torch.tensor(seqlens_k, dtype=torch.int32)),
-        page_table=page_table[to_dev(rows), :max_k],
+        page_table=page_table[rows_dev, :max_k],
         last_indices=to_dev((cu_seqlens_q[1:] - 1).to(torch.int64)),
         max_seqlen_q=max(seqlens_q),
         max_seqlen_k=max_k,
+        rows=rows_dev,
+        cu_seqlens_q_host=cu,
+        cache_seqlens_host=seqlens_k,
     )

@@ -35,8 +35,10 @@ class TorchAttentionBackend:
     def _prefill(self, q: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
         meta = batch.attn_metadata
         k_cache, v_cache = self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id)
-        cu = meta.cu_seqlens_q.tolist()
-        lens_k = meta.cache_seqlens.tolist()
+        # Host-side copies when the metadata carries them: `.tolist()` on a GPU tensor waits for
+        # the GPU, which would stall the scheduler behind the step in flight.
+        cu = meta.cu_seqlens_q_host if meta.cu_seqlens_q_host is not None else meta.cu_seqlens_q.tolist()
+        lens_k = meta.cache_seqlens_host if meta.cache_seqlens_host is not None else meta.cache_seqlens.tolist()
         out = torch.empty_like(q)
         for i in range(len(lens_k)):
             qi = q[cu[i] : cu[i + 1]]  # [Lq, H, D]

@@ -22,8 +22,10 @@ class EngineConfig:
     cpu_kv_tokens: int = 65536  # KV pool size in tokens on a CPU when not overridden
     cpu_streams: str | None = None  # "eager" / "deferred"; None: from MINISGL_CPU_STREAMS
     seed: int | None = 0
-    use_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 64
+    attention_backend: str = "auto"  # "auto" (triton on a CUDA GPU if installed, else torch), "torch", "triton"
+    fused_kernels: bool | None = None  # None: fused Triton norm/RoPE/SiLU kernels with the triton backend
+    use_cuda_graph: bool | None = None  # None: on when the device and the backend allow it (CUDA + triton)
+    cuda_graph_max_bs: int = 64  # largest decode batch replayed from a graph; larger ones run eagerly
 
     def __post_init__(self) -> None:
         if self.max_running_req < 1:
@@ -32,3 +34,5 @@ class EngineConfig:
             raise ValueError("page_size must be >= 1")
         if self.num_page_override is not None and self.num_page_override < 1:
             raise ValueError("num_page_override must be >= 1")
+        if self.cuda_graph_max_bs < 1:
+            raise ValueError("cuda_graph_max_bs must be >= 1")

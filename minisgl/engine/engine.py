@@ -13,9 +13,11 @@ from typing import Tuple
 
 import torch
 
-from minisgl.attention import TorchAttentionBackend
+from minisgl.attention import create_attention_backend
+from minisgl.attention.select import resolve_backend_name
 from minisgl.core import Batch, Context, set_global_ctx
 from minisgl.env import ENV
+from minisgl.kernel.dispatch import use_fused_kernels
 from minisgl.kvcache import KVCache
 from minisgl.models import ModelConfig, load_model
 from minisgl.utils import DeviceKit, Event, resolve_device
@@ -59,7 +61,12 @@ class Engine:
         self.max_seq_len = config.max_seq_len_override or cfg.max_position_embeddings
         self.page_size = config.page_size
         self.num_pages = config.num_page_override or self._auto_num_pages()
-        self.kv_cache = KVCache(cfg.num_layers, self.num_pages, self.page_size, cfg.num_kv_heads,
+        self.backend_name = resolve_backend_name(config.attention_backend, self.device)
+        self.use_cuda_graph = self._want_cuda_graph()
+        # CUDA graphs pad batches with dummy requests, whose KV goes to one scratch page past the
+        # pool: the cache manager never hands it out.
+        extra_pages = 1 if self.use_cuda_graph else 0
+        self.kv_cache = KVCache(cfg.num_layers, self.num_pages + extra_pages, self.page_size, cfg.num_kv_heads,
                                 cfg.head_dim, self.dtype, self.device)
         # One row per request slot, plus a scratch row (the last) that absorbs writes nobody reads:
         # the sample of a half-done chunked prefill, and padding rows of CUDA graphs.
@@ -68,11 +75,40 @@ class Engine:
         self.token_pool = torch.zeros(rows, self.max_seq_len, dtype=torch.int32, device=self.device)
         self.dummy_row = rows - 1
 
-        self.attn_backend = TorchAttentionBackend(self.kv_cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        # fused element-wise kernels go with the Triton backend (a process-wide switch: see dispatch.py)
+        use_fused_kernels(self.backend_name == "triton" and config.fused_kernels is not False)
+        self.attn_backend = create_attention_backend(self.backend_name, self.kv_cache, cfg.num_heads,
+                                                     cfg.num_kv_heads, cfg.head_dim, self.page_table)
         self.ctx = Context(self.page_size, self.kv_cache, self.attn_backend)
         set_global_ctx(self.ctx)
         self.sampler = Sampler(self.device, config.seed)
         self.stream = self.kit.new_stream()
+        self.graph_runner = self._build_graph_runner() if self.use_cuda_graph else None
+
+    def _want_cuda_graph(self) -> bool:
+        asked = self.config.use_cuda_graph
+        possible = self.kit.is_cuda and self.backend_name == "triton"
+        if asked and not possible:
+            raise ValueError("CUDA graphs need a CUDA device and the triton attention backend "
+                             f"(device {self.device}, backend {self.backend_name})")
+        return possible if asked is None else bool(asked)
+
+    def _build_graph_runner(self):
+        from .graph import GraphRunner
+
+        scratch_loc = self.num_pages * self.page_size  # first location of the scratch page
+        self.page_table[self.dummy_row, 0] = scratch_loc
+        max_bs = min(self.config.cuda_graph_max_bs, self.config.max_running_req)
+        with torch.inference_mode():
+            return GraphRunner(self.model, self.ctx, self.stream.raw, max_bs, self.dummy_row, scratch_loc,
+                               self.max_seq_len, self.page_table)
+
+    def run_model(self, batch: Batch) -> torch.Tensor:
+        """Logits of `batch` (its input ids gathered): a CUDA graph's replay when one fits, else eager."""
+        if self.graph_runner is not None and self.graph_runner.can_run(batch):
+            return self.graph_runner.replay(batch)
+        with self.ctx.forward_batch(batch):
+            return self.model.forward()
 
     def _auto_num_pages(self) -> int:
         cfg = self.model_config
@@ -96,8 +132,7 @@ class Engine:
 
         def work() -> None:
             batch.input_ids = self.token_pool[fi.input_tuple]
-            with self.ctx.forward_batch(batch):
-                logits = self.model.forward()
+            logits = self.run_model(batch)
             tokens = self.sampler.sample(logits, fi.sample_args)
             out.next_tokens_gpu.copy_(tokens)
             # The write into the token pool happens *before* copy_done is recorded: whoever waits on

@@ -31,6 +31,8 @@ class BatchSamplingArgs:
         temps = torch.tensor([0.0 if p.is_greedy else p.temperature for p in params], dtype=torch.float32)
         top_k = torch.tensor([vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params])
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
+        if device.type == "cuda":  # page-locked + non_blocking: the scheduler does not wait for the copy
+            return cls(*(t.pin_memory().to(device, non_blocking=True) for t in (temps, top_k, top_p)))
         return cls(temps.to(device), top_k.to(device), top_p.to(device))
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.core import get_global_ctx
+from minisgl.kernel.dispatch import fused_for
 
 from .base import BaseOP
 from .linear import Linear
@@ -27,6 +28,7 @@ class AttentionLayer(BaseOP):
             self.q_norm = RMSNorm(head_dim, eps, dtype, device)
             self.k_norm = RMSNorm(head_dim, eps, dtype, device)
         self._qk_norm = qk_norm
+        self._eps = eps
         self._rotary = rotary
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -36,8 +38,14 @@ class AttentionLayer(BaseOP):
         q = q.reshape(-1, self._num_heads, self._head_dim)
         k = k.reshape(-1, self._num_kv_heads, self._head_dim)
         v = v.reshape(-1, self._num_kv_heads, self._head_dim)
-        if self._qk_norm:
-            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
-        q, k = self._rotary.forward(ctx.batch.positions, q, k)
+        fused = fused_for(q)
+        if fused is not None:  # norm + RoPE of each head in one kernel, in place in the qkv output
+            rot, pos = self._rotary, ctx.batch.positions
+            fused.norm_rope_(q, self.q_norm.weight if self._qk_norm else None, rot._cos, rot._sin, pos, self._eps)
+            fused.norm_rope_(k, self.k_norm.weight if self._qk_norm else None, rot._cos, rot._sin, pos, self._eps)
+        else:
+            if self._qk_norm:
+                q, k = self.q_norm.forward(q), self.k_norm.forward(k)
+            q, k = self._rotary.forward(ctx.batch.positions, q, k)
         out = ctx.attn_backend.forward(q, k, v, self._layer_id, ctx.batch)
         return self.o_proj.forward(out.reshape(-1, self._q_size))

@@ -5,6 +5,7 @@ from typing import Tuple
 import torch
 
 from minisgl.kernel import fused_add_rms_norm, rms_norm
+from minisgl.kernel.dispatch import fused_for
 
 from .base import BaseOP
 
@@ -15,12 +16,18 @@ class RMSNorm(BaseOP):
         self._eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = fused_for(x)
+        if fused is not None:
+            return fused.rms_norm(x, self.weight, self._eps)
         return rms_norm(x, self.weight, self._eps)
 
     def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None
                       ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Pre-norm residual step: returns (norm(x + residual), x + residual). With no residual yet
         (the first layer) x itself becomes the residual."""
+        fused = fused_for(x)  # one Triton kernel on a GPU (see minisgl.kernel.dispatch)
         if residual is None:
-            return rms_norm(x, self.weight, self._eps), x
-        return fused_add_rms_norm(x, residual, self.weight, self._eps)
+            norm = fused.rms_norm if fused is not None else rms_norm
+            return norm(x, self.weight, self._eps), x
+        add_norm = fused.fused_add_rms_norm if fused is not None else fused_add_rms_norm
+        return add_norm(x, residual, self.weight, self._eps)

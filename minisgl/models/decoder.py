@@ -8,6 +8,7 @@ import torch
 
 from minisgl.core import get_global_ctx
 from minisgl.kernel import silu_and_mul
+from minisgl.kernel.dispatch import fused_for
 from minisgl.layers import (AttentionLayer, BaseOP, Linear, LMHead, OPList, RMSNorm,
                             RotaryEmbedding, VocabEmbedding)
 
@@ -20,7 +21,9 @@ class MLP(BaseOP):
         self.down_proj = Linear(intermediate, hidden, False, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
+        h = self.gate_up_proj.forward(x)
+        fused = fused_for(h)
+        return self.down_proj.forward(fused.silu_and_mul(h) if fused is not None else silu_and_mul(h))
 
 
 class DecoderLayer(BaseOP):

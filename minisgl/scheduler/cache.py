@@ -74,24 +74,52 @@ class CacheManager:
     def allocate_paged(self, reqs: List[Req]) -> None:
         """Give each request KV locations for the tokens it is about to process, positions
         [cached_len, device_len), and write them into its page-table row. Locations below
-        cached_len were allocated before, so the request's last page may still have room."""
+        cached_len were allocated before, so the request's last page may still have room.
+
+        The loop over requests only does arithmetic on the CPU; the page table (on the device) is
+        touched by a fixed handful of operations per batch, not a few per request: with 256
+        requests a step, per-request launches would cost the CPU more than the GPU's whole step."""
         p = self.page_size
+        # positions that still fit in the request's last held page: (row, column, distance from
+        # the request's last location); positions in fresh pages: (row, column, which fresh page)
+        room: Tuple[List[int], List[int], List[int]] = ([], [], [])
+        fresh: Tuple[List[int], List[int], List[int]] = ([], [], [])
+        needs: List[Tuple[int, int]] = []  # (uid, pages) of the requests that get new pages
+        taken = 0
         for req in reqs:
             start, end = req.cached_len, req.device_len
             held = pages_for(start, p)  # pages the request already has
-            new = self._take_pages(pages_for(end, p) - held)
-            if len(new):
-                self._events.emit("pages_alloc", uid=req.uid, pages=len(new))
-            parts = []
-            room_end = min(held * p, end)  # positions still fitting in the last held page
-            if start < room_end:
-                last = self.page_table[req.table_idx, start - 1]
-                parts.append(last + torch.arange(1, room_end - start + 1, dtype=torch.int32, device=self.device))
-            if len(new):
-                locs = (new.unsqueeze(1) * p + torch.arange(p, dtype=torch.int32, device=self.device)).flatten()
-                parts.append(locs[: end - room_end])
-            if parts:
-                self.page_table[req.table_idx, start:end] = parts[0] if len(parts) == 1 else torch.cat(parts)
+            room_end = min(held * p, end)
+            n = room_end - start
+            if n > 0:
+                room[0].extend([req.table_idx] * n)
+                room[1].extend(range(start, room_end))
+                room[2].extend(range(1, n + 1))
+            need = pages_for(end, p) - held
+            if need > 0:
+                n = end - room_end  # room_end is page-aligned here
+                fresh[0].extend([req.table_idx] * n)
+                fresh[1].extend(range(room_end, end))
+                fresh[2].extend([taken + k // p for k in range(n)])
+                needs.append((req.uid, need))
+                taken += need
+        new_pages = self._take_pages(taken) if taken else None
+        for uid, need in needs:
+            self._events.emit("pages_alloc", uid=uid, pages=need)
+        if room[0]:
+            rows, cols, dist = self._index_tensor(room)
+            self.page_table[rows, cols] = self.page_table[rows, cols - dist] + dist.to(torch.int32)
+        if fresh[0]:
+            rows, cols, which = self._index_tensor(fresh)
+            self.page_table[rows, cols] = new_pages[which] * p + (cols % p).to(torch.int32)
+
+    def _index_tensor(self, columns: Tuple[List[int], ...]) -> torch.Tensor:
+        """Lists of equal length -> one int64 tensor [len(columns), n] on the device, in one copy
+        (from page-locked memory, so the copy does not make the CPU wait)."""
+        t = torch.tensor(columns, dtype=torch.int64)
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     # ------------------------------------------------------------------ freeing
 

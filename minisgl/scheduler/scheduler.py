@@ -147,12 +147,16 @@ class Scheduler:
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
         """Allocate KV locations and build the index tensors of one step (on the scheduler stream)."""
         self.cache_manager.allocate_paged(batch.reqs)
-        rows, positions = [], []
-        for req in batch.reqs:
-            rows.append(torch.full((req.extend_len,), req.table_idx, dtype=torch.int64))
-            positions.append(torch.arange(req.cached_len, req.device_len, dtype=torch.int64))
         kit = self.engine.kit
-        input_tuple = (kit.to_device(torch.cat(rows)), kit.to_device(torch.cat(positions)))
+        if batch.is_decode:  # one token per request: two plain lists, no tensor per request
+            rows = torch.tensor([req.table_idx for req in batch.reqs], dtype=torch.int64)
+            positions = torch.tensor([req.cached_len for req in batch.reqs], dtype=torch.int64)
+        else:
+            rows = torch.cat([torch.full((req.extend_len,), req.table_idx, dtype=torch.int64)
+                              for req in batch.reqs])
+            positions = torch.cat([torch.arange(req.cached_len, req.device_len, dtype=torch.int64)
+                                   for req in batch.reqs])
+        input_tuple = (kit.to_device(rows), kit.to_device(positions))
         # Each sample goes to the position after the request's last token; a chunk's sample is junk
         # and goes to the scratch row.
         dummy = self.engine.dummy_row

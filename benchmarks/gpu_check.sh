@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Everything chapter 11 needs from a GPU machine, in one go (run from the repository root):
+#   bash benchmarks/gpu_check.sh [tests|bench|suite|all]   -> logs under $OUT (default ./gpu_out)
+# Each part has its own time limit, so one that hangs does not take the others down.
+set -u
+OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+what=${1:-all}
+py=python3
+part() { echo; echo "=== $1 ($(date +%T))"; }
+
+part "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+$py -c "import torch, triton, transformers, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+
+if [[ $what == tests || $what == all ]]; then
+  part "Triton decode kernel vs plain attention"
+  if ! timeout 120 $py -m pytest -q --device cuda tests/test_ch11_gpu.py -k triton_decode 2>&1 | tee "$OUT/kernel.txt"; then
+    echo "!!! the Triton kernel failed: the rest runs with MINISGL_ATTENTION_BACKEND=torch (no CUDA graphs)"
+    export MINISGL_ATTENTION_BACKEND=torch
+  fi
+  part "fused element-wise kernels vs the torch ops"
+  if ! timeout 120 $py -m pytest -q --device cuda tests/test_ch11_gpu.py -k fused_elementwise 2>&1 | tee "$OUT/fused.txt"; then
+    echo "!!! a fused kernel failed: the rest runs with MINISGL_FUSED_KERNELS=0"
+    export MINISGL_FUSED_KERNELS=0
+  fi
+  part "GPU tests (tests/test_ch11_gpu.py)"
+  timeout 200 $py -m pytest -q -rfE --device cuda tests/test_ch11_gpu.py -k "not triton_decode and not fused_elementwise" 2>&1 | tee "$OUT/gpu_tests.txt"
+fi
+if [[ $what == bench || $what == all ]]; then
+  part "ablation benchmark"
+  timeout ${BENCH_TIMEOUT:-260} $py benchmarks/overlap_ablation.py ${BENCH_ARGS:-} --out "$OUT/ablation.json" 2>&1 | tee "$OUT/ablation.txt"
+fi
+if [[ $what == suite || $what == all ]]; then
+  part "whole suite on cuda"
+  timeout ${SUITE_TIMEOUT:-240} $py -m pytest -q -rfE --device cuda --timeout 120 tests --ignore=tests/torture 2> --ignore=tests/torture -x 2>&11 | tail -40 | tee "$OUT/suite.txt"
+  part "judge ch11 on cuda"
+  timeout 120 $py judge.py ch11 --solution --device cuda 2>&1 | tail -40 | tee "$OUT/judge.txt"
+fi

@@ -1,0 +1,148 @@
+"""Decode attention over the paged KV cache as one Triton kernel (GPU only).
+
+One query per request. Each program takes one request, one KV head (and the query heads that share
+it, padded to a 16-row tile so the products run on tensor cores) and one slice of the request's
+keys ("split"), and walks that slice block by block with an online softmax: it reads the request's own locations from its page-table row, gathers those keys
+and values, and keeps a running max, sum and weighted value sum. So it reads exactly the KV the
+request has, whatever the other requests' lengths, and the lengths live on the device: the launch
+has the same shape every step, which is what a CUDA graph needs.
+
+A single request with a long context would keep only a few programs busy (one per KV head), so
+short batches split each request's keys into several slices and combine the partial results by
+their log-sum-exp afterwards in a second small kernel ("flash decoding"). The number of slices depends only on the batch
+size, never on the lengths, for the same reason.
+
+`triton` is imported only here; nothing on the CPU path imports this module.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_TARGET_PROGRAMS = 1024  # a few waves of programs over the H200's 132 multiprocessors
+_MAX_SPLITS = 16
+_BLOCK_H = 16  # query heads of one KV head, padded to the smallest tensor-core tile
+
+
+@triton.jit
+def _paged_decode_kernel(Q, K, V, PT, ROWS, SEQLENS, O, LSE,
+                         stride_qb, stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_pt,
+                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                         scale,
+                         GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seqlen = tl.load(SEQLENS + b)
+    row = tl.load(ROWS + b).to(tl.int64)
+    # this program's slice of the keys: [start, end), a whole number of blocks long
+    per_split = tl.cdiv(tl.cdiv(seqlen, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seqlen)
+
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, HEAD_DIM)
+    h_ok = h < GROUP
+    heads = kv_head * GROUP + h
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs < end
+        loc = tl.load(PT + row * stride_pt + offs, mask=n_ok, other=0).to(tl.int64)
+        k = tl.load(K + loc[None, :] * stride_kl + kv_head * stride_kh + d[:, None],
+                    mask=n_ok[None, :], other=0.0)  # [HEAD_DIM, BLOCK_N]
+        if IEEE:  # float32 caches: full-precision products, as the reference computes
+            s = tl.dot(q, k, input_precision="ieee")
+        else:
+            s = tl.dot(q, k)
+        s = tl.where(n_ok[None, :], s * scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(V + loc[:, None] * stride_vl + kv_head * stride_vh + d[None, :],
+                    mask=n_ok[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    # an empty slice (a short request in a split launch) contributes nothing: lse = -inf
+    has = l_i > 0
+    safe_l = tl.where(has, l_i, 1.0)
+    out = acc / safe_l[:, None]
+    lse = tl.where(has, m_i + tl.log(safe_l), float("-inf"))
+    tl.store(O + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :],
+             out.to(O.dtype.element_ty), mask=h_ok[:, None])
+    tl.store(LSE + b * stride_lb + heads * stride_lh + split, lse, mask=h_ok)
+
+
+@triton.jit
+def _combine_kernel(O, LSE, OUT, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+                    stride_outb, stride_outh, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Merge one (request, head)'s slices, each weighted by exp(its lse - the largest lse)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, HEAD_DIM)
+    lse = tl.load(LSE + b * stride_lb + h * stride_lh + sp)
+    w = tl.exp(lse - tl.max(lse, axis=0))
+    o = tl.load(O + b * stride_ob + h * stride_oh + sp[:, None] * stride_os + d[None, :])
+    out = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
+    tl.store(OUT + b * stride_outb + h * stride_outh + d, out.to(OUT.dtype.element_ty))
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def num_splits(batch_size: int, num_kv_heads: int) -> int:
+    """Slices per request: enough programs to fill the GPU. A function of the (rounded-up) batch
+    size alone, so a padded CUDA-graph batch and the eager batch it stands for split alike."""
+    programs = _next_pow2(batch_size) * num_kv_heads
+    return max(1, min(_MAX_SPLITS, _next_pow2(-(-_TARGET_PROGRAMS // programs))))
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           page_table: torch.Tensor, rows: torch.Tensor, seqlens: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """q: [B, H, D]; k_cache, v_cache: [locations, Hkv, D]; page_table: [R, max_len] locations;
+    rows: [B] row of each request in page_table; seqlens: [B] keys of each request.
+    Returns [B, H, D] in q's dtype."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    assert group <= _BLOCK_H, f"at most {_BLOCK_H} query heads per KV head"
+    assert head_dim == _next_pow2(head_dim) and head_dim >= 16, "head_dim must be a power of two >= 16"
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert page_table.stride(-1) == 1
+    splits = num_splits(batch, num_kv_heads)
+    ieee = q.dtype == torch.float32
+    block_n = 32 if ieee else 64  # float32 tiles take twice the shared memory
+    # one slice: write the output directly; several: float32 partials, merged below
+    part_dtype = q.dtype if splits == 1 else torch.float32
+    part = torch.empty(batch, num_heads, splits, head_dim, dtype=part_dtype, device=q.device)
+    lse = torch.empty(batch, num_heads, splits, dtype=torch.float32, device=q.device)
+    _paged_decode_kernel[(batch, num_kv_heads, splits)](
+        q, k_cache, v_cache, page_table, rows, seqlens, part, lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        page_table.stride(0), part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
+        scale,
+        GROUP=group, BLOCK_H=_BLOCK_H, HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=splits, IEEE=ieee,
+        num_warps=4, num_stages=2,
+    )
+    if splits == 1:
+        return part[:, :, 0]
+    out = torch.empty_like(q)
+    _combine_kernel[(batch, num_heads)](
+        part, lse, out, part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1), NUM_SPLITS=splits, HEAD_DIM=head_dim, num_warps=4)
+    return out
