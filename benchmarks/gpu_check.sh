@@ -33,7 +33,7 @@ if [[ $what == bench || $what == all ]]; then
 fi
 if [[ $what == suite || $what == all ]]; then
   part "whole suite on cuda"
-  timeout ${SUITE_TIMEOUT:-240} $py -m pytest -q -rfE --device cuda --timeout 120 tests --ignore=tests/torture 2> --ignore=tests/torture -x 2>&11 | tail -40 | tee "$OUT/suite.txt"
+  timeout ${SUITE_TIMEOUT:-240} $py -m pytest -q -rfE --device cuda --timeout 120 tests --ignore=tests/torture 2>&1 | tail -40 | tee "$OUT/suite.txt"
   part "judge ch11 on cuda"
   timeout 120 $py judge.py ch11 --solution --device cuda 2>&1 | tail -40 | tee "$OUT/judge.txt"
 fi
