@@ -43,7 +43,8 @@ class ModelConfig:
             raise ValueError(f"unsupported architectures {archs!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
         rope = raw.get("rope_parameters") or {}
         rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-        scaling = rope.get("rope_type", (raw.get("rope_scaling") or {}).get("rope_type", "default"))
+        old_scaling = raw.get("rope_scaling") or {}  # transformers 4; older files say "type"
+        scaling = rope.get("rope_type", old_scaling.get("rope_type", old_scaling.get("type", "default")))
         if scaling not in ("default", None):
             raise ValueError(f"RoPE scaling {scaling!r} is not supported")
         dtype_name = raw.get("dtype", raw.get("torch_dtype", "bfloat16")) or "bfloat16"

@@ -1,0 +1,146 @@
+"""Chapter 4: where a token's keys and values live in the KV buffer, and the request slots (rows of
+the page table and token pool) that the TableManager hands out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import test_device
+
+from minisgl.kvcache import KVCache, NaivePrefixCache
+from minisgl.scheduler.table import TableManager
+from minisgl.utils import EventLog
+
+LAYERS, KV_HEADS, HEAD_DIM = 3, 2, 4
+
+
+def make_cache(num_pages: int, page_size: int) -> KVCache:
+    return KVCache(LAYERS, num_pages, page_size, KV_HEADS, HEAD_DIM, torch.float32, torch.device(test_device()))
+
+
+# ---------------------------------------------------------------- the KV buffer
+
+
+def test_buffer_shape_and_size():
+    kv = make_cache(num_pages=5, page_size=4)
+    assert tuple(kv.buffer.shape) == (2, LAYERS, 5, 4, KV_HEADS, HEAD_DIM)
+    assert kv.num_locations == 20
+    assert KVCache.bytes_per_page(LAYERS, 4, KV_HEADS, HEAD_DIM, torch.float32) == 2 * LAYERS * 4 * KV_HEADS * HEAD_DIM * 4
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_store_kv_writes_each_token_at_page_and_offset(page_size):
+    kv = make_cache(num_pages=6, page_size=page_size)
+    dev = kv.buffer.device
+    locs = torch.tensor([5, 0, 13, 22], device=dev) % kv.num_locations
+    k = torch.randn(len(locs), KV_HEADS, HEAD_DIM, device=dev)
+    v = torch.randn(len(locs), KV_HEADS, HEAD_DIM, device=dev)
+    kv.store_kv(k, v, locs, layer_id=1)
+    for i, loc in enumerate(locs.tolist()):
+        page, offset = divmod(loc, page_size)
+        assert torch.equal(kv.buffer[0, 1, page, offset], k[i]), f"K of token {i} is not at page {page}, offset {offset}"
+        assert torch.equal(kv.buffer[1, 1, page, offset], v[i]), f"V of token {i} is not at page {page}, offset {offset}"
+    # nothing else changed: other layers, other locations
+    written = torch.zeros(kv.num_locations, dtype=torch.bool, device=dev)
+    written[locs] = True
+    flat = kv.buffer.view(2, LAYERS, kv.num_locations, KV_HEADS, HEAD_DIM)
+    assert flat[:, [0, 2]].abs().sum() == 0
+    assert flat[:, 1, ~written].abs().sum() == 0
+
+
+def test_k_cache_and_v_cache_are_views_by_location():
+    kv = make_cache(num_pages=3, page_size=2)
+    dev = kv.buffer.device
+    k, v = torch.randn(2, KV_HEADS, HEAD_DIM, device=dev), torch.randn(2, KV_HEADS, HEAD_DIM, device=dev)
+    kv.store_kv(k, v, torch.tensor([4, 1], device=dev), layer_id=2)
+    assert torch.equal(kv.k_cache(2)[4], k[0]) and torch.equal(kv.v_cache(2)[1], v[1])
+    kv.k_cache(0)[3] = 7.0  # a view: writing through it changes the buffer
+    assert bool((kv.buffer[0, 0, 1, 1] == 7.0).all())
+
+
+def test_store_kv_overwrites_a_reused_location():
+    kv = make_cache(num_pages=2, page_size=2)
+    dev = kv.buffer.device
+    loc = torch.tensor([3], device=dev)
+    for value in (1.0, 2.0):
+        kv.store_kv(torch.full((1, KV_HEADS, HEAD_DIM), value, device=dev),
+                    torch.full((1, KV_HEADS, HEAD_DIM), -value, device=dev), loc, layer_id=0)
+    assert bool((kv.buffer[0, 0, 1, 1] == 2.0).all()) and bool((kv.buffer[1, 0, 1, 1] == -2.0).all())
+
+
+# ---------------------------------------------------------------- request slots
+
+
+def assert_refused(fn, *args) -> None:
+    """`fn(*args)` must raise a RuntimeError of its own."""
+    try:
+        fn(*args)
+    except NotImplementedError:
+        raise  # a stub is not a refusal (NotImplementedError is a kind of RuntimeError)
+    except RuntimeError:
+        return
+    pytest.fail(f"{fn.__name__}{args} should have raised RuntimeError")
+
+
+def test_allocate_hands_out_distinct_rows():
+    tm = TableManager(4)
+    assert tm.capacity == 4 and tm.available_size == 4
+    rows = [tm.allocate() for _ in range(4)]
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert tm.available_size == 0
+
+
+def test_allocate_refuses_when_full():
+    tm = TableManager(2)
+    tm.allocate(), tm.allocate()
+    assert_refused(tm.allocate)
+
+
+def test_free_returns_a_row_for_reuse():
+    tm = TableManager(3)
+    a, b, c = tm.allocate(), tm.allocate(), tm.allocate()
+    tm.free(b)
+    assert tm.available_size == 1
+    assert tm.allocate() == b  # the only free row
+    tm.free(a), tm.free(c)
+    assert tm.available_size == 2
+    assert {tm.allocate(), tm.allocate()} == {a, c}
+
+
+def test_double_free_is_refused():
+    tm = TableManager(3)
+    row = tm.allocate()
+    tm.free(row)
+    assert_refused(tm.free, row)
+    assert tm.available_size == 3  # the refused free changed nothing
+
+
+@pytest.mark.parametrize("row", [1, -1, 3])
+def test_freeing_a_row_never_allocated_is_refused(row):
+    tm = TableManager(3)  # rows 0..2, all free
+    assert_refused(tm.free, row)
+    assert tm.available_size == 3
+
+
+def test_slot_events_name_the_row_and_request():
+    log = EventLog()
+    records = log.record()
+    tm = TableManager(2, log)
+    row = tm.allocate(uid=11)
+    tm.free(row, uid=11)
+    assert [(e.kind, e["table_idx"], e["uid"]) for e in records] == [("slot_alloc", row, 11), ("slot_free", row, 11)]
+
+
+# ---------------------------------------------------------------- the naive prefix cache
+
+
+def test_naive_prefix_cache_caches_nothing():
+    cache = NaivePrefixCache(page_size=2, device=torch.device(test_device()))
+    handle, indices = cache.match_prefix(torch.arange(10))
+    assert handle.cached_len == 0 and indices.numel() == 0
+    prefix_len, handle = cache.insert_prefix(torch.arange(10), torch.arange(10))
+    assert prefix_len == 0 and handle.cached_len == 0
+    assert cache.size == 0 and cache.evict(0).numel() == 0
+    with pytest.raises(RuntimeError):
+        cache.evict(2)

@@ -1,0 +1,283 @@
+"""Chapter 6: the engine runs one batch, the sampler turns logits into tokens.
+
+The engine is driven here by hand, with no scheduler: a fixed page table gives request row r the KV
+locations r * MAX_LEN + position, so every test below depends only on chapters 1-6."""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import pytest
+import torch
+
+from helpers import MODEL, assert_tokens_equal, hf_greedy, hf_logits, prompt_ids, test_device
+
+from minisgl.attention import prepare_metadata
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine import (BatchSamplingArgs, Engine, EngineConfig, ForwardInput, ForwardOutput,
+                            Sampler, top_k_top_p_filter)
+from minisgl.scheduler.table import TableManager
+
+MAX_LEN = 128
+ROWS = 4
+
+
+class Harness:
+    """An Engine plus the least a scheduler must do: request slots, index tensors, metadata."""
+
+    def __init__(self, page_size: int = 1, **config) -> None:
+        self.engine = e = Engine(EngineConfig(
+            MODEL, dtype=torch.float32, device=test_device(), max_running_req=ROWS, page_size=page_size,
+            num_page_override=(ROWS + 1) * MAX_LEN // page_size, max_seq_len_override=MAX_LEN, **config))
+        self.device = e.device
+        rows = e.page_table.shape[0]
+        e.page_table.copy_(torch.arange(rows * MAX_LEN, dtype=torch.int32).view(rows, MAX_LEN))
+        self.tables = TableManager(ROWS)
+        self.vocab_size = e.model_config.vocab_size
+        self._uid = 0
+
+    def add(self, ids: Sequence[int], params: SamplingParams) -> Req:
+        row = self.tables.allocate()
+        self.engine.token_pool[row, : len(ids)] = torch.tensor(ids, dtype=torch.int32, device=self.device)
+        self._uid += 1
+        return Req(torch.tensor(ids, dtype=torch.int32), row, 0, params.max_tokens, self._uid, params)
+
+    def prepare(self, reqs: List[Req], phase: str) -> ForwardInput:
+        batch = Batch(reqs, phase)
+        rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in reqs])
+        cols = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs])
+        input_tuple = (rows.to(self.device), cols.to(self.device))
+        write_tuple = (torch.tensor([r.table_idx for r in reqs], device=self.device),
+                       torch.tensor([r.device_len for r in reqs], device=self.device))
+        batch.positions = input_tuple[1]
+        batch.out_loc = self.engine.page_table[input_tuple].to(torch.int64)
+        batch.attn_metadata = prepare_metadata(batch, self.engine.page_table, self.device)
+        args = BatchSamplingArgs.from_params([r.sampling_params for r in reqs], self.vocab_size, self.device)
+        return ForwardInput(batch, args, input_tuple, write_tuple)
+
+    def launch(self, reqs: List[Req], phase: str) -> ForwardOutput:
+        return self.engine.forward_batch(self.prepare(reqs, phase))
+
+    def step(self, reqs: List[Req], phase: str) -> List[int]:
+        out = self.launch(reqs, phase)
+        out.copy_done.synchronize()
+        for i, r in enumerate(reqs):
+            r.append_host(out.next_tokens_cpu[i: i + 1])
+        return out.next_tokens_cpu.tolist()
+
+    def logits(self, reqs: List[Req], phase: str) -> torch.Tensor:
+        """The model's logits for a batch, through the engine's context (no sampling)."""
+        fi = self.prepare(reqs, phase)
+        fi.batch.input_ids = self.engine.token_pool[fi.input_tuple]
+        with torch.no_grad(), self.engine.ctx.forward_batch(fi.batch):
+            return self.engine.model.forward().cpu()
+
+    def generate(self, prompts: List[List[int]], n: int) -> List[List[int]]:
+        reqs = [self.add(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p in prompts]
+        self.step(reqs, "prefill")
+        for _ in range(n - 1):
+            self.step(reqs, "decode")
+        return [r.input_ids[len(p):].tolist() for r, p in zip(reqs, prompts)]
+
+
+@pytest.fixture(scope="module")
+def harness() -> Harness:
+    return Harness()
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def test_prefill_and_decode_logits_match_hf(harness):
+    prompts = prompt_ids()[:3]
+    reqs = [harness.add(p, SamplingParams(max_tokens=2)) for p in prompts]
+    try:
+        got = harness.logits(reqs, "prefill")  # one mixed batch of three prompts
+        assert got.shape == (3, harness.vocab_size)  # one row per request: its last position
+        for i, p in enumerate(prompts):
+            torch.testing.assert_close(got[i], hf_logits(p)[-1], atol=1e-4, rtol=1e-4)
+        # decode: append each request's argmax and run one token per request against the cache
+        nxt = got.argmax(-1)
+        for r, t in zip(reqs, nxt.tolist()):
+            r.complete_one()
+            harness.engine.token_pool[r.table_idx, r.device_len - 1] = t
+            r.append_host(torch.tensor([t]))
+        got = harness.logits(reqs, "decode")
+        for i, p in enumerate(prompts):
+            torch.testing.assert_close(got[i], hf_logits(p + [int(nxt[i])])[-1], atol=1e-4, rtol=1e-4)
+    finally:
+        for r in reqs:
+            harness.tables.free(r.table_idx)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_greedy_generation_through_forward_batch_matches_hf(page_size):
+    prompts = prompt_ids()
+    got = Harness(page_size).generate(prompts, 8)
+    assert_tokens_equal(got, hf_greedy(prompts, 8), "engine vs Hugging Face")
+
+
+def test_forward_batch_launches_and_advances_requests_without_waiting():
+    if test_device() != "cpu":
+        pytest.skip("the deferred stand-in stream exists only on the CPU")
+    h = Harness(cpu_streams="deferred")
+    prompt = prompt_ids()[0]
+    req = h.add(prompt, SamplingParams(max_tokens=4))
+    out = h.launch([req], "prefill")
+    # The CPU side moved on at once ...
+    assert (req.cached_len, req.device_len) == (len(prompt), len(prompt) + 1)
+    # ... while the work itself waits on the engine stream.
+    assert not out.copy_done.query()
+    out.copy_done.synchronize()
+    token = int(out.next_tokens_cpu[0])
+    assert token == int(hf_logits(prompt)[-1].argmax())
+    assert int(out.next_tokens_gpu[0]) == token
+    # The sample was written where the next step reads its input: the request's row, next column.
+    assert int(h.engine.token_pool[req.table_idx, len(prompt)]) == token
+
+
+def test_engine_config_rejects_bad_values():
+    for bad in (dict(max_running_req=0), dict(page_size=0), dict(num_page_override=0)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            EngineConfig(MODEL, **bad)
+
+
+def test_engine_reports_a_missing_model(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        Engine(EngineConfig(tmp_path, device="cpu"))
+
+
+# ---------------------------------------------------------------- the sampler
+
+V = 40
+N = 20000  # draws per distribution: empirical frequencies within ~0.01 of the truth
+
+
+def dev() -> torch.device:
+    return torch.device(test_device())
+
+
+def fixed_logits(seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(V, generator=g) * 2.0).to(dev())
+
+
+def args(n: int, temperature: float = 1.0, top_k: int = V, top_p: float = 1.0) -> BatchSamplingArgs:
+    return BatchSamplingArgs(torch.full((n,), temperature, device=dev()),
+                             torch.full((n,), top_k, device=dev()),
+                             torch.full((n,), top_p, device=dev()))
+
+
+def draw(logits: torch.Tensor, a: BatchSamplingArgs, seed: int = 0) -> torch.Tensor:
+    n = a.temperatures.shape[0] if a.temperatures is not None else N
+    return Sampler(dev(), seed).sample(logits.expand(n, V).contiguous(), a).cpu()
+
+
+def frequencies(tokens: torch.Tensor) -> torch.Tensor:
+    return torch.bincount(tokens.long(), minlength=V).float() / len(tokens)
+
+
+def entropy(p: torch.Tensor) -> float:
+    p = p[p > 0]
+    return float(-(p * p.log()).sum())
+
+
+def test_all_greedy_batch_takes_the_argmax():
+    logits = torch.randn(5, V, device=dev())
+    a = BatchSamplingArgs.from_params([SamplingParams()] * 5, V, dev())
+    assert a.temperatures is None  # nothing to sample: no tensors are built
+    out = Sampler(dev(), 0).sample(logits, a)
+    assert out.dtype == torch.int32
+    assert out.tolist() == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_temperature_sampling_follows_the_softmax(temperature):
+    logits = fixed_logits()
+    got = frequencies(draw(logits, args(N, temperature)))
+    want = (logits.float().cpu() / temperature).softmax(-1)
+    tv = 0.5 * float((got - want).abs().sum())
+    assert tv < 0.05, f"empirical distribution is {tv:.3f} (total variation) from softmax(logits / T)"
+
+
+def test_higher_temperature_gives_higher_entropy():
+    logits = fixed_logits(1)
+    h = [entropy(frequencies(draw(logits, args(N, t)))) for t in (0.3, 1.0, 3.0)]
+    assert h[0] < h[1] < h[2], f"entropies at T = 0.3, 1, 3: {h}"
+
+
+def test_temperature_near_zero_is_argmax():
+    logits = fixed_logits(2)
+    assert draw(logits, args(2000, 1e-4)).unique().tolist() == [int(logits.argmax())]
+
+
+def test_greedy_rows_stay_greedy_in_a_sampled_batch():
+    logits = fixed_logits(3).expand(6, V).contiguous()
+    params = [SamplingParams(), SamplingParams(temperature=2.0)] * 3
+    a = BatchSamplingArgs.from_params(params, V, dev())
+    best = int(logits[0].argmax())
+    for seed in range(20):
+        out = Sampler(dev(), seed).sample(logits, a).tolist()
+        assert out[0::2] == [best] * 3
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_top_k_never_samples_outside_the_top_k(k):
+    logits = fixed_logits(4)
+    tokens = draw(logits, args(N, 2.0, top_k=k))
+    top = set(logits.topk(k).indices.tolist())
+    assert set(tokens.unique().tolist()) <= top
+    if k == 1:
+        assert tokens.unique().tolist() == [int(logits.argmax())]  # k = 1 is greedy
+    else:
+        assert len(tokens.unique()) == k  # and all of the top k do occur at T = 2
+
+
+def nucleus(logits: torch.Tensor, p: float) -> set:
+    """The smallest set of most likely tokens whose probability reaches p."""
+    probs, order = logits.float().cpu().softmax(-1).sort(descending=True)
+    n = int((probs.cumsum(0) < p).sum()) + 1
+    return set(order[:n].tolist())
+
+
+@pytest.mark.parametrize("p", [0.3, 0.6, 0.9])
+def test_top_p_never_samples_outside_the_nucleus(p):
+    logits = fixed_logits(5)
+    tokens = draw(logits, args(N, 1.0, top_p=p))
+    keep = nucleus(logits, p)
+    assert set(tokens.unique().tolist()) <= keep
+    assert int(logits.argmax()) in set(tokens.tolist())
+
+
+def test_top_p_always_keeps_the_most_likely_token():
+    logits = fixed_logits(6)
+    assert draw(logits, args(1000, 1.0, top_p=1e-6)).unique().tolist() == [int(logits.argmax())]
+
+
+def test_seeded_sampling_is_reproducible():
+    logits = fixed_logits(7)
+    a, b = draw(logits, args(500, 1.5), seed=11), draw(logits, args(500, 1.5), seed=11)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, draw(logits, args(500, 1.5), seed=12))
+
+
+def test_filter_masks_outside_top_k_then_top_p_per_row():
+    logits = torch.log(torch.tensor([[0.1, 0.4, 0.2, 0.3],
+                                     [0.1, 0.4, 0.2, 0.3],
+                                     [0.1, 0.4, 0.2, 0.3]], device=dev()))
+    out = top_k_top_p_filter(logits, torch.tensor([2, 4, 2], device=dev()),
+                             torch.tensor([1.0, 0.6, 0.5], device=dev()))
+    kept = torch.isfinite(out).cpu()
+    assert kept.tolist() == [
+        [False, True, False, True],  # top-2
+        [False, True, False, True],  # top-p 0.6: 0.4 alone is short of it, 0.4 + 0.3 reaches it
+        [False, True, False, False],  # top-2 renormalized (0.57, 0.43), then top-p 0.5
+    ]
+    torch.testing.assert_close(out[kept.to(out.device)], logits[kept.to(out.device)])  # survivors unchanged
+
+
+def test_from_params_clamps_top_k_to_the_vocabulary():
+    a = BatchSamplingArgs.from_params([SamplingParams(temperature=1.0, top_k=10 * V),
+                                       SamplingParams(temperature=0.5)], V, dev())
+    assert a.top_k.tolist() == [V, V]
+    assert a.temperatures.tolist() == [1.0, 0.5]
