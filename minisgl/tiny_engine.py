@@ -85,8 +85,7 @@ def load(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> Model:
             weights[name] = tensor.to(dtype)
     if "lm_head.weight" not in weights:
         # Tied embeddings: the output projection is the input embedding matrix, stored once.
-        if not config.tie_word_embeddings:
-            raise KeyError(f"{model_dir} has no lm_head.weight and its embeddings are not tied")
+        assert config.tie_word_embeddings, "the checkpoint has no lm_head.weight"
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     return Model(config, weights)
 
