@@ -97,6 +97,8 @@ def _rich(data, assets: Path, stem: str) -> str:
     if "image/png" in data:
         return _figure(assets, f"{stem}.png", base64.b64decode(_joined(data["image/png"])), data)
     if "text/html" in data:
+        if "text/plain" in data and not _ANSI.sub("", _joined(data["text/plain"])).strip():
+            return ""  # a blank line of a rich report: nothing to show
         html = _joined(data["text/html"]).strip()
         # A blank line would end the raw HTML block in Python-Markdown.
         html = "\n".join(line for line in html.splitlines() if line.strip())
