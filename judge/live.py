@@ -3,7 +3,7 @@ saving the notebook.
 
 The source of each exercise function is taken with `inspect.getsource` (IPython keeps every cell's
 source, so this works for functions defined in cells), together with the learner's own helpers the
-functions use (functions and classes defined in the notebook, literal constants). The judging
+functions use (functions and classes defined in the notebook, modules they name, literal constants). The judging
 itself happens in a fresh subprocess, exactly as `python judge.py` does: the kernel never imports
 the engine for it and none of the learner's objects are touched.
 """
@@ -75,10 +75,11 @@ def collect_sources(chapter: Chapter, namespace: Dict[str, Any]) -> Dict[str | N
             continue
         seen.add(id(fn))
         out[ex.name] = src
-        _helpers(fn, namespace, home, seen, helpers)
-    if helpers:
-        out[None] = "\n\n".join(helpers)
-    return out
+        _helpers(inspect.unwrap(fn), namespace, home, seen, helpers, _decorator_names(src))
+    if not helpers:
+        return out
+    helpers.sort(key=lambda h: not h.startswith("import "))  # imports first, then the definitions
+    return {None: "\n\n".join(helpers) + "\n", **out}  # helpers load before what uses them
 
 
 def _function_of(obj: Any):
@@ -98,11 +99,17 @@ def _source(obj: Any) -> str | None:
         return None
 
 
-def _helpers(fn: types.FunctionType, namespace: Dict[str, Any], home: str, seen: Set[int], out: List[str]) -> None:
+def _helpers(fn: types.FunctionType, namespace: Dict[str, Any], home: str, seen: Set[int], out: List[str],
+             extra: Set[str] = frozenset()) -> None:
     """Add the notebook-defined functions, classes and constants `fn` refers to (transitively)."""
-    for name in sorted(_global_names(fn.__code__)):
+    for name in sorted(_global_names(fn.__code__) | set(extra)):
         value = namespace.get(name)
         if value is None or id(value) in seen:
+            continue
+        if isinstance(value, types.ModuleType):  # `import math as m` in some cell
+            seen.add(id(value))
+            real = value.__name__
+            out.append(f"import {real}" if real == name else f"import {real} as {name}")
             continue
         if isinstance(value, (int, float, str, bool, tuple)) and not isinstance(value, type) and _literal(value):
             seen.add(id(value))
@@ -117,7 +124,18 @@ def _helpers(fn: types.FunctionType, namespace: Dict[str, Any], home: str, seen:
         seen.add(id(value))
         out.append(src)
         if isinstance(inner, types.FunctionType):
-            _helpers(inner, namespace, home, seen, out)
+            _helpers(inspect.unwrap(inner), namespace, home, seen, out, _decorator_names(src))
+
+
+def _decorator_names(source: str) -> Set[str]:
+    """Names used by the decorators of a function's source (`@my_cache` must come along too)."""
+    import ast
+
+    try:
+        node = ast.parse(source).body[0]
+    except (SyntaxError, IndexError):
+        return set()
+    return {n.id for d in getattr(node, "decorator_list", []) for n in ast.walk(d) if isinstance(n, ast.Name)}
 
 
 def _global_names(code: types.CodeType) -> Set[str]:

@@ -141,3 +141,24 @@ def test_missing_notebook_and_file(project, ch42):
         find_notebook(ch42, project.notebooks)
     with pytest.raises(SourceError, match="file not found"):
         from_file(project.root / "nope.py", ch42)
+
+
+def test_live_sources_bring_helpers_decorators_and_modules_first(project, ch42):
+    """What judge.check collects from a kernel: the exercises, and before them what they need."""
+    import linecache
+
+    from judge.live import collect_sources
+
+    src = ("import functools as ft\n\nLIMIT = 10\n\ndef twice(f):\n    @ft.wraps(f)\n    def w(*a):\n"
+           "        return f(*a)\n    return w\n\n@twice\ndef is_big(self):\n    return self.n > LIMIT\n\n"
+           "def unrelated():\n    pass\n")
+    namespace = {"__name__": "__main__"}
+    linecache.cache["<cell-1>"] = (len(src), None, src.splitlines(True), "<cell-1>")
+    exec(compile(src, "<cell-1>", "exec"), namespace)
+    namespace["double"] = __import__("fakepkg.mod", fromlist=["double"]).double  # imported, not theirs
+    sources = collect_sources(ch42, namespace)
+    assert list(sources) == [None, "is_big"]  # the imported reference `double` is not the learner's
+    helpers = sources[None]
+    assert helpers.startswith("import functools as ft\n") and "LIMIT = 10" in helpers and "def twice" in helpers
+    assert "unrelated" not in helpers
+    assert sources["is_big"].startswith("@twice\ndef is_big(self):")
