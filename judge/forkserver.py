@@ -58,9 +58,13 @@ class ForkServer:
         """Run `python -m pytest *args` in a forked child; returns (exit code, killed on time)."""
         with self.lock:
             request = {"args": args, "env": env, "cwd": cwd, "output": output, "threads": threads}
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            pid = json.loads(self.proc.stdout.readline())["pid"]
+            try:
+                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.flush()
+                pid = json.loads(self.proc.stdout.readline())["pid"]
+            except (OSError, ValueError, KeyError) as e:  # the server died: the caller runs it plainly
+                self.ready = False
+                raise RuntimeError(f"fork server unavailable: {e}") from None
             killed = threading.Event()
 
             def kill() -> None:

@@ -140,12 +140,16 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
     if options.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(options.threads)
 
+    forked = False
     if options.launcher is not None and options.launcher.ready:
         output = tmp / f"output{attempt}.txt"
-        returncode, killed = options.launcher.run(cmd[3:], env, str(REPO), str(output), time_left, options.threads)
-        result.returncode = returncode
-        result.output_tail = _file_tail(output)
-    else:
+        try:
+            returncode, killed = options.launcher.run(cmd[3:], env, str(REPO), str(output), time_left,
+                                                      options.threads)
+            result.returncode, result.output_tail, forked = returncode, _file_tail(output), True
+        except RuntimeError:
+            forked = False
+    if not forked:
         returncode, killed, result.output_tail = _popen(cmd, env, time_left)
         result.returncode = returncode
 
