@@ -144,13 +144,18 @@ class Context:
 
     @contextmanager
     def forward_batch(self, batch: Batch) -> Iterator[Batch]:
+        """Run `batch` in this context. The context also becomes the global one for the duration, so
+        two engines in one process (two LLM objects) each run their layers with their own cache."""
+        global _GLOBAL_CTX
         if self._batch is not None:
             raise RuntimeError("a forward pass is already running in this context")
+        previous, _GLOBAL_CTX = _GLOBAL_CTX, self
         self._batch = batch
         try:
             yield batch
         finally:
             self._batch = None
+            _GLOBAL_CTX = previous
 
 
 _GLOBAL_CTX: Context | None = None
