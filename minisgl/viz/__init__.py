@@ -8,4 +8,9 @@ functions that display something, so `import minisgl` never needs them.
     overlap_problems   the four upstream overlap problems, run for real, ours beside upstream's
     stepper       a step-by-step view of those runs
     tryout        `attempt(...)`: run an exercise's try-out lines even while it is still a stub
+    sampling      temperature, top-k and top-p on a real next-token distribution (chapter 6)
+    batches       which requests ran in which step, from the event log (chapter 7)
+    pages         who holds the KV pages after each step: free, cached, held (chapter 8)
+    radix_tree    the radix prefix cache, frame by frame through insert / match / lock / evict (chapter 9)
+    chunks        the prefill token budget and the chunks that fill it, step by step (chapter 10)
 """
