@@ -113,6 +113,10 @@ class Scheduler:
             raise TypeError(f"unknown message {msg!r}")
 
     def _abort(self, uid: int) -> None:
+        """Stop request `uid` wherever it is: queued (drop it), part-way through a chunked prefill,
+        or launched. A launched request's batch may still be in flight (rule 4): mark it finished
+        so that batch's results are dropped. An unknown or already finished uid is ignored. Each
+        case emits an `abort` event naming the state it found."""
         pending = self.prefill_manager.get(uid)
         if pending is not None:
             self.prefill_manager.remove(pending)
