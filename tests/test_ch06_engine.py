@@ -276,6 +276,15 @@ def test_filter_masks_outside_top_k_then_top_p_per_row():
     torch.testing.assert_close(out[kept.to(out.device)], logits[kept.to(out.device)])  # survivors unchanged
 
 
+def test_filters_off_keep_every_token():
+    """top_k = vocabulary and top_p = 1 mean "off": every token stays, even where a float32 running
+    total of the probabilities reaches 1.0 before the end of a 4096-token row."""
+    logits = torch.randn(2, 4096, generator=torch.Generator().manual_seed(0)).to(dev()) * 3
+    out = top_k_top_p_filter(logits, torch.tensor([4096, 4096], device=dev()),
+                             torch.tensor([1.0, 1.0], device=dev()))
+    assert bool(torch.isfinite(out).all()), f"{int((~torch.isfinite(out)).sum())} tokens removed"
+
+
 def test_from_params_clamps_top_k_to_the_vocabulary():
     a = BatchSamplingArgs.from_params([SamplingParams(temperature=1.0, top_k=10 * V),
                                        SamplingParams(temperature=0.5)], V, dev())

@@ -45,7 +45,10 @@ def top_k_top_p_filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     probs = sorted_logits.softmax(dim=-1)
     # a token stays if the mass *before* it is still below top_p (so the first token always stays)
     mass_before = probs.cumsum(dim=-1) - probs
-    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p.unsqueeze(1), float("-inf"))
+    # top_p = 1 means "off": in float32 the running total can reach 1.0 before the vocabulary ends,
+    # so comparing against it would still cut the tail. Such rows skip the nucleus cut.
+    cut = (mass_before >= top_p.unsqueeze(1)) & (top_p.unsqueeze(1) < 1.0)
+    sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
