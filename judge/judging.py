@@ -3,6 +3,7 @@ sort the outcomes per exercise."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence
@@ -63,6 +64,24 @@ class Verdict:
         return [e for e in self.exercises if any(t.test == test for t in e.tests)]
 
 
+# On a GPU the engine has fast paths (Triton kernels) that skip some of the plain-torch functions a
+# learner replaces. When learner code replaces a function of one of these modules, the test process
+# gets the environment that keeps the plain-torch path, so the learner's code is what runs.
+KEEP_REFERENCE_PATH = {
+    "minisgl.kernel.ops": {"MINISGL_FUSED_KERNELS": "0"},
+    "minisgl.attention.torch_backend": {"MINISGL_ATTENTION_BACKEND": "torch"},
+}
+
+
+def path_env(units: Sequence[Dict]) -> Dict[str, str]:
+    env: Dict[str, str] = {}
+    for unit in units:
+        for ex in unit["exercises"]:
+            if ex["swap"]:
+                env.update(KEEP_REFERENCE_PATH.get(ex["target"].split(":")[0], {}))
+    return env
+
+
 def spec_unit(code: LearnerCode, chapter: Chapter) -> Dict:
     """The JSON the subprocess swaps from: the snippets and, per exercise, whether to swap it and
     what is already known to be wrong with it."""
@@ -92,6 +111,9 @@ def judge(chapters: Sequence[Chapter], codes: Dict[str, LearnerCode | None], opt
             general += [f"{c.key}: {g}" if len(chapters) > 1 else g for g in code.general_problems]
         if not c.test_files:
             general.append(f"{c.key} has no test files in the registry")
+    extra_env = path_env(units)
+    if extra_env:
+        options = dataclasses.replace(options, env={**options.env, **extra_env})
     run = run_pytest(units, files, options) if files else RunResult()
     verdict = Verdict(chapters=[c.key for c in chapters], mode=mode, origin=origin, device=options.device,
                       exercises=[], tests=run.tests, general=general + run.general, wall=0.0,

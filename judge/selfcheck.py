@@ -78,7 +78,9 @@ def selfcheck(registry: Registry, chapters: Sequence[Chapter], console: Console,
     servers: List[ForkServer] = []
 
     def launcher() -> ForkServer | None:
-        if not forkserver.available():
+        # CUDA does not survive a fork of a process that touched it (importing the engine may have):
+        # on a GPU every run is a plain subprocess.
+        if not forkserver.available() or device != "cpu":
             return None
         if getattr(local, "server", None) is None:
             local.server = ForkServer(str(REPO), preload)

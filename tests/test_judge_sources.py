@@ -162,3 +162,19 @@ def test_live_sources_bring_helpers_decorators_and_modules_first(project, ch42):
     assert helpers.startswith("import functools as ft\n") and "LIMIT = 10" in helpers and "def twice" in helpers
     assert "unrelated" not in helpers
     assert sources["is_big"].startswith("@twice\ndef is_big(self):")
+
+
+def test_learner_kernels_keep_the_plain_torch_path_on_a_gpu():
+    """The GPU's Triton fast paths would skip a learner's rms_norm or torch attention backend."""
+    from judge.judging import path_env, spec_unit
+
+    registry = load_registry()
+
+    def env_for(chapter: str, exercise: str):
+        ch = registry.chapter(chapter)
+        code = from_sources(ch, {exercise: stubs.stub_source(chapter, exercise)}, "stub", missing="reference")
+        return path_env([spec_unit(code, ch)])
+
+    assert env_for("ch02", "rms_norm") == {"MINISGL_FUSED_KERNELS": "0"}
+    assert env_for("ch05", "decode_attention") == {"MINISGL_ATTENTION_BACKEND": "torch"}
+    assert env_for("ch01", "complete_one") == {}
