@@ -4,6 +4,10 @@ and a static SVG beside it (what a saved notebook and the site show).
 Nothing here is imported by the engine, and ipywidgets / IPython are imported only inside the
 functions that display something, so `import minisgl` never needs them.
 
+    kvpool        the page table, token pool and KV pool of a running engine, step by step (chapter 4)
+    attention_map which KV locations each query of a batch attends to (chapter 5)
+    figure        a matplotlib figure as a reproducible SVG (notebooks run with a non-GUI backend)
+    svg, display  the small SVG toolkit and the "widget plus static fallback" output the views share
     timeline      the order of launch / handle / engine work in the normal and overlap loops
     overlap_problems   the four upstream overlap problems, run for real, ours beside upstream's
     stepper       a step-by-step view of those runs
