@@ -144,3 +144,10 @@ def assert_tokens_equal(got: Sequence[Sequence[int]], want: Sequence[Sequence[in
             detail = f"expected {len(w)} tokens, got {len(g)}"
         raise AssertionError(f"{what}: request {i} differs first at position {pos}: {detail} "
                              f"(expected {w[:pos + 3]}..., got {g[:pos + 3]}...)")
+
+
+def prefill_batches(log) -> List[Dict[int, int]]:
+    """From an event log (`llm.events.record()`): for each prefill batch, in order, how many new
+    tokens each request computed in it, as {uid: tokens}."""
+    return [dict(zip(e["uids"], e["extend_lens"])) for e in log
+            if e.kind == "launch" and e["phase"] == "prefill"]

@@ -12,7 +12,7 @@ from typing import Dict, List, Set, Tuple
 
 import pytest
 import torch
-from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
+from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prefill_batches, prompt_ids
 
 from minisgl.env import ENV
 from minisgl.kvcache import CacheHandle, RadixPrefixCache
@@ -230,30 +230,17 @@ def test_random_operations_keep_the_tree_consistent():
 # ---------------------------------------------------------------- in the engine
 
 
-def _prefill_pages(log) -> List[Dict[int, int]]:
-    """For each prefill batch: the KV pages each request received for it (page_size 1: its new tokens)."""
-    out, pending = [], {}
-    for e in log:
-        if e.kind == "pages_alloc":
-            pending[e["uid"]] = pending.get(e["uid"], 0) + e["pages"]
-        elif e.kind == "launch":
-            if e["phase"] == "prefill":
-                out.append({u: pending.get(u, 0) for u in e["uids"]})
-            pending = {}
-    return out
-
-
 def test_a_repeated_prompt_computes_only_its_last_token():
     llm = build_llm()
     p = prompt_ids()
     log = llm.events.record()
     first = llm.generate(p, greedy(6))
-    (computed,) = _prefill_pages(log)
+    (computed,) = prefill_batches(log)
     assert sorted(computed.values()) == sorted(len(x) for x in p), "a fresh cache: every prompt token is computed"
 
     log.clear()
     second = llm.generate(p, greedy(6))
-    (computed,) = _prefill_pages(log)
+    (computed,) = prefill_batches(log)
     assert list(computed.values()) == [1] * len(p), \
         "the whole prompt but its last token is cached: only that one should be computed"
     ref = hf_greedy(p, 6)
@@ -271,8 +258,8 @@ def test_a_longer_prompt_reuses_the_cached_whole_pages_of_an_earlier_one():
     llm.generate([earlier], greedy(6))
     log = llm.events.record()
     out = llm.generate([later], greedy(6))
-    (computed,) = _prefill_pages(log)
-    reused = 4 * (pages_for(len(later), 4) - list(computed.values())[0])
+    (computed,) = prefill_batches(log)
+    reused = len(later) - list(computed.values())[0]
     assert reused >= len(earlier) // 4 * 4, "every whole page of the earlier prompt should have been reused"
     assert reused % 4 == 0 and reused < len(later)
     assert_tokens_equal([out[0]["token_ids"]], hf_greedy([later], 6))

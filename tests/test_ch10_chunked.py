@@ -6,11 +6,11 @@ pages a request receives for a prefill batch are exactly the tokens it computes 
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import List
 
 import pytest
 import torch
-from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
+from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prefill_batches, prompt_ids
 
 from minisgl.env import ENV
 from minisgl.scheduler import CacheManager, ChunkedReq, PendingReq, PrefillAdder, TableManager
@@ -24,19 +24,6 @@ def normal_loop():
 def material() -> List[int]:
     """All test prompts end to end: token ids to cut prompts of chosen lengths from."""
     return [t for ids in prompt_ids() for t in ids]
-
-
-def prefill_batches(log) -> List[Dict[int, int]]:
-    """For each prefill batch, in order: {uid: KV pages it received for the batch}."""
-    out, pending = [], {}
-    for e in log:
-        if e.kind == "pages_alloc":
-            pending[e["uid"]] = pending.get(e["uid"], 0) + e["pages"]
-        elif e.kind == "launch":
-            if e["phase"] == "prefill":
-                out.append({u: pending.get(u, 0) for u in e["uids"]})
-            pending = {}
-    return out
 
 
 # ---------------------------------------------------------------- exactness

@@ -179,7 +179,8 @@ class Scheduler:
         self._step += 1
         batch.step = self._step
         self.events.emit("launch", step=batch.step, phase=batch.phase, uids=[r.uid for r in batch.reqs],
-                         table_idxs=[r.table_idx for r in batch.reqs])
+                         table_idxs=[r.table_idx for r in batch.reqs],
+                         extend_lens=[r.extend_len for r in batch.reqs])
         for req in batch.reqs:
             if not isinstance(req, ChunkedReq):
                 self._live[req.uid] = req
