@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence
 
@@ -26,6 +27,7 @@ class ExerciseVerdict:
     problem: str | None = None
     attempted: bool = True
     tests: List[TestResult] = field(default_factory=list)
+    note: str | None = None  # e.g. why a passing exercise still has failed tests listed
 
     @property
     def id(self) -> str:
@@ -121,8 +123,40 @@ def judge(chapters: Sequence[Chapter], codes: Dict[str, LearnerCode | None], opt
     for c in chapters:
         for ex in c.exercises:
             verdict.exercises.append(_exercise_verdict(ex, codes.get(c.key), run, filtered))
+    if mode == "learner" and len(chapters) == 1:
+        _blame(verdict, units, chapters[0], options)
     verdict.wall = time.monotonic() - start
     return verdict
+
+
+def _only(unit: Dict, exercise_id: str) -> Dict:
+    """The swap spec with one exercise swapped in and every other one left to the reference."""
+    exercises = [{**e, "swap": e["swap"] and e["id"] == exercise_id} for e in unit["exercises"]]
+    return {**unit, "exercises": exercises}
+
+
+def _selector(nodeid: str, chapter: Chapter) -> str:
+    """A test's node id as a path pytest finds from anywhere: the chapter's test file, absolute."""
+    file, _, rest = nodeid.partition("::")
+    path = next((f for f in chapter.test_files if f.name == Path(file).name), Path(file))
+    return f"{path}::{rest}"
+
+
+def _blame(verdict: Verdict, units: List[Dict], chapter: Chapter, options: RunOptions) -> None:
+    """A test that goes through the whole engine judges several exercises at once, so one wrong
+    function fails the tests of its neighbours too. When more than one exercise is failing, rerun
+    each one's failed tests with only that exercise swapped in: one whose tests then pass is
+    correct, and is reported as passing."""
+    failing = [e for e in verdict.exercises if e.status == FAILING]
+    if len(failing) < 2:
+        return
+    for ex in failing:
+        failed = [_selector(t.test, chapter) for t in ex.tests if not t.ok]
+        alone = run_pytest([_only(u, ex.id) for u in units], failed, options)
+        if alone.tests and not alone.general and all(t.ok for t in alone.tests):
+            ex.status = PASSING
+            ex.note = (f"correct on its own: its {len(failed)} failed test(s) pass with the reference "
+                       "in place of your other exercises")
 
 
 def _exercise_verdict(ex: Exercise, code: LearnerCode | None, run: RunResult, filtered: bool) -> ExerciseVerdict:

@@ -84,6 +84,8 @@ def _exercise_details(ex: ExerciseVerdict, verdict: Verdict, console: Console, v
             f"not attempted yet (still the stub); {n} test(s) fail with its NotImplementedError"))
         return
     bad = [t for t in ex.tests if not t.ok and not _stub_failure(t, verdict)]
+    if ex.note:
+        console.print(Text(f"✔ {name}: ", style="green") + Text(ex.note))
     if ex.status in (PASSING, REFERENCE, NO_TESTS) and not verbose:
         return
     if ex.status == FAILING:
@@ -198,7 +200,8 @@ def to_json(verdict: Verdict, chapters: Sequence[Chapter], hint_level: int = 0) 
         "general": verdict.general,
         "exercises": [
             {"id": e.id, "chapter": e.chapter, "name": e.name, "target": e.target, "status": e.status,
-             "problem": e.problem, "attempted": e.attempted, "tests": [t.test for t in e.tests]}
+             "problem": e.problem, "attempted": e.attempted, "note": e.note,
+             "tests": [t.test for t in e.tests]}
             for e in verdict.exercises
         ],
         "tests": [dataclasses.asdict(t) for t in verdict.tests],

@@ -59,6 +59,19 @@ def test_module_level_swap_reaches_every_importer(project, capsys):
     assert by_exercise(v)["bump"]["status"] == "passing"
 
 
+def test_a_test_shared_by_two_exercises_blames_the_wrong_one(project, capsys):
+    # test_is_big judges both is_big and starting_at; only starting_at is wrong here
+    wrong = SOLUTION.replace("    c.n = n\n", "    c.n = 0\n")
+    assert wrong != SOLUTION
+    code, v = judge_json(capsys, "ch42", "--file", str(project.write("mine.py", wrong)))
+    assert code == 1 and not v["passed"]
+    exercises = by_exercise(v)
+    assert by_test(v)["test_is_big"]["outcome"] == "failed"
+    assert exercises["starting_at"]["status"] == "failing"
+    assert exercises["is_big"]["status"] == "passing"
+    assert "correct on its own" in exercises["is_big"]["note"]
+
+
 def test_stubs_in_a_notebook_are_not_attempted(project, capsys):
     from judge import stubs
 
