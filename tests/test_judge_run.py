@@ -210,7 +210,8 @@ def test_progress_table_and_hints(project, capsys):
     capsys.readouterr()
     assert main([]) == 0
     table = capsys.readouterr().out
-    assert "ch42" in table and "A fake chapter" in table and "2/4" in table  # test_is_big is shared
+    # test_is_big also judges starting_at, which the rerun with only it swapped in clears: 3 of 4 pass
+    assert "ch42" in table and "A fake chapter" in table and "3/4" in table
     assert main(["ch42", "--hint"]) == 0
     out = capsys.readouterr().out
     assert "Hints for ch42.is_big" in out and "Hints for ch42.double" not in out  # only unfinished ones
