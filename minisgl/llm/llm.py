@@ -63,10 +63,16 @@ class LLM(Scheduler):
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
         """Queue one request; returns its uid. Raises ValueError (and queues nothing) if it can never run."""
         params = params or SamplingParams()
+        return self._enqueue(self._checked_ids(prompt, params), params)
+
+    def _checked_ids(self, prompt: Prompt, params: SamplingParams) -> torch.Tensor:
         ids = self.encode(prompt)
         reason = self.validate_request(ids, params.max_tokens)
         if reason is not None:
             raise ValueError(reason)
+        return ids
+
+    def _enqueue(self, ids: torch.Tensor, params: SamplingParams) -> int:
         uid = self._next_uid
         self._next_uid += 1
         self.results[uid] = RequestResult(uid)
@@ -143,14 +149,10 @@ class LLM(Scheduler):
         encoded = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                ids = self.encode(prompt)
-                reason = self.validate_request(ids, p.max_tokens)
+                encoded.append(self._checked_ids(prompt, p))
             except ValueError as e:
-                reason = str(e)
-            if reason is not None:
-                raise ValueError(f"prompt {i}: {reason}")
-            encoded.append(ids.tolist())
-        uids = [self.add_request(ids, p) for ids, p in zip(encoded, params)]
+                raise ValueError(f"prompt {i}: {e}") from None
+        uids = [self._enqueue(ids, p) for ids, p in zip(encoded, params)]
         show = progress if progress is not None else (len(uids) >= 64 and sys.stderr.isatty())
         if show:
             self._run_with_progress(uids)
