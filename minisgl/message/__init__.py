@@ -6,8 +6,6 @@ socket."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
-
 import torch
 
 from minisgl.core import SamplingParams
@@ -42,4 +40,4 @@ class DetokenizeMsg:
 
 BackendMsg = UserMsg | AbortBackendMsg
 
-__all__ = ["UserMsg", "AbortBackendMsg", "DetokenizeMsg", "BackendMsg", "List"]
+__all__ = ["UserMsg", "AbortBackendMsg", "DetokenizeMsg", "BackendMsg"]

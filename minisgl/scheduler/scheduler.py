@@ -17,7 +17,6 @@ results right (each fixes a bug of upstream mini-sglang; see chapter 11):
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Dict, List, Set, Tuple
 
 import torch
@@ -62,12 +61,6 @@ class Scheduler:
         self._defer_slot_free = False
         self._deferred_slots: List[Tuple[int, int]] = []  # (table_idx, uid)
         self._step = 0
-
-    # ------------------------------------------------------------------ streams
-
-    @property
-    def engine_stream_ctx(self):
-        return self.engine.stream.context() if self.engine.kit.is_cuda else nullcontext()
 
     # ------------------------------------------------------------------ messages
 

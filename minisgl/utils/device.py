@@ -16,8 +16,8 @@ merely queues its kernels.
 from __future__ import annotations
 
 from collections import deque
-from contextlib import contextmanager, nullcontext
-from typing import Callable, Deque, Iterator, Tuple
+from contextlib import nullcontext
+from typing import Callable, Deque, Tuple
 
 import torch
 
@@ -194,12 +194,6 @@ class DeviceKit:
         if not self.is_cuda:
             return t
         return self.pin(t).to(self.device, non_blocking=True)
-
-
-@contextmanager
-def use_stream(stream: Stream) -> Iterator[None]:
-    with stream.context():
-        yield
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
