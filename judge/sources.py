@@ -64,14 +64,19 @@ class LearnerCode:
 # ---------------------------------------------------------------------- reading
 
 
+def _read(path: Path, what: str) -> str:
+    """The text of `path`, or a SourceError that says plainly what is wrong with it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SourceError(f"{what} not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SourceError(f"cannot read {what} {path}: {e}") from None
+
+
 def from_file(path: str | Path, chapter: Chapter, *, missing: str = "error", origin: str | None = None) -> LearnerCode:
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SourceError(f"file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SourceError(f"cannot read {path}: {e}") from None
+    text = _read(path, "file")
     code = LearnerCode(chapter.key, origin or str(path), [Snippet(str(path), text)], missing=missing)
     return analyze(code, chapter)
 
@@ -89,12 +94,7 @@ def find_notebook(chapter: Chapter, notebooks_dir: Path) -> Path:
 
 def from_notebook(path: str | Path, chapter: Chapter) -> LearnerCode:
     path = Path(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SourceError(f"notebook not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SourceError(f"cannot read notebook {path}: {e}") from None
+    raw = _read(path, "notebook")
     try:
         nb = json.loads(raw)
     except json.JSONDecodeError as e:
