@@ -9,9 +9,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbformat.v4 import new_output
+
+nbformat = pytest.importorskip("nbformat", reason="the workbook extra (pip install -e '.[workbook]')")
+from nbformat.v4 import new_output  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `tools` is not an installed package
 
