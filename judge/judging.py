@@ -71,6 +71,7 @@ class Verdict:
 # gets the environment that keeps the plain-torch path, so the learner's code is what runs.
 KEEP_REFERENCE_PATH = {
     "minisgl.kernel.ops": {"MINISGL_FUSED_KERNELS": "0"},
+    "minisgl.kvcache.pool": {"MINISGL_FUSED_KERNELS": "0"},  # the fused kernel stores K/V itself
     "minisgl.attention.torch_backend": {"MINISGL_ATTENTION_BACKEND": "torch"},
 }
 

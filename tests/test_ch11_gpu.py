@@ -82,6 +82,7 @@ def test_triton_decode_matches_plain_attention(dtype, tol, batch, heads, kv_head
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_elementwise_kernels_match_the_torch_ops(dtype):
     from minisgl.kernel import ops, triton_ops
+    from minisgl.kvcache import KVCache
     from minisgl.layers import RotaryEmbedding
 
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
@@ -96,15 +97,37 @@ def test_fused_elementwise_kernels_match_the_torch_ops(dtype):
         torch.testing.assert_close(got, want, **tol)
     gate_up = rand(37, 2 * 3072)
     torch.testing.assert_close(triton_ops.silu_and_mul(gate_up), ops.silu_and_mul(gate_up), **tol)
-    # q/k norm and RoPE, in place in a strided view of a merged qkv output
+    # the one-row matrix product, for a narrow and a wide matrix and a ragged size; any row count works
+    for n, k in [(1024, 3072), (4096, 1024), (1000, 200)]:
+        w2 = rand(n, k) / math.sqrt(k)
+        for rows in (1, 3):
+            xs = rand(rows, k)
+            torch.testing.assert_close(triton_ops.small_batch_linear(xs, w2), torch.nn.functional.linear(xs, w2), **tol)
+    # q/k norm, RoPE and the K/V store, from a merged qkv output, in one kernel
     rot = RotaryEmbedding(128, 4096, 1e6, torch.device("cuda"))
-    qkv, hw = rand(37, (16 + 2 * 8) * 128), rand(128)
+    heads, kv_heads, hd = 16, 8, 128
+    qkv, qw, kw = rand(37, (heads + 2 * kv_heads) * hd), rand(hd), rand(hd)
     pos = torch.randint(0, 4096, (37,), generator=g, device="cuda")
-    q = qkv[:, : 16 * 128].reshape(37, 16, 128)
-    want = ops.apply_rope_neox(ops.rms_norm(q, hw, 1e-6), rot._cos[pos].to(dtype), rot._sin[pos].to(dtype))
-    triton_ops.norm_rope_(q, hw, rot._cos, rot._sin, pos, 1e-6)
-    torch.testing.assert_close(q, want, **tol)
-    assert qkv[:, : 16 * 128].data_ptr() == q.data_ptr()  # in place
+    loc = torch.randperm(100, generator=g, device="cuda")[:37]
+    q, k, v = (t.reshape(37, -1, hd) for t in qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1))
+    cos, sin = rot._cos[pos].to(dtype), rot._sin[pos].to(dtype)
+    want_q = ops.apply_rope_neox(ops.rms_norm(q, qw, 1e-6), cos, sin)
+    want_k = ops.apply_rope_neox(ops.rms_norm(k, kw, 1e-6), cos, sin)
+    pool = KVCache(2, 100, 1, kv_heads, hd, dtype, torch.device("cuda"))
+    want_pool = pool.buffer.clone().view(2, 2, 100, kv_heads, hd)
+    want_pool[0, 1, loc], want_pool[1, 1, loc] = want_k, v
+    got = qkv.clone()
+    triton_ops.qk_norm_rope_store_(got, heads, kv_heads, qw, kw, rot._cos, rot._sin, pos, 1e-6,
+                                   pool.k_cache(1), pool.v_cache(1), loc)
+    torch.testing.assert_close(got[:, : heads * hd].reshape(37, heads, hd), want_q, **tol)  # in place
+    torch.testing.assert_close(got[:, heads * hd :], qkv[:, heads * hd :], atol=0, rtol=0)  # k, v untouched
+    torch.testing.assert_close(pool.buffer.view_as(want_pool), want_pool, **tol)  # layer 1 only, at loc only
+    # Llama: no q/k norm
+    got = qkv.clone()
+    triton_ops.qk_norm_rope_store_(got, heads, kv_heads, None, None, rot._cos, rot._sin, pos, 1e-6,
+                                   pool.k_cache(0), pool.v_cache(0), loc)
+    torch.testing.assert_close(got[:, : heads * hd].reshape(37, heads, hd), ops.apply_rope_neox(q, cos, sin), **tol)
+    torch.testing.assert_close(pool.k_cache(0)[loc], ops.apply_rope_neox(k, cos, sin), **tol)
 
 
 # ---------------------------------------------------------------- parity with Hugging Face

@@ -177,4 +177,5 @@ def test_learner_kernels_keep_the_plain_torch_path_on_a_gpu():
 
     assert env_for("ch02", "rms_norm") == {"MINISGL_FUSED_KERNELS": "0"}
     assert env_for("ch05", "decode_attention") == {"MINISGL_ATTENTION_BACKEND": "torch"}
+    assert env_for("ch04", "store_kv") == {"MINISGL_FUSED_KERNELS": "0"}  # the fused kernel stores K/V
     assert env_for("ch01", "complete_one") == {}

@@ -28,6 +28,11 @@ class TorchAttentionBackend:
                 batch: Batch) -> torch.Tensor:
         """q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim]. Returns like q."""
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        return self.attend(q, layer_id, batch)
+
+    def attend(self, q: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        """Attention alone, once this step's K/V are in the cache (the GPU's fused kernel stores
+        them on its own)."""
         if batch.is_decode:
             return self._decode(q, layer_id, batch)
         return self._prefill(q, layer_id, batch)

@@ -62,15 +62,8 @@ def _add_rms_norm(x, residual, weight, eps):
 
 
 @triton.jit
-def _norm_rope_kernel(X, W, COS, SIN, POS, stride_t, stride_h, stride_cos, eps,
-                      HALF: tl.constexpr, HAS_NORM: tl.constexpr):
-    """In place, one (token, head): optional RMSNorm over the head, then NeoX RoPE."""
-    t = tl.program_id(0)
-    h = tl.program_id(1)
-    i = tl.arange(0, HALF)
-    ptr = X + t * stride_t + h * stride_h
-    x1 = tl.load(ptr + i)
-    x2 = tl.load(ptr + HALF + i)
+def _norm_rope(x1, x2, W, c, s, i, eps, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    """One head, as its two halves: optional RMSNorm over the head, then NeoX RoPE by (c, s)."""
     dt = x1.dtype
     if HAS_NORM:
         f1 = x1.to(tl.float32)
@@ -80,28 +73,74 @@ def _norm_rope_kernel(X, W, COS, SIN, POS, stride_t, stride_h, stride_cos, eps,
         w2 = tl.load(W + HALF + i).to(tl.float32)
         x1 = (w1 * (f1 * r).to(dt).to(tl.float32)).to(dt)
         x2 = (w2 * (f2 * r).to(dt).to(tl.float32)).to(dt)
-    pos = tl.load(POS + t)
-    c = tl.load(COS + pos * stride_cos + i).to(dt).to(tl.float32)  # ops.py casts the table to the dtype
-    s = tl.load(SIN + pos * stride_cos + i).to(dt).to(tl.float32)
+    c = c.to(dt).to(tl.float32)  # ops.py casts the table to the dtype
+    s = s.to(dt).to(tl.float32)
     a = x1.to(tl.float32)
     b = x2.to(tl.float32)
-    tl.store(ptr + i, (a * c - b * s).to(dt))
-    tl.store(ptr + HALF + i, (b * c + a * s).to(dt))
+    return (a * c - b * s).to(dt), (b * c + a * s).to(dt)
 
 
-def norm_rope_(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-               positions: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [tokens, heads, head_dim], any token/head strides, last dim contiguous; changed in place.
-    cos, sin: [max_position, head_dim // 2] tables (float32); positions: [tokens]."""
-    tokens, heads, head_dim = x.shape
+@triton.jit
+def _qk_norm_rope_store_kernel(QKV, QW, KW, COS, SIN, POS, LOC, KC, VC,
+                               stride_t, stride_cos, stride_kc, stride_vc, eps,
+                               NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                               HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    """One (token, head) of the merged q|k|v output. A query head is normalized and rotated in
+    place; a key head is normalized, rotated and written to the cache at the token's location,
+    its value head beside it."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    i = tl.arange(0, HALF)
+    pos = tl.load(POS + t)
+    c = tl.load(COS + pos * stride_cos + i)
+    s = tl.load(SIN + pos * stride_cos + i)
+    row = QKV + t.to(tl.int64) * stride_t
+    if h < NUM_HEADS:
+        ptr = row + h * (2 * HALF)
+        y1, y2 = _norm_rope(tl.load(ptr + i), tl.load(ptr + HALF + i), QW, c, s, i, eps, HALF, HAS_NORM)
+        tl.store(ptr + i, y1)
+        tl.store(ptr + HALF + i, y2)
+    else:
+        j = h - NUM_HEADS
+        loc = tl.load(LOC + t).to(tl.int64)
+        kp = row + (NUM_HEADS + j) * (2 * HALF)
+        y1, y2 = _norm_rope(tl.load(kp + i), tl.load(kp + HALF + i), KW, c, s, i, eps, HALF, HAS_NORM)
+        kc = KC + loc * stride_kc + j * (2 * HALF)
+        tl.store(kc + i, y1)
+        tl.store(kc + HALF + i, y2)
+        vp = row + (NUM_HEADS + NUM_KV_HEADS + j) * (2 * HALF)
+        vc = VC + loc * stride_vc + j * (2 * HALF)
+        tl.store(vc + i, tl.load(vp + i))
+        tl.store(vc + HALF + i, tl.load(vp + HALF + i))
+
+
+def qk_norm_rope_store_(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
+                        q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                        cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, eps: float,
+                        k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor) -> None:
+    """What the attention layer does between its projection and attention, in one kernel: per-head
+    RMSNorm of q and k (Qwen3; skipped when the weights are None), RoPE at `positions`, and the
+    store of this step's keys and values at `out_loc` — the work of ops.rms_norm, ops.apply_rope_neox
+    and KVCache.store_kv, without the keys and values making a round trip through memory.
+
+    qkv: [tokens, (num_heads + 2 * num_kv_heads) * head_dim], last dim contiguous: the queries are
+    rotated in place (the keys there are left as they were). k_cache, v_cache: [locations,
+    num_kv_heads, head_dim]. cos, sin: [max_position, head_dim // 2] float32 tables."""
+    tokens = qkv.shape[0]
+    head_dim = k_cache.shape[-1]
     half = head_dim // 2
-    assert x.stride(-1) == 1 and half == triton.next_power_of_2(half)
+    assert qkv.shape[1] == (num_heads + 2 * num_kv_heads) * head_dim and qkv.stride(1) == 1
+    assert half == triton.next_power_of_2(half)
+    for cache in (k_cache, v_cache):
+        assert cache.shape[1:] == (num_kv_heads, head_dim) and cache.stride()[1:] == (head_dim, 1)
     assert cos.stride(-1) == 1 and cos.stride() == sin.stride()
+    assert (q_weight is None) == (k_weight is None)
     if tokens:
-        _norm_rope_kernel[(tokens, heads)](
-            x, weight if weight is not None else x, cos, sin, positions, x.stride(0), x.stride(1),
-            cos.stride(0), eps, HALF=half, HAS_NORM=weight is not None, num_warps=1)
-    return x
+        norm = q_weight is not None
+        _qk_norm_rope_store_kernel[(tokens, num_heads + num_kv_heads)](
+            qkv, q_weight if norm else qkv, k_weight if norm else qkv, cos, sin, positions, out_loc,
+            k_cache, v_cache, qkv.stride(0), cos.stride(0), k_cache.stride(0), v_cache.stride(0), eps,
+            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HALF=half, HAS_NORM=norm, num_warps=1)
 
 
 @triton.jit
@@ -124,4 +163,50 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x2.shape[0]:
         _silu_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, y, x2.stride(0), y.stride(0), n,
                                                                BLOCK=block, num_warps=4)
+    return y.view(*x.shape[:-1], n)
+
+
+@triton.jit
+def _small_batch_linear_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """BLOCK_N rows of W against every row of x: products summed in float32 over K. Each program
+    asks for a large slice of W at once, which is what keeps enough bytes in flight to stream the
+    weights at the memory's speed."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    n_ok = n < N
+    m_ok = m < M
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        w = tl.load(W + n[:, None].to(tl.int64) * stride_wn + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(X + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    tl.store(Y + m[:, None] * stride_ym + n[None, :], acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, tuning: dict | None = None) -> torch.Tensor:
+    """y = x W^T for a few rows of x (a decode step of batch 1), where the time is all in reading
+    W: [N, K] contiguous. float32 accumulation, like cuBLAS. `tuning` (block_n, block_k, num_warps)
+    is for benchmarks/decode_kernels.py.
+
+    Why not cuBLAS: at one row it reads the two narrow matrices of a Qwen3-0.6B layer (o_proj
+    1024x2048, down_proj 1024x3072) at 0.3 and 1.0 TB/s, this kernel at 1.7 (H200, see the
+    benchmark); it gains nothing from two rows on, where cuBLAS is used."""
+    k_dim = x.shape[-1]
+    x2 = x.reshape(-1, k_dim)
+    rows, n = x2.shape[0], weight.shape[0]
+    assert weight.shape[1] == k_dim and weight.stride(1) == 1 and x2.stride(-1) == 1
+    block_m = triton.next_power_of_2(max(rows, 1))
+    # narrow matrices: few rows per program, so that there are a few hundred programs; each asks
+    # for as much of its rows at once as the registers hold (the best settings measured on an H200)
+    block_n = 4 if n <= 2048 else 16
+    block_k = min(triton.next_power_of_2(k_dim), 2048, 16384 // (block_m * block_n))
+    tune = {"block_n": block_n, "block_k": block_k, "num_warps": 4, **(tuning or {})}
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    if rows:
+        _small_batch_linear_kernel[(triton.cdiv(n, tune["block_n"]),)](
+            x2, weight, y, rows, n, k_dim, x2.stride(0), weight.stride(0), y.stride(0),
+            BLOCK_M=block_m, BLOCK_N=tune["block_n"], BLOCK_K=tune["block_k"], num_warps=tune["num_warps"])
     return y.view(*x.shape[:-1], n)

@@ -14,7 +14,8 @@ from .rotary import RotaryEmbedding
 class AttentionLayer(BaseOP):
     """Self-attention with grouped-query heads. q/k/v come out of one merged projection; Qwen3 then
     RMS-normalizes each q and k head (Llama does not); RoPE rotates them; the attention backend
-    stores k/v in the paged KV cache and attends over everything cached for each request."""
+    stores k/v in the paged KV cache and attends over everything cached for each request. On a GPU
+    one fused kernel does the norms, RoPE and the store, and the backend only attends."""
 
     def __init__(self, layer_id: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  qk_norm: bool, bias: bool, eps: float, rotary: RotaryEmbedding,
@@ -36,16 +37,20 @@ class AttentionLayer(BaseOP):
         qkv = self.qkv_proj.forward(x)
         q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
         q = q.reshape(-1, self._num_heads, self._head_dim)
-        k = k.reshape(-1, self._num_kv_heads, self._head_dim)
-        v = v.reshape(-1, self._num_kv_heads, self._head_dim)
         fused = fused_for(q)
-        if fused is not None:  # norm + RoPE of each head in one kernel, in place in the qkv output
-            rot, pos = self._rotary, ctx.batch.positions
-            fused.norm_rope_(q, self.q_norm.weight if self._qk_norm else None, rot._cos, rot._sin, pos, self._eps)
-            fused.norm_rope_(k, self.k_norm.weight if self._qk_norm else None, rot._cos, rot._sin, pos, self._eps)
+        if fused is not None:  # norms, RoPE and the K/V store in one kernel (q in place in qkv)
+            rot, batch, kv = self._rotary, ctx.batch, ctx.kv_cache
+            fused.qk_norm_rope_store_(
+                qkv, self._num_heads, self._num_kv_heads,
+                self.q_norm.weight if self._qk_norm else None, self.k_norm.weight if self._qk_norm else None,
+                rot._cos, rot._sin, batch.positions, self._eps,
+                kv.k_cache(self._layer_id), kv.v_cache(self._layer_id), batch.out_loc)
+            out = ctx.attn_backend.attend(q, self._layer_id, batch)
         else:
+            k = k.reshape(-1, self._num_kv_heads, self._head_dim)
+            v = v.reshape(-1, self._num_kv_heads, self._head_dim)
             if self._qk_norm:
                 q, k = self.q_norm.forward(q), self.k_norm.forward(k)
             q, k = self._rotary.forward(ctx.batch.positions, q, k)
-        out = ctx.attn_backend.forward(q, k, v, self._layer_id, ctx.batch)
+            out = ctx.attn_backend.forward(q, k, v, self._layer_id, ctx.batch)
         return self.o_proj.forward(out.reshape(-1, self._q_size))
