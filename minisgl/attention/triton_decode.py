@@ -113,10 +113,11 @@ def num_splits(batch_size: int, num_kv_heads: int) -> int:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            page_table: torch.Tensor, rows: torch.Tensor, seqlens: torch.Tensor,
-                           scale: float) -> torch.Tensor:
+                           scale: float, tuning: dict | None = None) -> torch.Tensor:
     """q: [B, H, D]; k_cache, v_cache: [locations, Hkv, D]; page_table: [R, max_len] locations;
     rows: [B] row of each request in page_table; seqlens: [B] keys of each request.
-    Returns [B, H, D] in q's dtype."""
+    Returns [B, H, D] in q's dtype. `tuning` overrides the launch settings (block_n, num_warps,
+    num_stages, splits), for benchmarks/decode_kernels.py."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -124,9 +125,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     assert head_dim == _next_pow2(head_dim) and head_dim >= 16, "head_dim must be a power of two >= 16"
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     assert page_table.stride(-1) == 1
-    splits = num_splits(batch, num_kv_heads)
     ieee = q.dtype == torch.float32
-    block_n = 32 if ieee else 64  # float32 tiles take twice the shared memory
+    # 128 keys a block in 16-bit: 8-18 % faster than 64 on an H200 (benchmarks/decode_kernels.py);
+    # float32 tiles take twice the shared memory
+    tune = {"splits": num_splits(batch, num_kv_heads), "block_n": 32 if ieee else 128,
+            "num_warps": 4, "num_stages": 2, **(tuning or {})}
+    splits, block_n = tune["splits"], tune["block_n"]
     # one slice: write the output directly; several: float32 partials, merged below
     part_dtype = q.dtype if splits == 1 else torch.float32
     part = torch.empty(batch, num_heads, splits, head_dim, dtype=part_dtype, device=q.device)
@@ -137,7 +141,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         page_table.stride(0), part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
         scale,
         GROUP=group, BLOCK_H=_BLOCK_H, HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=splits, IEEE=ieee,
-        num_warps=4, num_stages=2,
+        num_warps=tune["num_warps"], num_stages=tune["num_stages"],
     )
     if splits == 1:
         return part[:, :, 0]
