@@ -164,6 +164,7 @@ def test_stale_notebooks_are_reported(tmp_path, monkeypatch):
     for i, cell in enumerate(c for c in executed.cells if c.cell_type == "code"):
         cell.execution_count = i + 1
         cell.outputs = [new_output("stream", name="stdout", text=f"run at {i}\n")]  # volatile: ignored
+    executed.metadata["language_info"] = {"name": "python", "version": "3.11.7"}  # the kernel's own
     commands.solution_path(ch).write_text(notebook.dumps(executed))
     assert commands.stale(ch) == []
     new_source = write(tmp_path, BODY.replace("More prose.", "Changed prose."))
@@ -174,6 +175,7 @@ def test_stale_notebooks_are_reported(tmp_path, monkeypatch):
     assert commands.refresh(["ch11"]) == 0
     assert commands.stale(read_chapter(new_source)) == []
     assert "run at 0" in commands.solution_path(ch).read_text()
+    assert '"version": "3.11.7"' in commands.solution_path(ch).read_text()  # kept: no churn in git
     # A code cell changed: its outputs must be made again, `refresh` refuses.
     write(tmp_path, BODY.replace("x = 1", "x = 2"))
     assert commands.refresh(["ch11"]) == 1
