@@ -79,6 +79,52 @@ def test_triton_decode_matches_plain_attention(dtype, tol, batch, heads, kv_head
     assert err < tol, f"max abs error {err:.2e} > {tol:.0e}"
 
 
+def reference_prefill(q, k_cache, v_cache, page_table, rows, cu, seqlens, scale) -> torch.Tensor:
+    """Plain float32 causal attention of each request's new tokens over all of its keys."""
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for i in range(len(rows)):
+        qi = q[cu[i] : cu[i + 1]].float()  # [Lq, H, D]
+        len_q, len_k = qi.shape[0], seqlens[i]
+        locs = page_table[rows[i], :len_k].long()
+        k, v = k_cache[locs].float(), v_cache[locs].float()
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        w = torch.einsum("qhd,khd->hqk", qi, k) * scale
+        visible = torch.arange(len_k, device=q.device)[None, :] <= torch.arange(len_k - len_q, len_k, device=q.device)[:, None]
+        w = w.masked_fill(~visible, float("-inf"))
+        out[cu[i] : cu[i + 1]] = torch.einsum("hqk,khd->qhd", w.softmax(-1), v)
+    return out
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (8, 4, 32)])
+def test_triton_prefill_matches_plain_attention(dtype, tol, heads, kv_heads, head_dim):
+    from minisgl.attention.triton_prefill import paged_prefill_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    # new tokens / cached keys per request: a whole prompt, a chunk after a cached prefix, one
+    # token, a chunk longer than a block after a prefix of odd length
+    new, cached = [37, 64, 1, 150], [0, 100, 9, 77]
+    locations, max_len, num_rows = 4096, 300, 6
+    k_cache = torch.randn(locations, kv_heads, head_dim, generator=g, device="cuda").to(dtype)
+    v_cache = torch.randn(locations, kv_heads, head_dim, generator=g, device="cuda").to(dtype)
+    q = torch.randn(sum(new), heads, head_dim, generator=g, device="cuda").to(dtype)
+    page_table = torch.randint(0, locations, (num_rows, max_len), generator=g, device="cuda", dtype=torch.int32)
+    rows = torch.tensor([4, 0, 5, 2], device="cuda")
+    cu = [0]
+    for n in new:
+        cu.append(cu[-1] + n)
+    seqlens = [n + c for n, c in zip(new, cached)]
+    scale = 1 / math.sqrt(head_dim)
+    got = paged_prefill_attention(q, k_cache, v_cache, page_table, rows,
+                                  torch.tensor(cu, dtype=torch.int32, device="cuda"),
+                                  torch.tensor(seqlens, dtype=torch.int32, device="cuda"), max(new), scale)
+    want = reference_prefill(q, k_cache, v_cache, page_table, rows.tolist(), cu, seqlens, scale)
+    assert got.dtype == dtype and got.shape == q.shape
+    err = (got.float() - want).abs().max().item()
+    assert err < tol, f"max abs error {err:.2e} > {tol:.0e}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_elementwise_kernels_match_the_torch_ops(dtype):
     from minisgl.kernel import ops, triton_ops
