@@ -55,15 +55,21 @@ class TimedLLM(LLM):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.spans: List[Tuple[torch.cuda.Event, torch.cuda.Event, str, int]] = []
+        self.launched_at: List[float] = []  # host clock at each launch
 
     def _forward(self, forward_input):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.launched_at.append(time.perf_counter())
         start.record(self.engine.stream.raw)
         out = super()._forward(forward_input)
         end.record(self.engine.stream.raw)
         batch = forward_input.batch
         self.spans.append((start, end, batch.phase, batch.size))
         return out
+
+    def clear(self) -> None:
+        self.spans.clear()
+        self.launched_at.clear()
 
     def gpu_ms(self, phase: str | None = None) -> List[float]:
         torch.cuda.synchronize()
@@ -118,21 +124,30 @@ def warm_up(llm: LLM, vocab: int, n: int = 64) -> None:
     rng = random.Random(1)
     prompts = [[rng.randrange(vocab) for _ in range(32)] for _ in range(n)]
     llm.generate(prompts, [SamplingParams(max_tokens=i + 1, ignore_eos=True) for i in range(n)], progress=False)
-    llm.spans.clear()
+    llm.clear()
 
 
 def run_workload(llm: TimedLLM, prompts, params) -> Dict[str, float]:
     torch.cuda.synchronize()
-    llm.spans.clear()
+    llm.clear()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, progress=False)
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     assert all(len(o["token_ids"]) == p.max_tokens for o, p in zip(outs, params))
     out_tokens = sum(p.max_tokens for p in params)
-    busy = sum(llm.gpu_ms()) / 1000
+    gpu = llm.gpu_ms()
+    busy = sum(gpu) / 1000
+    # each step's share of the wall time: from its launch to the next one's (the last: to the end)
+    ends = llm.launched_at[1:] + [t0 + wall]
+    phases = {}
+    for (_, _, phase, _), begin, end, ms in zip(llm.spans, llm.launched_at, ends, gpu):
+        ph = phases.setdefault(phase, dict(steps=0, wall_s=0.0, gpu_s=0.0))
+        ph["steps"] += 1
+        ph["wall_s"] += end - begin
+        ph["gpu_s"] += ms / 1000
     return dict(wall_s=wall, out_tok_s=out_tokens / wall, total_tok_s=(out_tokens + sum(map(len, prompts))) / wall,
-                steps=len(llm.spans), gpu_busy=busy / wall)
+                steps=len(llm.spans), gpu_busy=busy / wall, phases=phases)
 
 
 def kernel_union_busy(prof) -> Tuple[float, float, List[Tuple[str, float]]]:
@@ -193,7 +208,7 @@ def decode_step_times(llm: TimedLLM, vocab: int, batch: int, prompt_len: int, st
     while llm.prefill_manager.pending or llm._step < first + 4:  # the prefills, then a few decodes
         llm.step()
     torch.cuda.synchronize()
-    llm.spans.clear()
+    llm.clear()
     t0 = time.perf_counter()
     for _ in range(steps):
         llm.step()
@@ -285,15 +300,16 @@ def main() -> None:
         print(f"overlap {'on ' if overlap else 'off'}: {r['wall_s']:6.2f}s  {r['out_tok_s']:8.0f} output tok/s  "
               f"{r['total_tok_s']:8.0f} total tok/s  {r['steps']} steps  GPU busy (events) {100 * r['gpu_busy']:.1f}%",
               flush=True)
+        print("    " + ";  ".join(f"{name}: {ph['steps']} steps, {ph['wall_s']:.2f} s wall, {ph['gpu_s']:.2f} s in steps "
+                                   f"on the engine stream" for name, ph in r["phases"].items()), flush=True)
     on, off = res["workload"]["on"], res["workload"]["off"]
     res["overlap_speedup"] = on["out_tok_s"] / off["out_tok_s"]
     print(f"overlap speed-up: {res['overlap_speedup']:.2f}x", flush=True)
 
     res["profile"] = {}
-    sub_p, sub_params = prompts[:64], params[:64]
-    for overlap in (True, False):
+    for overlap in (True, False):  # steps 40-70 of the workload: all 256 requests decoding
         ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
-        frac, window_ms, top = profile_window(llm, sub_p, sub_params, skip=40, steps=30)
+        frac, window_ms, top = profile_window(llm, prompts, params, skip=40, steps=30)
         key = "on" if overlap else "off"
         res["profile"][key] = dict(busy=frac, window_ms=window_ms, top=top)
         print(f"profiled 30 decode-heavy steps, overlap {key}: GPU busy (kernel union) {100 * frac:.1f}% "
