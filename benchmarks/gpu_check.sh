@@ -14,9 +14,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 $py -c "import torch, triton, transformers, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 
 if [[ $what == tests || $what == all ]]; then
-  part "Triton decode kernel vs plain attention"
-  if ! timeout 120 $py -m pytest -q --device cuda tests/test_ch11_gpu.py -k triton_decode 2>&1 | tee "$OUT/kernel.txt"; then
-    echo "!!! the Triton kernel failed: the rest runs with MINISGL_ATTENTION_BACKEND=torch (no CUDA graphs)"
+  part "Triton prefill and decode kernels vs plain attention"
+  if ! timeout 120 $py -m pytest -q --device cuda tests/test_ch11_gpu.py -k "triton_decode or triton_prefill" 2>&1 | tee "$OUT/kernel.txt"; then
+    echo "!!! a Triton attention kernel failed: the rest runs with MINISGL_ATTENTION_BACKEND=torch (no CUDA graphs)"
     export MINISGL_ATTENTION_BACKEND=torch
   fi
   part "fused element-wise kernels vs the torch ops"
@@ -25,11 +25,13 @@ if [[ $what == tests || $what == all ]]; then
     export MINISGL_FUSED_KERNELS=0
   fi
   part "GPU tests (tests/test_ch11_gpu.py)"
-  timeout 200 $py -m pytest -q -rfE --device cuda tests/test_ch11_gpu.py -k "not triton_decode and not fused_elementwise" 2>&1 | tee "$OUT/gpu_tests.txt"
+  timeout 200 $py -m pytest -q -rfE --device cuda tests/test_ch11_gpu.py -k "not triton_decode and not triton_prefill and not fused_elementwise" 2>&1 | tee "$OUT/gpu_tests.txt"
 fi
 if [[ $what == bench || $what == all ]]; then
   part "ablation benchmark"
-  timeout ${BENCH_TIMEOUT:-260} $py benchmarks/overlap_ablation.py ${BENCH_ARGS:-} --out "$OUT/ablation.json" 2>&1 | tee "$OUT/ablation.txt"
+  timeout ${BENCH_TIMEOUT:-300} $py benchmarks/overlap_ablation.py ${BENCH_ARGS:-} --out "$OUT/ablation.json" 2>&1 | tee "$OUT/ablation.txt"
+  part "decode kernels alone"
+  timeout 120 $py benchmarks/decode_kernels.py --quick 2>&1 | tee "$OUT/decode_kernels.txt"
 fi
 if [[ $what == suite || $what == all ]]; then
   part "whole suite on cuda"
