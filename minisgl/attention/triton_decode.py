@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_blocks import key_block_scores, online_softmax_step
+
 _TARGET_PROGRAMS = 1024  # a few waves of programs over the H200's 132 multiprocessors
 _MAX_SPLITS = 16
 _BLOCK_H = 16  # query heads of one KV head, padded to the smallest tensor-core tile
@@ -56,24 +58,9 @@ def _paged_decode_kernel(Q, K, V, PT, ROWS, SEQLENS, O, LSE,
         offs = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs < end
         loc = tl.load(PT + row * stride_pt + offs, mask=n_ok, other=0).to(tl.int64)
-        k = tl.load(K + loc[None, :] * stride_kl + kv_head * stride_kh + d[:, None],
-                    mask=n_ok[None, :], other=0.0)  # [HEAD_DIM, BLOCK_N]
-        if IEEE:  # float32 caches: full-precision products, as the reference computes
-            s = tl.dot(q, k, input_precision="ieee")
-        else:
-            s = tl.dot(q, k)
+        s = key_block_scores(q, K, loc, n_ok, kv_head, d, stride_kl, stride_kh, IEEE)
         s = tl.where(n_ok[None, :], s * scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(V + loc[:, None] * stride_vl + kv_head * stride_vh + d[None, :],
-                    mask=n_ok[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(s, V, loc, n_ok, kv_head, d, stride_vl, stride_vh, m_i, l_i, acc, IEEE)
 
     # an empty slice (a short request in a split launch) contributes nothing: lse = -inf
     has = l_i > 0
