@@ -23,8 +23,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.testing
+
+if __name__ == "__main__" and not torch.cuda.is_available():
+    sys.exit("benchmarks/decode_kernels.py measures GPU kernels: it needs a CUDA GPU (and Triton)")
+
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

@@ -264,6 +264,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="64 requests of 100-256 tokens (smoke test)")
     ap.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/overlap_ablation.py measures a GPU: it needs a CUDA GPU (and Triton); "
+                 "on a CPU, benchmarks/throughput.py compares the loops")
     n, lo, hi = (64, 100, 256) if args.quick else (256, 100, 1024)
     vocab = QWEN3_06B["vocab_size"]
     res: Dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
