@@ -1,7 +1,7 @@
 """Chapter 10: chunked prefill under a per-step token budget (`max_extend_tokens`).
 
-Token counts per batch are read from the event log: with page_size 1 and the naive cache, the KV
-pages a request receives for a prefill batch are exactly the tokens it computes in it.
+Token counts per batch are read from the event log: each launch event carries how many new tokens
+each request of the batch computes.
 """
 
 from __future__ import annotations
@@ -95,6 +95,14 @@ def test_a_long_prompt_is_split_and_answers_only_after_its_last_chunk(page_size)
     assert_tokens_equal([[m.next_token for _, m in sends]], hf_greedy([long], 4))
     assert llm.results[uid].token_ids == [m.next_token for _, m in sends]
     llm.cache_manager.check_integrity()
+
+    # the chapter's budget view reads the same log: the chunks, in order, cover the prompt once
+    from minisgl.viz import chunks as view
+
+    pieces = [p for step in view.loads(log) for p in step.pieces if p.uid == uid]
+    assert [p.tokens for p in pieces] == [budget] * (len(long) // budget) + ([len(long) % budget] if len(long) % budget else [])
+    assert [p.start for p in pieces] == [budget * i for i in range(len(pieces))]
+    assert [p.last for p in pieces] == [False] * (len(pieces) - 1) + [True]
 
 
 # ---------------------------------------------------------------- PrefillAdder

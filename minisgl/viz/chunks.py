@@ -1,12 +1,10 @@
 """The prefill token budget, step by step (chapter 10).
 
 `loads(log)` reads a run's event log and tells, for every step, how many tokens each request
-computed in it: for a prefill step, the KV pages each request received just before the launch
-(with one token per page these are exactly the tokens it computes); for a decode step, one token
-per request. `show_budget` draws each step as a bar against the budget, one coloured piece per
-request, and in JupyterLab adds buttons to pick a run and a slider through its steps.
-
-Run with `page_size=1` so that pages are tokens.
+computed in it: for a prefill step, the new-token counts its launch event carries; for a decode
+step, one token per request. `show_budget` draws each step as a bar against the budget, one
+coloured piece per request, and in JupyterLab adds buttons to pick a run and a slider through its
+steps.
 """
 
 from __future__ import annotations
@@ -50,22 +48,18 @@ class BudgetRun:
 
 def loads(log: Sequence) -> List[StepLoad]:
     out: List[StepLoad] = []
-    alloc: Dict[int, int] = {}
-    done: Dict[int, int] = {}  # uid -> prompt tokens computed so far
+    done: Dict[int, int] = {}  # uid -> prompt tokens computed so far in this run
     for ev in log:
-        if ev.kind == "pages_alloc":
-            alloc[ev["uid"]] = alloc.get(ev["uid"], 0) + ev["pages"]
-        elif ev.kind == "launch":
-            load = StepLoad(ev["step"], ev["phase"])
-            if ev["phase"] == "prefill":
-                for uid in ev["uids"]:
-                    n = alloc.get(uid, 0)
-                    load.pieces.append(Piece(uid, done.get(uid, 0), n))
-                    done[uid] = done.get(uid, 0) + n
-            else:
-                load.decoding = list(ev["uids"])
-            out.append(load)
-            alloc = {}
+        if ev.kind != "launch":
+            continue
+        load = StepLoad(ev["step"], ev["phase"])
+        if ev["phase"] == "prefill":
+            for uid, n in zip(ev["uids"], ev["extend_lens"]):
+                load.pieces.append(Piece(uid, done.get(uid, 0), n))
+                done[uid] = done.get(uid, 0) + n
+        else:
+            load.decoding = list(ev["uids"])
+        out.append(load)
     later: Dict[int, int] = {}  # uid -> index of its last prefill step
     for i, load in enumerate(out):
         for piece in load.pieces:
