@@ -1,7 +1,7 @@
-"""Which implementation of the element-wise ops the layers call: ops.py (plain torch, the reference,
-what the exercises replace) everywhere, or the fused Triton kernels of triton_ops.py for tensors on
-a GPU, once an engine turns them on (it does with the Triton attention backend unless
-`fused_kernels=False` or MINISGL_FUSED_KERNELS=0)."""
+"""Which kernels the layers call: ops.py (plain torch, the reference, what the exercises replace) and
+F.linear everywhere, or the Triton kernels of triton_ops.py for tensors on a GPU, once an engine
+turns them on (it does with the Triton attention backend unless `fused_kernels=False` or
+MINISGL_FUSED_KERNELS=0)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
-"""Fused Triton versions of the element-wise ops in ops.py (GPU only; `triton` is imported here).
+"""Triton kernels for the layers on a GPU (`triton` is imported here; nothing on a CPU imports it).
 
 A decode step of a small batch is limited by how many kernels it launches, not by arithmetic: the
 plain-torch RMSNorm is eight kernels (cast, square, mean, add, rsqrt, multiply, cast, weight), RoPE
-of q and k fourteen. Each function here is one kernel doing the same arithmetic in the same order
-of roundings (float32 inside, the model's dtype where torch would round), so float32 results agree
-with ops.py to the last bits and bfloat16 ones within a rounding.
+of q and k fourteen. The element-wise functions here are one kernel each, doing the arithmetic of
+ops.py in the same order of roundings (float32 inside, the model's dtype where torch would round),
+so float32 results agree with ops.py to the last bits and bfloat16 ones within a rounding. Two
+more: the attention layer's q/k norm + RoPE + K/V store in one kernel, and a matrix-vector product
+for one-row batches, where cuBLAS is slow for some shapes.
 """
 
 from __future__ import annotations
