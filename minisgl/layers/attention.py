@@ -35,8 +35,7 @@ class AttentionLayer(BaseOP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = get_global_ctx()
         qkv = self.qkv_proj.forward(x)
-        q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
-        q = q.reshape(-1, self._num_heads, self._head_dim)
+        q = qkv[:, : self._q_size].reshape(-1, self._num_heads, self._head_dim)  # a view into qkv
         fused = fused_for(q)
         if fused is not None:  # norms, RoPE and the K/V store in one kernel (q in place in qkv)
             rot, batch, kv = self._rotary, ctx.batch, ctx.kv_cache
@@ -47,8 +46,8 @@ class AttentionLayer(BaseOP):
                 kv.k_cache(self._layer_id), kv.v_cache(self._layer_id), batch.out_loc)
             out = ctx.attn_backend.attend(q, self._layer_id, batch)
         else:
-            k = k.reshape(-1, self._num_kv_heads, self._head_dim)
-            v = v.reshape(-1, self._num_kv_heads, self._head_dim)
+            k, v = (t.reshape(-1, self._num_kv_heads, self._head_dim)
+                    for t in qkv[:, self._q_size :].split(self._kv_size, dim=-1))
             if self._qk_norm:
                 q, k = self.q_norm.forward(q), self.k_norm.forward(k)
             q, k = self._rotary.forward(ctx.batch.positions, q, k)
