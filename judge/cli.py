@@ -147,7 +147,8 @@ def _main(args: argparse.Namespace, console) -> int:
             verdict = _static_verdict(chapters, codes, options, origin)
         else:
             verdict = judge(chapters, codes, options, mode="learner", origin=origin, selectors=selectors)
-        progress.record(verdict, chapters)
+        if selectors is None and not options.keyword:  # a filtered run judged part of the chapter only
+            progress.record(verdict, chapters)
     if args.json:
         print(json.dumps(report.to_json(verdict, chapters), indent=1))
     else:

@@ -52,8 +52,19 @@ class Verdict:
 
     @property
     def passed(self) -> bool:
-        return (not self.general and bool(self.tests) and all(t.ok for t in self.tests)
-                and all(e.status in (PASSING, NO_TESTS, REFERENCE) for e in self.exercises))
+        return self._all_pass(self.tests, self.exercises)
+
+    def passed_in(self, chapter: Chapter) -> bool:
+        """Whether this chapter's own tests and exercises all passed (a cumulative run judges several)."""
+        return self._all_pass(self.tests_of(chapter), [e for e in self.exercises if e.chapter == chapter.key])
+
+    def tests_of(self, chapter: Chapter) -> List[TestResult]:
+        files = {f.name for f in chapter.test_files}
+        return [t for t in self.tests if t.test.split("::")[0].rsplit("/", 1)[-1] in files]
+
+    def _all_pass(self, tests: Sequence[TestResult], exercises: Sequence[ExerciseVerdict]) -> bool:
+        return (not self.general and bool(tests) and all(t.ok for t in tests)
+                and all(e.status in (PASSING, NO_TESTS, REFERENCE) for e in exercises))
 
     @property
     def counts(self) -> Dict[str, int]:

@@ -41,16 +41,14 @@ def record(verdict: Verdict, chapters: Sequence[Chapter]) -> None:
     now = _dt.datetime.now().isoformat(timespec="seconds")
     for chapter in chapters:
         key = chapter.key
-        exercises = {e.name: e.status for e in verdict.exercises if e.chapter == key}
-        files = {f.name for f in chapter.test_files}
-        tests = [t for t in verdict.tests if t.test.split("::")[0].rsplit("/", 1)[-1] in files]
+        tests = verdict.tests_of(chapter)
         data["chapters"][key] = {
             "last_run": now,
             "source": verdict.origin,
-            "exercises": exercises,
+            "exercises": {e.name: e.status for e in verdict.exercises if e.chapter == key},
             "tests_passed": sum(t.ok for t in tests),
             "tests_total": len(tests),
-            "passed": verdict.passed,
+            "passed": verdict.passed_in(chapter),
         }
     path = progress_path()
     tmp = path.with_name(path.name + ".tmp")

@@ -203,6 +203,12 @@ def test_selection_by_exercise_and_keyword(project, capsys):
     assert code == 0 and sorted(by_test(v)) == ["test_is_big", "test_starting_at"]
     code, v = judge_json(capsys, "ch42", "--file", mine, "-k", "bump or unrelated")
     assert code == 0 and sorted(by_test(v)) == ["test_bump", "test_unrelated"]
+    # a filtered run judges part of the chapter: the progress file is not told the chapter passed
+    broken = str(project.write("broken.py", SOLUTION.replace("self.n += by", "self.n -= by")))
+    code, v = judge_json(capsys, "ch42", "--file", broken, "-k", "double or unrelated")
+    assert code == 0 and not project.progress.exists()
+    code, v = judge_json(capsys, "ch42", "--file", broken, "--exercise", "double")
+    assert code == 0 and not project.progress.exists()
 
 
 def test_progress_table_and_hints(project, capsys):
@@ -288,6 +294,8 @@ def test_cumulative_swaps_in_every_chapter_up_to_this_one(project, capsys):
     assert status == {"ch42.double": "passing", "ch42.bump": "failing", "ch42.is_big": "passing",
                       "ch42.starting_at": "passing", "ch43.total": "passing"}
     assert len(v["tests"]) == 9
+    chapters = json.loads(project.progress.read_text())["chapters"]
+    assert not chapters["ch42"]["passed"] and chapters["ch43"]["passed"]  # each chapter its own verdict
 
 
 def test_live_check_in_a_real_ipython_shell(project, capsys):
