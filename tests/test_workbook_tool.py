@@ -179,3 +179,15 @@ def test_stale_notebooks_are_reported(tmp_path, monkeypatch):
     # A code cell changed: its outputs must be made again, `refresh` refuses.
     write(tmp_path, BODY.replace("x = 1", "x = 2"))
     assert commands.refresh(["ch11"]) == 1
+
+
+def test_notebook_runs_record_their_judging_apart_from_the_authors_progress(monkeypatch):
+    from judge.progress import PROGRESS_ENV
+    from tools.workbook import execute
+    from tools.workbook.paths import REPO
+
+    monkeypatch.setenv(PROGRESS_ENV, str(REPO / ".judge_progress.json"))
+    monkeypatch.setenv("MINISGL_DISABLE_OVERLAP_SCHEDULING", "1")
+    env = execute.kernel_env()
+    assert env[PROGRESS_ENV] == str(REPO / "build" / "notebook_progress.json")
+    assert "MINISGL_DISABLE_OVERLAP_SCHEDULING" not in env  # the shell's switches stay out

@@ -2,7 +2,8 @@
 
 The kernel gets the repository on PYTHONPATH (so `minisgl` and `judge` import without an install),
 none of the MINISGL_* switches of the calling shell (so the outputs depend only on the notebook and
-the bundled model), and one OpenMP thread unless OMP_NUM_THREADS says otherwise.
+the bundled model), and one OpenMP thread unless OMP_NUM_THREADS says otherwise. The judge cell at
+the end of every notebook records its verdict in build/, not in the author's own progress file.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import List
 import nbformat
 from nbclient import NotebookClient
 
-from .paths import REPO
+from judge.progress import PROGRESS_ENV
+
+from .paths import NOTEBOOK_PROGRESS, REPO
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 CELL_TIMEOUT_S = 300
@@ -30,6 +33,7 @@ class Run:
 
 def kernel_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINISGL_")}
+    env[PROGRESS_ENV] = str(NOTEBOOK_PROGRESS)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -46,6 +50,7 @@ def run(nb: nbformat.NotebookNode, cwd: Path, allow_errors: bool = False) -> Run
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", allow_errors=allow_errors,
                             record_timing=False, store_widget_state=False,
                             resources={"metadata": {"path": str(cwd)}})
+    NOTEBOOK_PROGRESS.parent.mkdir(exist_ok=True)
     start = time.perf_counter()
     client.execute(env=kernel_env(), cwd=str(cwd))
     return Run(nb, time.perf_counter() - start)

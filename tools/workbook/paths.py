@@ -9,3 +9,4 @@ CHAPTERS = REPO / "chapters"
 NOTEBOOKS = REPO / "notebooks"  # learner notebooks (generated, committed)
 SOLUTIONS = REPO / "solutions"  # executed solution notebooks (generated, committed)
 SITE_DOCS = REPO / "build" / "site_docs"  # the mkdocs docs_dir (generated, ignored by git)
+NOTEBOOK_PROGRESS = REPO / "build" / "notebook_progress.json"  # where notebook runs record judging
