@@ -71,13 +71,14 @@ def fence_for(text: str) -> str:
 
 def exercise_cells(block: Exercise, kind: Kind) -> List[nbformat.NotebookNode]:
     ex = exercises.info(block.chapter, block.name)
+    where = exercises.module_path(ex)
     if kind == "learner":
-        intro = (f"**Exercise `{ex.key}`**: write `{ex.qualname}` (it lives in `{ex.module_path}`). "
+        intro = (f"**Exercise `{ex.id}`**: write `{ex.qualname}` (it lives in `{where}`). "
                  "Keep the signature; the judge puts your function in place of the engine's. "
                  f"Stuck? `python judge.py {block.chapter} --hint`.")
         code = exercises.stub_source(block.chapter, block.name)
     else:
-        intro = (f"**Exercise `{ex.key}`**: `{ex.qualname}`, as `{ex.module_path}` has it "
+        intro = (f"**Exercise `{ex.id}`**: `{ex.qualname}`, as `{where}` has it "
                  "(the learner's notebook holds a stub here).")
         code = exercises.reference_source(block.chapter, block.name)
     source = code.rstrip("\n")
@@ -85,9 +86,9 @@ def exercise_cells(block: Exercise, kind: Kind) -> List[nbformat.NotebookNode]:
         source += "\n\n\n" + block.tryout.rstrip("\n")
     cell = new_code_cell(source)
     cell.metadata["tags"] = ["exercise"]
-    cell.metadata["minisgl"] = {"exercise": ex.key}
+    cell.metadata["minisgl"] = {"exercise": ex.id}
     intro_cell = new_markdown_cell(intro)
-    intro_cell.metadata["minisgl"] = {"exercise_intro": ex.key}
+    intro_cell.metadata["minisgl"] = {"exercise_intro": ex.id}
     return [intro_cell, cell]
 
 

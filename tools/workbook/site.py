@@ -51,7 +51,7 @@ def _exercise_box(block: Exercise, outputs: List[str]) -> str:
     """The stub as the learner gets it, the reference folded underneath, then the try-out code
     and what it printed with the reference in place."""
     info = exercises.info(block.chapter, block.name)
-    body = [f"Write `{info.qualname}` (in `{info.module_path}`). The learner's notebook starts from this stub:",
+    body = [f"Write `{info.qualname}` (in `{exercises.module_path(info)}`). The learner's notebook starts from this stub:",
             _code(exercises.stub_source(block.chapter, block.name)),
             '??? success "Reference solution"', "",
             _indent(_code(exercises.reference_source(block.chapter, block.name)))]
