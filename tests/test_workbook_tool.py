@@ -127,10 +127,12 @@ def _error(name, value):
     return new_output("error", ename=name, evalue=value, traceback=[])
 
 
-def test_only_exercise_cells_may_raise_and_only_their_stub(tmp_path):
+def test_a_learner_notebook_must_run_to_the_end_without_an_error(tmp_path):
     ch = read_chapter(write(tmp_path, BODY))
+    assert commands.student_errors(ch, _executed(ch, {})) == []
     stub = _error("NotImplementedError", "ch11.abort: write Scheduler._abort")
-    assert commands.student_errors(ch, _executed(ch, {"exercise": [stub]})) == []
+    (problem,) = commands.student_errors(ch, _executed(ch, {"exercise": [stub]}))
+    assert "exercise cell" in problem and "outside `with attempt(...)`" in problem  # Run All stops there
     assert commands.student_errors(ch, _executed(ch, {"": [stub]}))  # an ordinary cell raised
     wrong = _error("NameError", "name 'ForwardData' is not defined")
     assert commands.student_errors(ch, _executed(ch, {"exercise": [wrong]}))
