@@ -99,9 +99,8 @@ def refresh(ids: Iterable[str] = ()) -> int:
                 old = next(runs)
                 cell.outputs, cell.execution_count = old.outputs, old.execution_count
         fresh.metadata["minisgl"]["execution"] = saved.metadata.get("minisgl", {}).get("execution", {})
-        for key in ("language_info", "widgets"):  # written by the kernel that made the outputs: keep
-            if key in saved.metadata:
-                fresh.metadata[key] = saved.metadata[key]
+        if "language_info" in saved.metadata:  # written by the kernel that made the outputs: keep
+            fresh.metadata["language_info"] = saved.metadata["language_info"]
         text = notebook.dumps(fresh)
         if path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")

@@ -25,10 +25,6 @@ class Code:
     qualname: str
     source: str
 
-    @property
-    def caption(self) -> str:
-        return f"{self.path} · {self.qualname}"
-
 
 def resolve(target: str) -> Code:
     if "::" in target:

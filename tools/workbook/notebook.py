@@ -114,7 +114,7 @@ def dumps(nb: nbformat.NotebookNode) -> str:
 
 def strip_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """The notebook without what execution adds: what staleness is judged on."""
-    nb = nbformat.from_dict(nbformat.from_dict(nb))  # a deep copy
+    nb = nbformat.from_dict(nb)  # a deep copy
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs = []

@@ -70,7 +70,6 @@ class Chapter:
     chapter: str  # "ch11"
     title: str
     blocks: List[Block]
-    front_matter: Dict
 
     @property
     def stem(self) -> str:
@@ -96,7 +95,7 @@ def read_chapter(path: Path) -> Chapter:
     if not title:
         raise SourceError(f"{path.name}: the front matter needs `minisgl: {{title: ...}}`")
     blocks = _parse_blocks(body, chapter, path, body_line)
-    return Chapter(path, chapter, str(title), blocks, front)
+    return Chapter(path, chapter, str(title), blocks)
 
 
 def _split_front_matter(text: str, path: Path):
