@@ -159,10 +159,9 @@ def _main(args: argparse.Namespace, console) -> int:
 def _options(args: argparse.Namespace):
     from .runner import RunOptions
 
-    timeout = args.timeout or (120.0 if args.device != "cpu" else 60.0)
-    if timeout <= 0 or (args.time_limit is not None and args.time_limit <= 0):
+    if any(v is not None and v <= 0 for v in (args.timeout, args.time_limit)):
         raise UsageError("--timeout and --time-limit must be positive")
-    return RunOptions(device=args.device, test_timeout=timeout, time_limit=args.time_limit or 900.0,
+    return RunOptions(device=args.device, test_timeout=args.timeout, time_limit=args.time_limit,
                       keyword=args.keyword)
 
 

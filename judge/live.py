@@ -19,10 +19,12 @@ from .registry import Chapter, load_registry
 from .sources import from_sources
 
 
-def check(chapter: str, namespace: Dict[str, Any] | None = None, device: str = "cpu", timeout: float = 60.0,
-          time_limit: float = 900.0, hint: int = 0, verbose: bool = False, _depth: int = 1):
+def check(chapter: str, namespace: Dict[str, Any] | None = None, device: str = "cpu",
+          timeout: float | None = None, time_limit: float | None = None, hint: int = 0, verbose: bool = False,
+          _depth: int = 1):
     """Judge `chapter` against the functions defined in `namespace` (default: the caller's globals,
-    i.e. the notebook's). Shows the report and returns the verdict."""
+    i.e. the notebook's). Shows the report and returns the verdict. The time limits default as for
+    `python judge.py` (runner.RunOptions)."""
     from rich.console import Console
 
     from . import progress, report

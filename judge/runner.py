@@ -31,12 +31,18 @@ MAX_RESTARTS = 3
 @dataclass
 class RunOptions:
     device: str = "cpu"  # cpu | cuda | auto
-    test_timeout: float = 60.0  # per test, seconds
-    time_limit: float = 600.0  # whole run, seconds
+    test_timeout: float | None = None  # per test, seconds; None: 60 on a CPU, 120 where a GPU may be
+    time_limit: float | None = None  # whole run, seconds; None: 900
     keyword: str | None = None  # pytest -k
     threads: int | None = None  # torch/OpenMP threads in the subprocess (None: its default)
     env: Dict[str, str] = field(default_factory=dict)
     launcher: Any = None  # a forkserver.ForkServer to fork the test process from (self-check)
+
+    def __post_init__(self) -> None:
+        if self.test_timeout is None:
+            self.test_timeout = 60.0 if self.device == "cpu" else 120.0
+        if self.time_limit is None:
+            self.time_limit = 900.0
 
 
 @dataclass
