@@ -41,7 +41,7 @@ class ExerciseVerdict:
 @dataclass
 class Verdict:
     chapters: List[str]
-    mode: str  # "learner" | "solution" | "variant <name>" | "stub <id>"
+    mode: str  # "learner" | "solution" | "variant <name>" | "hints"; the self-check: "reference" | "stub" | "variant"
     origin: str  # where the code came from
     device: str
     exercises: List[ExerciseVerdict]
@@ -101,10 +101,8 @@ def spec_unit(code: LearnerCode, chapter: Chapter) -> Dict:
     what is already known to be wrong with it."""
     exercises = []
     for ex in chapter.exercises:
-        problem = code.problems.get(ex.name)
-        defined = ex.name in code.attempted
-        swap = problem is not None or defined or code.missing == "error"
-        exercises.append({"id": ex.id, "name": ex.name, "target": ex.target, "swap": swap, "problem": problem})
+        exercises.append({"id": ex.id, "name": ex.name, "target": ex.target, "swap": code.swaps(ex.name),
+                          "problem": code.problems.get(ex.name)})
     snippets = [{"label": s.label, "source": s.source, "exercise": s.exercise} for s in code.snippets]
     return {"chapter": chapter.key, "origin": code.origin, "missing": code.missing,
             "snippets": snippets, "exercises": exercises}
@@ -136,7 +134,7 @@ def judge(chapters: Sequence[Chapter], codes: Dict[str, LearnerCode | None], opt
         for ex in c.exercises:
             verdict.exercises.append(_exercise_verdict(ex, codes.get(c.key), run, filtered))
     if mode == "learner" and len(chapters) == 1:
-        _blame(verdict, units, chapters[0], options)
+        _blame(verdict, units, chapters[0], options, deadline=start + options.time_limit)
     verdict.wall = time.monotonic() - start
     return verdict
 
@@ -154,17 +152,21 @@ def _selector(nodeid: str, chapter: Chapter) -> str:
     return f"{path}::{rest}"
 
 
-def _blame(verdict: Verdict, units: List[Dict], chapter: Chapter, options: RunOptions) -> None:
+def _blame(verdict: Verdict, units: List[Dict], chapter: Chapter, options: RunOptions, deadline: float) -> None:
     """A test that goes through the whole engine judges several exercises at once, so one wrong
     function fails the tests of its neighbours too. When more than one exercise is failing, rerun
     each one's failed tests with only that exercise swapped in: one whose tests then pass is
-    correct, and is reported as passing."""
+    correct, and is reported as passing. The reruns share what is left of the run's time limit;
+    an exercise not rerun in time stays failing."""
     failing = [e for e in verdict.exercises if e.status == FAILING]
     if len(failing) < 2:
         return
     for ex in failing:
+        left = deadline - time.monotonic()
+        if left < 1:
+            return
         failed = [_selector(t.test, chapter) for t in ex.tests if not t.ok]
-        alone = run_pytest([_only(u, ex.id) for u in units], failed, options)
+        alone = run_pytest([_only(u, ex.id) for u in units], failed, dataclasses.replace(options, time_limit=left))
         if alone.tests and not alone.general and all(t.ok for t in alone.tests):
             ex.status = PASSING
             ex.note = (f"correct on its own: its {len(failed)} failed test(s) pass with the reference "
@@ -174,9 +176,7 @@ def _blame(verdict: Verdict, units: List[Dict], chapter: Chapter, options: RunOp
 def _exercise_verdict(ex: Exercise, code: LearnerCode | None, run: RunResult, filtered: bool) -> ExerciseVerdict:
     tests = [t for t in run.tests if ex.judges(t.test)]
     v = ExerciseVerdict(ex.chapter, ex.name, ex.target, PASSING, tests=tests)
-    swapped_in = code is not None and (ex.name in code.attempted or ex.name in code.problems
-                                       or code.missing == "error")
-    if not swapped_in:
+    if code is None or not code.swaps(ex.name):
         v.status = REFERENCE
         return v
     v.problem = run.problems.get(ex.id) or code.problems.get(ex.name)

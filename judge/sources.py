@@ -51,6 +51,10 @@ class LearnerCode:
     general_problems: List[str] = field(default_factory=list)  # e.g. a support cell that does not parse
     attempted: Dict[str, bool] = field(default_factory=dict)  # exercise name -> not a stub any more
 
+    def swaps(self, name: str) -> bool:
+        """Whether exercise `name` is judged from this code (else the reference stays in place)."""
+        return name in self.attempted or name in self.problems or self.missing == "error"
+
     def defined(self) -> Dict[str, ast.AST]:
         """Top-level names the snippets define (last definition wins), with their nodes."""
         out: Dict[str, ast.AST] = {}

@@ -333,3 +333,21 @@ def test_judge_py_entry_point(project):
                          cwd=repo, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "PASSED: 7/7 tests passed" in out.stdout
+
+
+def test_blame_reruns_stay_inside_the_runs_time_limit(monkeypatch):
+    """The reruns that clear an exercise correct on its own share the run's time limit: past the
+    deadline none starts, and the exercises stay failing."""
+    import time
+
+    from judge import judging
+
+    exercises = [judging.ExerciseVerdict("ch42", name, f"fakepkg.mod:{name}", judging.FAILING)
+                 for name in ("double", "bump")]
+    verdict = judging.Verdict(["ch42"], "learner", "", "cpu", exercises, [], [], 0.0)
+    started = []
+    monkeypatch.setattr(judging, "run_pytest", lambda *a: started.append(a[2].time_limit) or judging.RunResult())
+    judging._blame(verdict, [], None, judging.RunOptions(), deadline=time.monotonic() - 1)
+    assert started == [] and [e.status for e in exercises] == [judging.FAILING] * 2
+    judging._blame(verdict, [], None, judging.RunOptions(), deadline=time.monotonic() + 30)
+    assert len(started) == 2 and all(t <= 30 for t in started)  # each rerun gets what is left
