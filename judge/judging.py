@@ -48,7 +48,6 @@ class Verdict:
     tests: List[TestResult]  # every test, in run order
     general: List[str]
     wall: float
-    output_tail: str = ""
 
     @property
     def passed(self) -> bool:
@@ -73,8 +72,6 @@ class Verdict:
             out[t.outcome] = out.get(t.outcome, 0) + 1
         return out
 
-    def exercises_of(self, test: str) -> List[ExerciseVerdict]:
-        return [e for e in self.exercises if any(t.test == test for t in e.tests)]
 
 
 # On a GPU the engine has fast paths (Triton kernels) that skip some of the plain-torch functions a
@@ -128,8 +125,7 @@ def judge(chapters: Sequence[Chapter], codes: Dict[str, LearnerCode | None], opt
         options = dataclasses.replace(options, env={**options.env, **extra_env})
     run = run_pytest(units, files, options) if files else RunResult()
     verdict = Verdict(chapters=[c.key for c in chapters], mode=mode, origin=origin, device=options.device,
-                      exercises=[], tests=run.tests, general=general + run.general, wall=0.0,
-                      output_tail=run.output_tail)
+                      exercises=[], tests=run.tests, general=general + run.general, wall=0.0)
     for c in chapters:
         for ex in c.exercises:
             verdict.exercises.append(_exercise_verdict(ex, codes.get(c.key), run, filtered))

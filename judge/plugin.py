@@ -5,7 +5,7 @@ At `pytest_configure` it swaps the learner's functions in (swap.py). As the test
 JSON line per event to the spec's results file, flushed at once, so that what happened survives a
 test that ends the process (`os._exit`, a crash, a kill on timeout):
 
-    {"event": "swapped", "problems": {...}, "general": [...], "swapped": [...]}
+    {"event": "swapped", "problems": {...}, "general": [...]}
     {"event": "collected", "tests": [nodeid, ...]}
     {"event": "collect_error", "where": ..., "message": ...}
     {"event": "start", "test": nodeid}
@@ -62,8 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from . import swap
 
     report = swap.apply_spec(_judge.spec, _judge.test_dirs)
-    _judge.write({"event": "swapped", "problems": report.problems, "general": report.general,
-                  "swapped": report.swapped})
+    _judge.write({"event": "swapped", "problems": report.problems, "general": report.general})
 
 
 def _cuda_available() -> bool:
@@ -125,9 +124,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     del _judge.reports[report.nodeid]
 
 
-def pytest_sessionfinish(session, exitstatus) -> None:
+def pytest_sessionfinish(session) -> None:
     if _judge is not None:
-        _judge.write({"event": "finished", "exitstatus": int(exitstatus)})
+        _judge.write({"event": "finished"})
 
 
 # ---------------------------------------------------------------------- describing outcomes
@@ -177,8 +176,7 @@ def _describe(excinfo: pytest.ExceptionInfo) -> Dict[str, Any]:
     if timeout:
         text = "the test did not finish in time (an endless loop, or far too slow)"
     return {"message": _shorten(text), "sentinel": sentinel, "standin": standin,
-            "where": None if timeout else _learner_frame(chain), "timeout": timeout,
-            "exception": type(exc).__name__}
+            "where": None if timeout else _learner_frame(chain), "timeout": timeout}
 
 
 def _chain(exc: BaseException) -> List[BaseException]:

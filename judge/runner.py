@@ -67,11 +67,8 @@ class RunResult:
     tests: List[TestResult] = field(default_factory=list)
     problems: Dict[str, str] = field(default_factory=dict)  # exercise id -> why its code is not in place
     general: List[str] = field(default_factory=list)  # problems not tied to a test
-    swapped: List[str] = field(default_factory=list)
     collected: List[str] = field(default_factory=list)
-    wall: float = 0.0
     output_tail: str = ""
-    returncode: int | None = None
 
 
 def run_pytest(spec_units: List[Dict[str, Any]], test_files: Sequence[str | Path], options: RunOptions) -> RunResult:
@@ -101,7 +98,6 @@ def run_pytest(spec_units: List[Dict[str, Any]], test_files: Sequence[str | Path
             result.tests.append(TestResult(t, "error", message="not run: the test process had stopped"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    result.wall = time.monotonic() - start
     return result
 
 
@@ -152,12 +148,11 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
         try:
             returncode, killed = options.launcher.run(cmd[3:], env, str(REPO), str(output), time_left,
                                                       options.threads)
-            result.returncode, result.output_tail, forked = returncode, _file_tail(output), True
+            result.output_tail, forked = _file_tail(output), True
         except RuntimeError:
             forked = False
     if not forked:
         returncode, killed, result.output_tail = _popen(cmd, env, time_left)
-        result.returncode = returncode
 
     events = _read_events(results_path)
     started: str | None = None
@@ -166,7 +161,6 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
         kind = ev.get("event")
         if kind == "swapped":
             result.problems.update(ev.get("problems", {}))
-            result.swapped = sorted(set(result.swapped) | set(ev.get("swapped", [])))
             for g in ev.get("general", []):
                 if g not in result.general:
                     result.general.append(g)
@@ -181,7 +175,6 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
         elif kind == "result":
             started = None
             ev.pop("event")
-            ev.pop("exception", None)
             result.tests.append(TestResult(**ev))
             done.append(ev["test"])
         elif kind == "finished":

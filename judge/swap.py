@@ -42,7 +42,6 @@ class LearnerCodeError(Exception):
 class SwapReport:
     problems: Dict[str, str] = field(default_factory=dict)  # exercise id -> why its code is not in place
     general: List[str] = field(default_factory=list)
-    swapped: List[str] = field(default_factory=list)  # exercise ids whose learner code is in place
 
 
 def apply_spec(spec: Dict[str, Any], test_dirs: List[str] | None = None) -> SwapReport:
@@ -100,8 +99,6 @@ def _apply_unit(unit, report, replacements, originals, namespaces, packages) -> 
             if problem is not None:
                 report.problems[ex["id"]] = problem
                 fn = _standin(ex["id"], problem, raw)
-            else:
-                report.swapped.append(ex["id"])
             _install(owner, attr, raw, fn, replacements, originals)
 
 
