@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import List, Sequence
 
-from .registry import REPO, Chapter, Registry, RegistryError, UnknownChapter, load_registry, variant_files
+from .registry import REPO, Chapter, RegistryError, UnknownChapter, load_registry, variant_files
 
 NOTEBOOKS_ENV = "MINISGL_JUDGE_NOTEBOOKS"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -132,7 +132,7 @@ def _main(args: argparse.Namespace, console) -> int:
             chapter.exercise(args.exercise)  # an unknown name is a usage error
         return _hints(chapters, hint_level, args, console)
     if args.variant:
-        return _variants(registry, chapter, chapters, args, console)
+        return _variants(chapter, chapters, args, console)
 
     options = _options(args)
     selectors = _selectors(chapter, args.exercise) if args.exercise else None
@@ -231,7 +231,7 @@ def variant_name(chapter: Chapter, path: Path) -> str:
     return path.stem[len(chapter.key) + 1:]
 
 
-def _variants(registry: Registry, chapter: Chapter, chapters, args, console) -> int:
+def _variants(chapter: Chapter, chapters, args, console) -> int:
     from rich.text import Text
 
     from . import report

@@ -202,15 +202,13 @@ def fake_project(tmp_path: Path, monkeypatch) -> FakeProject:
     return project
 
 
-def code_cell(source: str, exercise: str | None = None, support: bool = False, tags: List[str] | None = None) -> Dict:
+def code_cell(source: str, exercise: str | None = None, support: bool = False) -> Dict:
     meta: Dict = {}
     if exercise:
         meta["minisgl"] = {"exercise": exercise}
         meta["tags"] = ["exercise"]
     if support:
         meta["minisgl"] = {"support": True}
-    if tags:
-        meta["tags"] = tags
     return {"cell_type": "code", "metadata": meta, "source": textwrap.dedent(source).splitlines(True),
             "outputs": [], "execution_count": None}
 
