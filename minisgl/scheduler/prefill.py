@@ -17,7 +17,6 @@ from typing import List
 import torch
 
 from minisgl.core import Batch, Req, SamplingParams
-from minisgl.utils import EventLog
 
 from .cache import CacheManager, pages_for
 from .decode import DecodeManager
@@ -106,8 +105,7 @@ class PrefillAdder:
 
 class PrefillManager:
     def __init__(self, cache_manager: CacheManager, table_manager: TableManager,
-                 decode_manager: DecodeManager, token_pool: torch.Tensor, page_table: torch.Tensor,
-                 events: EventLog | None = None) -> None:
+                 decode_manager: DecodeManager, token_pool: torch.Tensor, page_table: torch.Tensor) -> None:
         self.cache_manager = cache_manager
         self.table_manager = table_manager
         self.decode_manager = decode_manager

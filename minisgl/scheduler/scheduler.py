@@ -54,7 +54,7 @@ class Scheduler:
                                           config.cache_type, self.events)
         self.decode_manager = DecodeManager()
         self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager, self.decode_manager,
-                                              engine.token_pool, engine.page_table, self.events)
+                                              engine.token_pool, engine.page_table)
         self.stream = engine.kit.new_stream()  # the scheduler's own stream (metadata, table writes)
         self.finished_reqs: Set[Req] = set()  # finished at the step handled last
         self._live: Dict[int, Req] = {}  # uid -> launched request whose end has not been handled
@@ -135,8 +135,10 @@ class Scheduler:
     # ------------------------------------------------------------------ scheduling
 
     def _schedule_next_batch(self) -> ForwardInput | None:
-        batch = self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens) \
-            or self.decode_manager.schedule_next_batch()
+        batch = None
+        if self.prefill_manager.runnable:  # else a decode step need not weigh an empty queue
+            batch = self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens)
+        batch = batch or self.decode_manager.schedule_next_batch()
         if batch is None:
             return None
         return self._prepare_batch(batch)
