@@ -114,8 +114,9 @@ class LLM(Scheduler):
                 if self._last_data is not None:  # switched loops mid-run: finish the batch in flight
                     self._process_last_data(self._last_data)
                     self._last_data = None
-                    # Slots freed while handling it were deferred (rule 3), but nothing is in flight
-                    # now, and the normal loop never releases deferred slots: do it here.
+                    # Slots freed while handling it were deferred (rule 3). Nothing is in flight now,
+                    # and the normal loop would release them only when it handles its next step,
+                    # after scheduling that step without them: release them here.
                     self._release_deferred_slots()
                 self.normal_loop()
             else:
@@ -177,7 +178,7 @@ class LLM(Scheduler):
                 bar.update(task, completed=sum(self.results[u].finished for u in uids))
 
     def shutdown(self) -> None:
-        """Finish anything in flight and check that nothing leaked."""
+        """Handle the batch still in flight (overlap loop) and wait for the engine stream."""
         while self._last_data is not None:
             self.step()
         self.engine.synchronize()
