@@ -23,16 +23,25 @@ def model():
 
 def test_load_reads_both_config_layouts(tmp_path):
     # transformers 4 wrote `torch_dtype` and a top-level `rope_theta`; 5 writes `dtype` and
-    # `rope_parameters`. Rewrite the checkpoint's config the old way: the same model comes out.
+    # `rope_parameters`. Write the checkpoint's config both ways, with a theta that is not the
+    # default 10000 (the bundled model's): the same model comes out of both.
     raw = json.loads((MODEL / "config.json").read_text())
-    rope = raw.pop("rope_parameters", None) or {"rope_theta": raw.get("rope_theta", 10000.0)}
-    old = {**raw, "torch_dtype": raw.pop("dtype", "bfloat16"), "rope_theta": rope["rope_theta"]}
-    (tmp_path / "config.json").write_text(json.dumps(old))
-    for f in MODEL.glob("*.safetensors"):
-        shutil.copy(f, tmp_path / f.name)
-    new_model, old_model = te.load(MODEL), te.load(tmp_path)
-    assert old_model.config == new_model.config
-    assert old_model.weights.keys() == new_model.weights.keys()
+    raw.pop("rope_theta", None)
+    theta = 12345.0
+    layouts = {
+        "new": {**raw, "rope_parameters": {**(raw.get("rope_parameters") or {}), "rope_theta": theta}},
+        "old": {**{k: v for k, v in raw.items() if k not in ("rope_parameters", "dtype")},
+                "torch_dtype": raw.get("dtype", "bfloat16"), "rope_theta": theta},
+    }
+    models = {}
+    for name, config in layouts.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        for f in MODEL.glob("*.safetensors"):
+            shutil.copy(f, tmp_path / name / f.name)
+        models[name] = te.load(tmp_path / name)
+    assert models["old"].config == models["new"].config and models["new"].config.rope_theta == theta
+    assert models["old"].weights.keys() == models["new"].weights.keys()
 
 
 def test_rms_norm_matches_hf():

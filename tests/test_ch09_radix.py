@@ -250,6 +250,20 @@ def test_a_repeated_prompt_computes_only_its_last_token():
     llm.cache_manager.check_integrity()
 
 
+def test_a_running_requests_prompt_is_shared_with_one_that_arrives_later():
+    llm = build_llm()
+    p = prompt_ids()[0]
+    log = llm.events.record()
+    a = llm.add_request(p, greedy(10))
+    llm.step()
+    llm.step()  # a is prefilled and decoding: its prompt went into the cache at its prefill
+    b = llm.add_request(p, greedy(3))
+    llm.run_until_idle()
+    assert prefill_batches(log)[-1] == {b: 1}, f"b (a = {a}) should reuse the prompt of a running request"
+    assert_tokens_equal([llm.results[b].token_ids], hf_greedy([p], 3))
+    llm.cache_manager.check_integrity()
+
+
 def test_a_longer_prompt_reuses_the_cached_whole_pages_of_an_earlier_one():
     llm = build_llm(page_size=4)
     p = prompt_ids()

@@ -158,6 +158,31 @@ def test_prefill_adder_admits_only_what_memory_can_finish():
     assert adder.try_add_one(_pending(2, 2)) is None, "no request slot left"
 
 
+def test_a_continued_chunk_keeps_its_reservation():
+    cache, table, pool = _parts(12)
+    b = _pending(2, 9)  # 9 + 2 tokens: 11 pages for its whole life
+    rb = PrefillAdder(2, 0, cache, table, pool, cache.page_table).try_add_one(b)
+    cache.allocate_paged([rb])
+    rb.complete_one()  # its first chunk ran: 2 pages used, 10 free
+    adder = PrefillAdder(100, 0, cache, table, pool, cache.page_table)
+    assert adder.try_add_one(b) is not None  # b goes on; it may still need 9 pages
+    assert adder.try_add_one(_pending(3, 1, max_tokens=1)) is None, "it would take pages promised to b"
+
+
+def test_a_waiting_request_is_not_overtaken():
+    p = prompt_ids()
+    big, small = p[0] * 2, p[3][:3]
+    llm = build_llm(cache_type="naive", num_page_override=len(big) + 12)
+    log = llm.events.record()
+    first = llm.add_request(p[3], greedy(4))  # holds pages, so `big` must wait for them
+    llm.step()
+    b = llm.add_request(big, greedy(4))
+    s = llm.add_request(small, greedy(2))  # would fit beside `first`, but came after `big`
+    llm.run_until_idle()
+    order = [uid for batch in prefill_batches(log) for uid in batch]
+    assert order.index(b) < order.index(s), f"prefill order {order} (first {first}): a later request overtook"
+
+
 def test_prefill_adder_uses_and_locks_the_cached_prefix():
     cache, table, pool = _parts(32, cache_type="radix")
     prompt = torch.arange(1, 9, dtype=torch.int32)

@@ -228,6 +228,25 @@ def test_slot_reuse_race_deferred_streams():
     check_slot_race_gives_right_tokens_deferred(LLM)
 
 
+def test_the_overlap_loop_never_waits_for_the_step_it_just_launched():
+    """With deferred CPU streams a launched step runs only when someone waits for it, so a step
+    still pending after `step()` returns proves the loop handed it on without waiting (the GPU
+    test checks the same on real streams)."""
+    set_overlap(True)
+    llm = build_llm(cpu_streams="deferred")
+    for ids in prompt_ids():
+        llm.add_request(ids, greedy(5))
+    phases = set()
+    while llm.busy:
+        llm.step()
+        if llm._last_data is not None:
+            launched, out = llm._last_data
+            assert not out.copy_done.query(), f"the loop waited for its own {launched.batch.phase} step"
+            phases.add(launched.batch.phase)
+    assert phases == {"prefill", "decode"}
+    assert_idle_and_clean(llm)
+
+
 def test_abort_while_prefill_in_flight():
     check_abort_while_prefill_in_flight(LLM)
 

@@ -78,8 +78,8 @@ def test_shrinker_keeps_the_failure_and_cuts_the_workload(pool):
     again = run_workload(small, pool, MODEL, dev, cls).failure
     assert again is not None and again.kind == failure.kind
     assert Workload.from_json(small.to_json()) == small  # what the CLI saves replays as is
-    assert len(small.requests) <= len(big.requests) and len(small.aborts) <= len(big.aborts)
-    assert len(small.requests) + len(small.aborts) < len(big.requests) + len(big.aborts) or runs == 0
+    assert runs > 0 and len(small.requests) <= len(big.requests) and len(small.aborts) <= len(big.aborts)
+    assert len(small.requests) + len(small.aborts) < len(big.requests) + len(big.aborts), "nothing was shrunk"
 
 
 # ---------------------------------------------------------------- aborts of uids nobody issued
