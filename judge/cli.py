@@ -211,19 +211,15 @@ def _static_verdict(chapters, codes, options, origin: str):
 
 def _hints(chapters: Sequence[Chapter], level: int, args, console) -> int:
     from . import progress, report
-    from .judging import ExerciseVerdict, Verdict
 
     # Which exercises are unfinished: from the last judged run, if any (hints never run the tests).
     data = progress.load()["chapters"]
-    exercises = [ExerciseVerdict(c.key, e.name, e.target, data.get(c.key, {}).get("exercises", {}).get(e.name, "?"))
-                 for c in chapters for e in c.exercises]
-    verdict = Verdict([c.key for c in chapters], "hints", "", "", exercises, [], [], 0.0)
+    status = {f"{c.key}.{name}": st for c in chapters for name, st in data.get(c.key, {}).get("exercises", {}).items()}
+    exercises = report.hinted(chapters, status, only=args.exercise)
     if args.json:
-        out = {e.id: list(e.hints[:level]) for c in chapters for e in c.exercises
-               if not args.exercise or args.exercise in (e.name, e.attr, e.id)}
-        print(json.dumps({"hints": out}, indent=1))
+        print(json.dumps({"hints": {e.id: list(e.hints[:level]) for e in exercises}}, indent=1))
     else:
-        report.render_hints(verdict, chapters, console, level, only=args.exercise)
+        report.render_hints(exercises, console, level)
     return EXIT_OK
 
 

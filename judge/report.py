@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .judging import ERROR, FAILING, NO_TESTS, NOT_ATTEMPTED, PASSING, REFERENCE, ExerciseVerdict, Verdict
-from .registry import Chapter
+from .registry import Chapter, Exercise
 from .runner import TestResult
 
 STATUS_STYLE = {
@@ -54,7 +54,7 @@ def render(verdict: Verdict, chapters: Sequence[Chapter], console: Console, hint
     _other_tests(verdict, console, verbose)
     _summary(verdict, console)
     if hint_level:
-        render_hints(verdict, chapters, console, hint_level)
+        render_hints(hinted(chapters, {e.id: e.status for e in verdict.exercises}), console, hint_level)
     elif verdict.mode == "learner" and not verdict.passed and any(
             e.status in (FAILING, NOT_ATTEMPTED) for e in verdict.exercises):
         key = verdict.chapters[-1]
@@ -155,40 +155,33 @@ def _summary(verdict: Verdict, console: Console) -> None:
     console.print(Text(f"{head}: ", style=style) + Text(", ".join(parts) + f" ({verdict.wall:.1f} s)"))
 
 
-def render_hints(verdict_or_none: Verdict | None, chapters: Sequence[Chapter], console: Console,
-                 level: int, only: str | None = None) -> None:
-    """Hints 1..level for each exercise that is not passing (all of them without a verdict)."""
-    status: Dict[str, str] = {}
-    if verdict_or_none is not None:
-        status = {e.id: e.status for e in verdict_or_none.exercises}
-    shown = 0
-    for chapter in chapters:
-        for ex in chapter.exercises:
-            if only and only not in (ex.name, ex.attr, ex.id):
-                continue
-            if status.get(ex.id) in (PASSING, REFERENCE) and not only:
-                continue
-            shown += 1
-            console.print(Text(f"Hints for {ex.id} (`def {ex.attr}`):", style="bold cyan"))
-            if not ex.hints:
-                console.print(Text("   (no hints written for this exercise yet: read its docstring and the "
-                                   "chapter's notebook)", style="dim"))
-            for i, h in enumerate(ex.hints[:level], start=1):
-                console.print(Text(f"   {i}. ") + Text(h))
-            if ex.hints and level < len(ex.hints):
-                console.print(Text(f"   ({len(ex.hints) - level} more: --hint {min(level + 1, len(ex.hints))})",
-                                   style="dim"))
-    if not shown:
+def hinted(chapters: Sequence[Chapter], status: Dict[str, str], only: str | None = None) -> List[Exercise]:
+    """The exercises to give hints for: `only` (a name or id), else every one whose status (by id)
+    is not passing."""
+    exercises = [ex for chapter in chapters for ex in chapter.exercises]
+    if only:
+        return [ex for ex in exercises if only in (ex.name, ex.attr, ex.id)]
+    return [ex for ex in exercises if status.get(ex.id) not in (PASSING, REFERENCE)]
+
+
+def render_hints(exercises: Sequence[Exercise], console: Console, level: int) -> None:
+    """Hints 1..level for each of `exercises` (see `hinted`)."""
+    for ex in exercises:
+        console.print(Text(f"Hints for {ex.id} (`def {ex.attr}`):", style="bold cyan"))
+        if not ex.hints:
+            console.print(Text("   (no hints written for this exercise yet: read its docstring and the "
+                               "chapter's notebook)", style="dim"))
+        for i, h in enumerate(ex.hints[:level], start=1):
+            console.print(Text(f"   {i}. ") + Text(h))
+        if ex.hints and level < len(ex.hints):
+            console.print(Text(f"   ({len(ex.hints) - level} more: --hint {min(level + 1, len(ex.hints))})",
+                               style="dim"))
+    if not exercises:
         console.print(Text("Every exercise here passed at the last run: no hints needed "
                            "(--exercise NAME shows one exercise's hints anyway).", style="green"))
 
 
-def to_json(verdict: Verdict, chapters: Sequence[Chapter], hint_level: int = 0) -> Dict:
-    hints: Dict[str, List[str]] = {}
-    if hint_level:
-        for chapter in chapters:
-            for ex in chapter.exercises:
-                hints[ex.id] = list(ex.hints[:hint_level])
+def to_json(verdict: Verdict, chapters: Sequence[Chapter]) -> Dict:
     return {
         "chapters": verdict.chapters,
         "mode": verdict.mode,
@@ -205,7 +198,6 @@ def to_json(verdict: Verdict, chapters: Sequence[Chapter], hint_level: int = 0) 
             for e in verdict.exercises
         ],
         "tests": [dataclasses.asdict(t) for t in verdict.tests],
-        "hints": hints,
     }
 
 

@@ -221,6 +221,8 @@ def test_progress_table_and_hints(project, capsys):
     assert main(["ch42", "--hint"]) == 0
     out = capsys.readouterr().out
     assert "Hints for ch42.is_big" in out and "Hints for ch42.double" not in out  # only unfinished ones
+    code, v = judge_json(capsys, "ch42", "--hint")
+    assert code == 0 and "ch42.is_big" in v["hints"] and "ch42.double" not in v["hints"]  # the same ones
     assert main(["ch42", "--hint", "--hint", "--exercise", "double"]) == 0
     out = capsys.readouterr().out
     assert "1. first hint" in out and "2. second hint" in out and "third hint" not in out
