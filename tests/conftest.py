@@ -43,3 +43,10 @@ def _restore_env():
     ENV.DISABLE_OVERLAP_SCHEDULING.value, ENV.CPU_STREAMS.value = saved
 
 
+
+
+@pytest.fixture
+def normal_loop():
+    """Chapters 7-10 predate overlap scheduling: their modules use this fixture for every test
+    (`pytestmark = pytest.mark.usefixtures("normal_loop")`)."""
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # _restore_env puts the old value back afterwards

@@ -13,14 +13,11 @@ import torch
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
 
 from minisgl.core import Batch, Req
-from minisgl.env import ENV
 from minisgl.kvcache import CacheHandle
 from minisgl.scheduler import ChunkedReq, DecodeManager
 
 
-@pytest.fixture(autouse=True)
-def normal_loop():
-    ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # conftest puts the old value back afterwards
+pytestmark = pytest.mark.usefixtures("normal_loop")  # conftest.py: chapter 11 is not here yet
 
 
 def launches(log) -> List[Tuple[str, List[int]]]:

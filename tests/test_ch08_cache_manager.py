@@ -10,15 +10,12 @@ import torch
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
 
 from minisgl.core import Req
-from minisgl.env import ENV
 from minisgl.kvcache import CacheHandle
 from minisgl.message import UserMsg
 from minisgl.scheduler import CacheManager, pages_for
 
 
-@pytest.fixture(autouse=True)
-def normal_loop():
-    ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # conftest puts the old value back afterwards
+pytestmark = pytest.mark.usefixtures("normal_loop")  # conftest.py: chapter 11 is not here yet
 
 
 def _manager(num_pages: int, page_size: int, cache_type: str, rows: int = 3, cols: int = 64) -> CacheManager:

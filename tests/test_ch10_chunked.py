@@ -12,13 +12,10 @@ import pytest
 import torch
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prefill_batches, prompt_ids
 
-from minisgl.env import ENV
 from minisgl.scheduler import CacheManager, ChunkedReq, PendingReq, PrefillAdder, TableManager
 
 
-@pytest.fixture(autouse=True)
-def normal_loop():
-    ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # conftest puts the old value back afterwards
+pytestmark = pytest.mark.usefixtures("normal_loop")  # conftest.py: chapter 11 is not here yet
 
 
 def material() -> List[int]:
