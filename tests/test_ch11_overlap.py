@@ -158,7 +158,8 @@ def check_slot_race_gives_right_tokens_deferred(llm_class) -> None:
     a = llm.add_request(short, SamplingParams(max_tokens=6))
     b = llm.add_request(long_, greedy(6))
     llm.run_until_idle()
-    assert llm.results[a].token_ids == ref_short[: k + 1]
+    assert llm.results[a].token_ids == ref_short[: k + 1], \
+        f"the request that ends at EOS: {llm.results[a].token_ids}, expected {ref_short[: k + 1]}"
     assert_tokens_equal([llm.results[b].token_ids], hf_greedy([long_], 6),
                         "the request that took over the freed slot")
     assert_idle_and_clean(llm)
