@@ -193,3 +193,11 @@ def test_notebook_runs_record_their_judging_apart_from_the_authors_progress(monk
     env = execute.kernel_env()
     assert env[PROGRESS_ENV] == str(REPO / "build" / "notebook_progress.json")
     assert "MINISGL_DISABLE_OVERLAP_SCHEDULING" not in env  # the shell's switches stay out
+
+
+def test_a_listing_shows_the_definition_that_wins_at_run_time():
+    import ast
+
+    tree = ast.parse("def f():\n    return 1\n\n\nclass A:\n    def g(self):\n        return 1\n\n"
+                     "    def g(self):\n        return 2\n\n\ndef f():\n    return 2\n")
+    assert [listing.find_definition(tree, name).lineno for name in ("f", "A.g")] == [13, 9]

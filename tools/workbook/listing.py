@@ -56,7 +56,7 @@ def find_definition(tree: ast.Module, qualname: str) -> ast.AST | None:
     scope: list = tree.body
     node = None
     for part in qualname.split("."):
-        node = next((n for n in scope if _defines(n, part)), None)
+        node = next((n for n in reversed(scope) if _defines(n, part)), None)  # the last one wins, as at run time
         if node is None:
             return None
         scope = getattr(node, "body", [])
