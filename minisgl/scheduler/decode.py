@@ -26,6 +26,9 @@ class DecodeManager:
         if self.running.get(req.uid) is req:
             del self.running[req.uid]
 
+    def get(self, uid: int) -> Req | None:
+        return self.running.get(uid)
+
     @property
     def runnable(self) -> bool:
         return bool(self.running)
