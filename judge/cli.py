@@ -185,7 +185,8 @@ def _learner_code(chapter: Chapter, args: argparse.Namespace, is_target: bool):
 
     try:
         if is_target and args.file is not None:
-            return from_file(args.file, chapter)
+            # A file may hold only the functions being worked on: the others stay the reference.
+            return from_file(args.file, chapter, missing="reference")
         if is_target and args.notebook is not None:
             return from_notebook(args.notebook, chapter)
         return from_notebook(find_notebook(chapter, notebooks_dir()), chapter)

@@ -41,6 +41,9 @@ class Exercise:
     tests: Tuple[str, ...]  # "test_ch11_overlap.py::test_name": what a wrong version must fail
     hints: Tuple[str, ...]  # gentlest first
     todo: str = ""  # optional: the stub's one-line "what to implement" (else from the docstring)
+    # Mutants of the reference that no test can kill because they compute the same thing:
+    # (mutant id, the one-line reason), reviewed one by one (python -m tools.mutants).
+    equivalent_mutants: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:
@@ -162,8 +165,15 @@ def _exercise(path: Path, chapter: str, i: int, e: object) -> Exercise:
     for field in ("tests", "hints"):
         if not all(isinstance(x, str) for x in e.get(field, [])):
             raise RegistryError(f"{where}: `{field}` must be a list of strings")
+    equivalents = []
+    for m in e.get("equivalent_mutants", []):
+        if not (isinstance(m, dict) and isinstance(m.get("id"), str) and isinstance(m.get("why"), str)
+                and m["id"] and m["why"].strip()):
+            raise RegistryError(f"{where}: each of `equivalent_mutants` needs an `id` and a `why` string")
+        equivalents.append((m["id"], m["why"].strip()))
     return Exercise(chapter=chapter, name=e["name"], target=e["target"], tests=tuple(e.get("tests", [])),
-                    hints=tuple(e.get("hints", [])), todo=str(e.get("todo", "")))
+                    hints=tuple(e.get("hints", [])), todo=str(e.get("todo", "")),
+                    equivalent_mutants=tuple(equivalents))
 
 
 def variants_dir() -> Path:

@@ -37,6 +37,7 @@ class RunOptions:
     threads: int | None = None  # torch/OpenMP threads in the subprocess (None: its default)
     env: Dict[str, str] = field(default_factory=dict)
     launcher: Any = None  # a forkserver.ForkServer to fork the test process from (self-check)
+    stop_at_first_failure: bool = False  # pytest -x: mutation testing needs one failing test, not all
 
     def __post_init__(self) -> None:
         if self.test_timeout is None:
@@ -128,6 +129,8 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
         cmd += ["--device", options.device]  # the repo's conftest defines it
     if options.keyword:
         cmd += ["-k", options.keyword]
+    if options.stop_at_first_failure:
+        cmd += ["-x"]
     cmd += [str(f) for f in test_files]
 
     env = dict(os.environ)
