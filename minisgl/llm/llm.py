@@ -121,6 +121,11 @@ class LLM(Scheduler):
                 self.normal_loop()
             else:
                 self._last_data = self.overlap_loop(self._last_data)
+            if not self.busy:
+                # Idle: let the scheduler stream's last work (caching the prefixes just finished)
+                # land before anyone on the host looks at the pools. On CUDA the streams are
+                # non-blocking, so reading a pool from the default stream would not wait for it.
+                self.stream.synchronize()
 
     def run_until_idle(self, max_idle_steps: int = 3) -> None:
         idle = 0
