@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Everything chapter 11 needs from a GPU machine, in one go (run from the repository root):
-#   bash benchmarks/gpu_check.sh [tests|bench|suite|all]   -> logs under $OUT (default ./gpu_out)
+#   bash benchmarks/gpu_check.sh [tests] [bench] [suite] | all   -> logs under $OUT (default ./gpu_out)
+# suite = the whole test suite, the ch11 judge and the judge's self-check, all with --device cuda.
+# A call of the device tool runs 10 minutes at most: run `tests suite` and `bench` as two calls.
 # Each part has its own time limit, so one that hangs does not take the others down.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-what=${1:-all}
+what=" ${*:-all} "
+want() { [[ $what == *" $1 "* || $what == *" all "* ]]; }
 py=python3
 part() { echo; echo "=== $1 ($(date +%T))"; }
 
@@ -13,7 +16,7 @@ part "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
 $py -c "import torch, triton, transformers, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 
-if [[ $what == tests || $what == all ]]; then
+if want tests; then
   part "Triton prefill and decode kernels vs plain attention"
   if ! timeout 120 $py -m pytest -q --device cuda tests/test_ch11_gpu.py -k "triton_decode or triton_prefill" 2>&1 | tee "$OUT/kernel.txt"; then
     echo "!!! a Triton attention kernel failed: the rest runs with MINISGL_ATTENTION_BACKEND=torch (no CUDA graphs)"
@@ -27,15 +30,20 @@ if [[ $what == tests || $what == all ]]; then
   part "GPU tests (tests/test_ch11_gpu.py)"
   timeout 200 $py -m pytest -q -rfE --device cuda tests/test_ch11_gpu.py -k "not triton_decode and not triton_prefill and not fused_elementwise" 2>&1 | tee "$OUT/gpu_tests.txt"
 fi
-if [[ $what == bench || $what == all ]]; then
+if want bench; then
   part "ablation benchmark"
   timeout ${BENCH_TIMEOUT:-300} $py benchmarks/overlap_ablation.py ${BENCH_ARGS:-} --out "$OUT/ablation.json" 2>&1 | tee "$OUT/ablation.txt"
   part "decode kernels alone"
   timeout 120 $py benchmarks/decode_kernels.py --quick 2>&1 | tee "$OUT/decode_kernels.txt"
 fi
-if [[ $what == suite || $what == all ]]; then
+if want suite; then
   part "whole suite on cuda"
   timeout ${SUITE_TIMEOUT:-240} $py -m pytest -q -rfE --device cuda --timeout 120 tests --ignore=tests/torture 2>&1 | tail -40 | tee "$OUT/suite.txt"
   part "judge ch11 on cuda"
   timeout 120 $py judge.py ch11 --solution --device cuda 2>&1 | tail -40 | tee "$OUT/judge.txt"
+  part "judge self-check on cuda (every chapter: reference green, each stub red on exactly its tests, variants caught)"
+  # Several test processes share the GPU here, as they share a laptop's cores: that load once
+  # exposed a stream race that one process alone never hit.
+  timeout ${SELFCHECK_TIMEOUT:-400} $py judge.py --selfcheck --device cuda --workers ${SELFCHECK_WORKERS:-6} 2>&1 \
+    | grep -v "^ok " | tail -60 | tee "$OUT/selfcheck.txt"
 fi
