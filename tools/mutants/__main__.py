@@ -44,8 +44,9 @@ from .operators import Mutant, mutants
 from .run import (EQUIVALENT, INVALID, KILLED, SURVIVED, TIMEOUT, Pool, ReferenceFails, Result, judge_mutants,
                   reference_durations)
 
-# Where each exercise's last full run is kept (for --markdown); tests point it elsewhere.
-RESULTS = Path(os.environ.get("MINISGL_MUTANTS_RESULTS") or REPO / "build" / "mutants")
+def results_dir() -> Path:
+    """Where each exercise's last full run is kept (for --markdown); tests point it elsewhere."""
+    return Path(os.environ.get("MINISGL_MUTANTS_RESULTS") or REPO / "build" / "mutants")
 
 
 def main(argv: List[str] | None = None) -> int:
@@ -183,11 +184,12 @@ def _print_table(console: Console, rows: List[Dict]) -> None:
 
 
 def _save(ex: Exercise, row: Dict, results: List[Result], stale: List[str]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    results = results_dir()
+    results.mkdir(parents=True, exist_ok=True)
     data = {**row, "stale": stale,
             "results": [{"id": r.mutant.id, "status": r.status, "by": r.by, "description": r.mutant.description}
                         for r in results]}
-    (RESULTS / f"{ex.id}.json").write_text(json.dumps(data, indent=1))
+    (results / f"{ex.id}.json").write_text(json.dumps(data, indent=1))
 
 
 def markdown(chapters: List[Chapter]) -> str:
@@ -195,7 +197,7 @@ def markdown(chapters: List[Chapter]) -> str:
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for chapter in chapters:
         for ex in chapter.exercises:
-            path = RESULTS / f"{ex.id}.json"
+            path = results_dir() / f"{ex.id}.json"
             if not path.is_file():
                 lines.append(f"| {ex.id} | not run | | | | | |")
                 continue
