@@ -45,7 +45,14 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        """Whether sampling can be skipped for the argmax: no temperature, or only one candidate."""
+        """Whether sampling can be skipped for the argmax: no temperature, or only one candidate.
+
+        Receives: the settings: `temperature` (>= 0), `top_k` (-1 for off, or >= 1), `top_p`.
+        Returns: a bool: True when the argmax is the only possible choice.
+        Leaves: nothing changed (a property that only reads).
+        Uses: `self.temperature`, `self.top_k` (ch01); top_p plays no part.
+        Checked: greedy detection over temperature, top_k and top_p combinations.
+        """
         return self.temperature == 0.0 or self.top_k == 1
 
 
@@ -75,17 +82,50 @@ class Req:
 
     @property
     def extend_len(self) -> int:
-        """How many tokens the next forward pass must process for this request."""
+        """How many tokens the next forward pass must process for this request.
+
+        Receives: the request: `device_len` tokens known to the device, `cached_len` of them with KV
+            in the cache.
+        Returns: an int, the known tokens not yet in the cache (the prompt at prefill, less a prefix
+            the cache already had; 1 at every decode step).
+        Leaves: nothing changed (a property that only reads).
+        Uses: `self.device_len`, `self.cached_len` (ch01).
+        Checked: it counts the uncached tokens and follows device_len; the lengths through a prefill
+            and decode steps.
+        """
         return self.device_len - self.cached_len
 
     @property
     def can_decode(self) -> bool:
-        """Whether the device may run one more decode step for this request."""
+        """Whether the device may run one more decode step for this request.
+
+        A request may grow until it has produced max_tokens tokens; the device's count already
+        includes the token being sampled, so this is known before that token reaches the CPU.
+
+        Receives: the request: `device_len` and `max_device_len` (prompt + max_tokens).
+        Returns: a bool: True while the device may still produce a token for it.
+        Leaves: nothing changed (a property that only reads).
+        Uses: `self.remain_len` or the lengths it is made of (ch01).
+        Checked: True until device_len reaches max_device_len, False from then on; the lengths
+            through a prefill and decode steps.
+        """
         return self.remain_len > 0
 
     def complete_one(self) -> None:
-        """Advance the request by one step right after its forward pass is launched: everything the
-        device knew is now cached, and the device will know one token more (the one being sampled)."""
+        """Advance the request's lengths by one step, right after its forward pass is launched.
+
+        After the pass everything the device knew is cached, and the device will know one token
+        more: the one being sampled, whose value the CPU does not have yet.
+
+        Receives: the request, lengths as they were for the step just launched (`cached_len` <=
+            `device_len` <= `max_device_len`).
+        Returns: nothing.
+        Leaves: `cached_len` = the old `device_len`; `device_len` one higher. `max_device_len` and
+            `input_ids` unchanged (the token's value arrives later, through `append_host`).
+        Uses: `self.cached_len`, `self.device_len` (ch01).
+        Checked: everything moves into the cache and one token is added; the lengths through a
+            prefill and decode steps up to max_tokens.
+        """
         self.cached_len = self.device_len
         self.device_len += 1
 

@@ -95,17 +95,37 @@ def load(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> Model:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Scale each vector (the last dimension of x) to unit root-mean-square, then by `weight`.
-    Computed in float32 whatever x's dtype, as Hugging Face does, so low-precision inputs agree."""
+
+    Computed in float32 whatever x's dtype, and cast back before the weight is applied, as Hugging
+    Face does, so low-precision inputs agree with it. No mean is subtracted (unlike LayerNorm).
+
+    Receives: `x` [..., dim] in any float dtype ([tokens, hidden], or [tokens, heads, head_dim] for
+        Qwen3's per-head norms); `weight` [dim]; `eps`, added to the mean square.
+    Returns: a tensor shaped like x.
+    Leaves: nothing changed (a pure function).
+    Uses: only torch (`forward` calls it before attention, before the MLP, at the end, and on q, k).
+    Checked: equals Hugging Face's RMSNorm; uses eps and float32; the tiny engine's logits and
+        greedy tokens equal Hugging Face's.
+    """
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding, NeoX layout. x: [tokens, heads, head_dim]; positions: [tokens].
+    """Rotary position embedding, NeoX layout: turn each head's pairs of dimensions by position.
 
-    Dimension i of the first half and dimension i of the second half form a 2-D pair, rotated by
-    the angle position * theta^(-2i / head_dim): fast rotations for the first pairs, slow for the last.
+    Dimension i of the first half and dimension i of the second half form a 2-D pair, rotated by the
+    angle position * theta^(-2i / head_dim): fast rotations for the first pairs, slow for the last.
+    Position 0 is no rotation; a rotation keeps each vector's length.
+
+    Receives: `x` [tokens, heads, head_dim] (q or k); `positions` [tokens], each token's position in
+        its sequence; `theta`, RoPE's base (config's rope_theta).
+    Returns: a new tensor shaped like x, in x's dtype.
+    Leaves: nothing changed (a pure function).
+    Uses: only torch (`forward` calls it on q and k).
+    Checked: equals Hugging Face's rotary embedding for several thetas; position 0 is the identity
+        and norms are kept; the tiny engine's logits and greedy tokens equal Hugging Face's.
     """
     head_dim = x.shape[-1]
     half = head_dim // 2
@@ -120,10 +140,18 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention with grouped-query heads.
 
-    q: [q_len, heads, head_dim]; k, v: [k_len, kv_heads, head_dim] with q_len <= k_len. The queries
-    are the *last* q_len positions of the sequence: query i sits at position k_len - q_len + i and
-    sees keys 0 .. that position. Each kv head serves heads // kv_heads query heads.
-    Returns [q_len, heads, head_dim].
+    The queries are the *last* q_len positions of the sequence: query i sits at position k_len -
+    q_len + i and sees keys 0 .. that position. Each kv head serves heads // kv_heads query heads.
+    Scores are scaled by 1 / sqrt(head_dim).
+
+    Receives: `q` [q_len, heads, head_dim]; `k`, `v` [k_len, kv_heads, head_dim], q_len <= k_len
+        (the whole sequence so far: the cache's keys and this step's).
+    Returns: [q_len, heads, head_dim].
+    Leaves: nothing changed (a pure function).
+    Uses: only torch (`forward` calls it with the keys and values `KVCache.extend` returns).
+    Checked: a full sequence equals PyTorch's scaled_dot_product_attention (with and without grouped
+        heads); fewer queries than keys are the last positions; the tiny engine's logits and greedy
+        tokens equal Hugging Face's.
     """
     q_len, num_heads, head_dim = q.shape
     k_len, num_kv_heads, _ = k.shape
@@ -195,8 +223,20 @@ def forward(model: Model, ids: torch.Tensor, positions: torch.Tensor, cache: KVC
 @torch.no_grad()
 def generate(model: Model, prompt_ids: Sequence[int], max_new_tokens: int,
              eos_token_id: int | None = None) -> List[int]:
-    """Greedy decoding: prefill the prompt once, then feed back one token per step. Returns the new
-    token ids: max_new_tokens of them, or fewer if eos_token_id comes (it is included)."""
+    """Greedy decoding: prefill the prompt once, then feed back one token per step.
+
+    Only the last position's logits predict the next token; a new token's position is the number of
+    tokens already in the cache, so each decode step runs just that one token.
+
+    Receives: `model`, loaded by `load`; `prompt_ids`, the prompt's token ids; `max_new_tokens` (at
+        least 1); `eos_token_id`, or None for no early stop.
+    Returns: the new token ids as Python ints: max_new_tokens of them, or fewer if eos_token_id
+        comes (it is included, and it is the last).
+    Leaves: nothing changed outside (a fresh `KVCache` lives only during the call).
+    Uses: `forward` and `KVCache` (ch00); only torch otherwise.
+    Checked: the first forward runs the whole prompt and every later one a single token; it stops
+        right after EOS; greedy tokens equal Hugging Face's.
+    """
     cache = KVCache(model.config.num_layers)
     logits = forward(model, torch.tensor(list(prompt_ids)), torch.arange(len(prompt_ids)), cache)
     out: List[int] = []

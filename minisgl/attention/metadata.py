@@ -41,8 +41,24 @@ class AttentionMetadata:
 
 
 def prepare_metadata(batch: Batch, page_table: torch.Tensor, device: torch.device) -> AttentionMetadata:
-    """Build the metadata of `batch` from its requests' lengths (read before `complete_one`), using
-    the engine's full page table [rows, max_seq_len]."""
+    """Build the attention metadata of `batch` from its requests' lengths.
+
+    It is built before the step is launched, so the lengths are those before `complete_one`: a
+    request's new tokens are its extend_len, and its keys after this step are its device_len.
+
+    Receives: `batch`, its requests in order (each with `table_idx`, `cached_len`, `device_len`);
+        `page_table`, the engine's whole page table [rows, max_seq_len] int32 on the device;
+        `device`.
+    Returns: an AttentionMetadata: `cu_seqlens_q` [B+1] int32 prefix sums of the new-token counts;
+        `cache_seqlens` [B] int32 key lengths; `page_table` [B, max_seqlen_k], the requests' rows
+        cut to the longest; `last_indices` [B] int64, each request's last query; `max_seqlen_q`,
+        `max_seqlen_k` (ints); optionally `rows`, `cu_seqlens_q_host`, `cache_seqlens_host` for a
+        GPU. All tensors on `device`.
+    Leaves: nothing changed (a pure function).
+    Uses: `req.extend_len` (ch01), `AttentionMetadata` (ch05); only torch otherwise.
+    Checked: the fields of a mixed prefill batch and of a decode batch, on the right device;
+        attention driven by this metadata equals dense causal attention, prefill and decode.
+    """
     seqlens_q = [req.extend_len for req in batch.reqs]
     seqlens_k = [req.device_len for req in batch.reqs]
     cu = [0]

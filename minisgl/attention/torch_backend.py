@@ -38,6 +38,25 @@ class TorchAttentionBackend:
         return self._prefill(q, layer_id, batch)
 
     def _prefill(self, q: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        """Attend each request's new queries over its cached and new keys, causally.
+
+        Requests differ in length, so each is handled on its own: its queries are a slice of `q`,
+        its keys and values are read from the cache through its page-table row. Query j of a request
+        with len_q queries and len_k keys sits at position len_k - len_q + j and sees keys 0 .. that
+        position.
+
+        Receives: `q` [tokens, heads, head_dim], the batch's new queries, request after request;
+            `layer_id`; `batch` with `attn_metadata` (cu_seqlens_q, cache_seqlens, page_table; the
+            host copies `cu_seqlens_q_host` and `cache_seqlens_host` may be None). This step's keys
+            and values are already in the cache (`forward` stored them).
+        Returns: [tokens, heads, head_dim], like q, each request's rows in its slice.
+        Leaves: nothing changed (reads the KV cache only).
+        Uses: `self.kv_cache.k_cache` and `.v_cache` (ch04), `self.scale`, `self.group` (or
+            `enable_gqa`), `F.scaled_dot_product_attention`.
+        Checked: equals dense causal attention with cached prefixes (page size 1 and 4); a request
+            never sees another request's keys, nor keys past its own length; it works with prepared
+            metadata.
+        """
         meta = batch.attn_metadata
         k_cache, v_cache = self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id)
         # Host-side copies when the metadata carries them: `.tolist()` on a GPU tensor waits for
@@ -60,6 +79,22 @@ class TorchAttentionBackend:
         return out
 
     def _decode(self, q: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        """Attend each request's one new query over all its keys, the whole batch at once.
+
+        In decode every request has exactly one query, the last position of its sequence, so nothing
+        inside a request is masked: only the padding of the shorter rows is. One batched
+        computation, no Python loop, so it can be captured in a CUDA graph.
+
+        Receives: `q` [B, heads, head_dim], one query per request; `layer_id`; `batch` with
+            `attn_metadata`: `page_table` [B, max_k] (entries past a request's length are junk) and
+            `cache_seqlens` [B]. This step's keys and values are already in the cache.
+        Returns: [B, heads, head_dim], like q.
+        Leaves: nothing changed (reads the KV cache only).
+        Uses: `self.kv_cache.k_cache` and `.v_cache` (ch04), `self.scale`, `self.group` (or
+            `enable_gqa`), `F.scaled_dot_product_attention`.
+        Checked: equals dense causal attention for a decode batch of different lengths (page size 1
+            and 4), also with prepared metadata.
+        """
         meta = batch.attn_metadata
         k_cache, v_cache = self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id)
         locs = meta.page_table  # [B, max_k]; entries past a request's length are ignored

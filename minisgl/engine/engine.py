@@ -119,9 +119,28 @@ class Engine:
         return max(1, int(free * self.config.memory_ratio) // per_page)
 
     def forward_batch(self, fi: ForwardInput) -> ForwardOutput:
-        """Launch one step on the engine stream: read the input ids from the token pool, run the
-        model, sample, write each sample into the token pool (where the next step reads it) and copy
-        the samples to the host. Then advance the requests' CPU state; the results are not waited for."""
+        """Launch one step on the engine stream and return its output without waiting for it.
+
+        The CPU runs ahead of the device: the step's work is queued on the engine stream, and the
+        requests' CPU state advances at once. Each sample is written into the token pool, where the
+        next step reads it, before `copy_done` is recorded, so whoever waits on `copy_done` sees it.
+
+        Receives: `fi`, a ForwardInput: the batch (positions, out_loc, attention metadata filled in;
+            lengths not yet advanced), `sample_args`, `input_tuple` (row, position of each processed
+            token in the token pool) and `write_tuple` (row, column of each request's sample).
+        Returns: a ForwardOutput: `next_tokens_gpu` [B] int32 on the device, `next_tokens_cpu` [B]
+            int32 on the host (page-locked on a GPU), valid once `copy_done`, an event recorded on
+            the engine stream after the step's work, has completed.
+        Leaves: the step queued on `self.stream`, not waited for; when it runs: `batch.input_ids`
+            read from the token pool, the samples in the token pool at `write_tuple` and in both
+            output tensors; every request of the batch advanced by `complete_one` (on the CPU, at
+            once).
+        Uses: `self.stream.launch`, `self.kit.pin`, `self.kit.new_event`, `self.run_model`,
+            `self.sampler.sample` (ch06); `self.token_pool` (ch04); `req.complete_one` (ch01).
+        Checked: it returns before the step is done, with the requests advanced and int32 tokens;
+            the next step reads the sample from the token pool without waiting; greedy generation
+            through it matches Hugging Face.
+        """
         batch = fi.batch
         bs = batch.size
         out = ForwardOutput(

@@ -38,7 +38,20 @@ class BatchSamplingArgs:
 
 def top_k_top_p_filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Set to -inf every logit outside each row's top-k, then outside its top-p nucleus.
-    logits: [B, V] (already divided by temperature)."""
+
+    Top-p works on what top-k left, renormalized: a token stays while the probability mass of the
+    more likely tokens before it is still below p, so the most likely token always stays.
+
+    Receives: `logits` [B, V] float (already divided by temperature); `top_k` [B] int64 (V where
+        off); `top_p` [B] float32 in (0, 1] (1.0 where off). Each row has its own settings.
+    Returns: a new [B, V] tensor: the kept logits unchanged, every other entry -inf.
+    Leaves: nothing changed (a pure function).
+    Uses: only torch (sort, softmax, cumsum, scatter).
+    Checked: exactly k tokens survive top-k, ties included; top-p keeps the token that reaches p and
+        removes the ones after it; filters that are off keep every token, also next to a filtered
+        row; sampling never leaves the top-k or the nucleus and follows its renormalized
+        distribution.
+    """
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
     sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
@@ -59,7 +72,19 @@ class Sampler:
             self.generator.manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """logits [B, V] -> next token ids [B] (int32)."""
+        """Pick each row's next token from its logits: the argmax for greedy rows, else a draw.
+
+        Receives: `logits` [B, V] (any float dtype); `args`, a BatchSamplingArgs: `temperatures` [B]
+            float32 (0 for a greedy row), `top_k`, `top_p` [B], or all three None when every row is
+            greedy.
+        Returns: next token ids [B], int32.
+        Leaves: the sampler's random generator advanced (only when some row is sampled).
+        Uses: `top_k_top_p_filter` (ch06), `self.generator` (with `torch.multinomial`).
+        Checked: an all-greedy batch takes each row's argmax; greedy rows stay greedy next to
+            sampled ones; draws follow softmax(logits / T), within top-k and the renormalized
+            nucleus, with each row's own settings; T near 0 is the argmax; a seed makes runs
+            reproducible; tokens are int32.
+        """
         greedy = logits.argmax(dim=-1)
         if args.temperatures is None:
             return greedy.to(torch.int32)

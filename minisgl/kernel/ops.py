@@ -10,7 +10,18 @@ import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32 like Hugging Face does."""
+    """Normalize each vector of `x` (its last dimension) to unit root-mean-square, then scale it.
+
+    y = x / sqrt(mean(x^2) + eps) * weight, computed in float32 and cast back to x's dtype before
+    the weight is applied, exactly as Hugging Face does, so low-precision inputs agree with it.
+
+    Receives: `x` [..., dim] in any float dtype (tokens x hidden, or tokens x heads x head_dim for
+        the per-head norms); `weight` [dim]; `eps`, a small float.
+    Returns: a tensor shaped like x, in the dtype x and weight promote to.
+    Leaves: nothing changed (a pure function; x is not modified).
+    Uses: only torch (`fused_add_rms_norm` and `RMSNorm` call this function).
+    Checked: equals Hugging Face's RMSNorm, plain and fused with the residual, and per head.
+    """
     dtype = x.dtype
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -29,8 +40,19 @@ def fused_add_rms_norm(
 def apply_rope_neox(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> torch.Tensor:
-    """Rotate `x` [tokens, heads, head_dim] by the angles whose cos/sin are [tokens, head_dim // 2].
-    NeoX layout: the first half of head_dim pairs with the second half (not even/odd)."""
+    """Rotate `x` by the angles whose cosines and sines are given, in the NeoX layout.
+
+    NeoX pairs dimension i of the first half of head_dim with dimension i of the second half (not
+    even with odd), and rotates each pair by its angle; every head of a token turns alike.
+
+    Receives: `x` [tokens, heads, head_dim]; `cos`, `sin` [tokens, head_dim // 2], one row per token
+        (already looked up for its position).
+    Returns: a new tensor shaped like x.
+    Leaves: nothing changed (a pure function).
+    Uses: only torch (`RotaryEmbedding` computes cos and sin and calls this function).
+    Checked: equals Hugging Face's rotary embedding; each first-half / second-half pair is rotated
+        by its angle.
+    """
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads

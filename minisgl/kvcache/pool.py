@@ -31,8 +31,20 @@ class KVCache:
         return self._flat[1, layer_id]
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
-        """Write the keys and values of the tokens just computed (k, v: [tokens, kv_heads, head_dim])
-        to their locations `out_loc` [tokens] in layer `layer_id`."""
+        """Write the keys and values of the tokens just computed to their locations in one layer.
+
+        A location is page * page_size + offset: one row of the flattened cache, which is how
+        `k_cache(layer)` and `v_cache(layer)` index it.
+
+        Receives: `k`, `v` [tokens, kv_heads, head_dim] in the cache's dtype; `out_loc` [tokens],
+            one location per token (int64 or int32, on the cache's device); `layer_id`.
+        Returns: nothing.
+        Leaves: `self.buffer` holding token i's key and value at location `out_loc[i]` of layer
+            `layer_id` (an earlier value there is overwritten); every other entry unchanged.
+        Uses: `self.k_cache`, `self.v_cache` (views of `self.buffer` by location; ch04).
+        Checked: each token lands at its page and offset; a reused location is overwritten; the
+            views by location read back what was stored.
+        """
         self._flat[0, layer_id][out_loc] = k
         self._flat[1, layer_id][out_loc] = v
 

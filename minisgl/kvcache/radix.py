@@ -76,8 +76,27 @@ class RadixPrefixCache(BasePrefixCache):
         return upper
 
     def _walk(self, ids: Tuple[int, ...]) -> Tuple[RadixNode, int, List[torch.Tensor]]:
-        """Follow `ids` down the tree as far as whole pages match, splitting the last edge if the
-        match ends inside it. Returns (deepest node reached, tokens matched, values on the way)."""
+        """Follow `ids` down the tree as far as whole pages match; split the edge where it stops.
+
+        Both match and insert start here. The walk also records use: every node it passes gets the
+        same new time, which is what least-recently-used eviction reads.
+
+        Receives: `ids`, a tuple of token ids (any length; a tail shorter than a page never
+            matches); the tree from `self.root`, whose nodes hold `key` (tokens), `value` (their KV
+            locations) and `children` keyed by the first page (`page_size` tokens) of each child's
+            edge.
+        Returns: (the deepest node reached, the number of tokens matched, a multiple of page_size,
+            the list of the values of the nodes passed below the root, in order: together, the
+            matched locations).
+        Leaves: an edge the match ends inside split there (the upper half keeps the node's locks and
+            time; no location moves); the root and every node passed stamped with one new `_tick()`;
+            the evictable and protected sizes unchanged.
+        Uses: `self._child_key`, `self._common_len`, `self._split`, `self._tick` (ch09).
+        Checked: a match returns the inserted locations; a match inside an edge splits it at a page
+            start and keeps the values in place; only whole pages match; eviction follows the order
+            of last use and a split's lower half keeps its time; random operations keep the tree
+            consistent; a repeated prompt computes only its last token.
+        """
         node, matched, values = self.root, 0, []
         now = self._tick()
         node.last_access = now
@@ -105,6 +124,23 @@ class RadixPrefixCache(BasePrefixCache):
         return CacheHandle(matched, node), indices
 
     def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> Tuple[int, CacheHandle]:
+        """Add a sequence's whole pages to the tree and say how much of it was cached already.
+
+        Receives: `input_ids` [n] token ids and `indices` [n] their KV locations (int32); only the
+            first n - n % page_size tokens are cached.
+        Returns: (prefix_len, handle): prefix_len, the tokens the tree already held (the caller's
+            locations for them are duplicates, its to free); `CacheHandle(cached_len, node)`
+            covering every whole-page token, node being the deepest node of that path.
+        Leaves: the tokens past prefix_len as one new leaf under the node reached, with a copy of
+            their locations, stamped as just used and unlocked (`evictable_size` grows by its
+            length); nothing new when all was cached. Splits and time stamps come from the walk.
+        Uses: `self._walk`, `self._tick`, `self._child_key`, `RadixNode` (ch09); `CacheHandle`
+            (ch08).
+        Checked: a match returns the inserted locations; a diverging insert shares the common
+            prefix; only whole pages are inserted; a new leaf counts as just used; random operations
+            keep the tree consistent; the engine reuses cached prompts and still gives Hugging
+            Face's tokens.
+        """
         n = len(input_ids) - len(input_ids) % self.page_size  # only whole pages are cached
         ids = tuple(input_ids[:n].tolist())
         node, matched, _ = self._walk(ids)
@@ -117,6 +153,23 @@ class RadixPrefixCache(BasePrefixCache):
         return matched, CacheHandle(n, node)
 
     def lock_handle(self, handle: CacheHandle, unlock: bool = False) -> None:
+        """Protect the path of `handle` from eviction or, with `unlock`, stop protecting it.
+
+        Locks nest: two requests on one prefix lock it twice, and it is protected until both unlock.
+
+        Receives: `handle`, from a match or an insert (its node is None for an empty match: nothing
+            to lock); `unlock`, False to lock, True to unlock.
+        Returns: nothing.
+        Leaves: the `ref_count` of every node from the handle's node up to the root (the root
+            excluded) one higher (one lower to unlock); a node whose count leaves 0 moves its tokens
+            from `evictable_size` to `protected_size`, one whose count returns to 0 moves them back.
+            Unlocking a node whose count is already 0 raises AssertionError.
+        Uses: `RadixNode.ref_count`, `.parent`, `self.root`, `self._evictable`, `self._protected`
+            (ch09).
+        Checked: locks move tokens between evictable and protected and nest; an empty handle locks
+            nothing; an unlock too many raises AssertionError; a locked path is never evicted, nor
+            the prefix of a running request; random operations keep the tree consistent.
+        """
         node = handle.node
         if node is None:
             return
@@ -136,6 +189,22 @@ class RadixPrefixCache(BasePrefixCache):
             node = node.parent
 
     def evict(self, num_tokens: int) -> torch.Tensor:
+        """Free least recently used unlocked leaves until at least `num_tokens` locations are freed.
+
+        Receives: `num_tokens`, the locations wanted (0 or less: nothing to do).
+        Returns: the freed KV locations (int32, whole nodes, so possibly more than asked; empty when
+            nothing was asked). Raises RuntimeError, changing nothing, when more than
+            `evictable_size` is asked.
+        Leaves: the evicted leaves out of their parents' `children`, `evictable_size` lower by their
+            length; a parent left without children, unlocked and not the root, is a candidate in the
+            same call; locked nodes untouched.
+        Uses: `self._nodes`, `RadixNode.is_leaf`, `.ref_count`, `.last_access` (nodes compare by it,
+            so `heapq` gives the oldest), `self._child_key` (ch09).
+        Checked: least recently used leaves go first, then their parent; whole leaves go until
+            enough is free; a locked path and the prefix of a running request are never evicted;
+            random operations keep the tree consistent; outputs stay Hugging Face's under memory
+            pressure.
+        """
         if num_tokens <= 0:
             return self.root.value
         if num_tokens > self._evictable:

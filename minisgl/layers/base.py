@@ -15,8 +15,21 @@ import torch
 
 class BaseOP:
     def named_tensors(self, prefix: str = "") -> Iterator[Tuple[str, torch.Tensor]]:
-        """Yield (key, tensor) for every weight of this op and its sub-ops, depth first in attribute
-        order; the key is the attribute path after `prefix`. Private attributes (`_name`) are skipped."""
+        """Yield (key, tensor) for every weight of this op and its sub-ops, depth first.
+
+        A weight's key is the path of attribute names that leads to it, joined by dots, so the keys
+        follow the Hugging Face layout when the attributes are named like its modules.
+
+        Receives: `prefix`, prepended to every key ("" at the top; "layers.0." further down).
+        Returns: an iterator of (key, tensor) pairs, in attribute order, the tensors themselves (no
+            copy).
+        Leaves: nothing changed.
+        Uses: `self.__dict__` in order; a sub-op's own `named_tensors` (`OPList` numbers its items);
+            attributes whose names start with "_" are private and skipped (ch02).
+        Checked: the model's keys match the Hugging Face layout; keys follow attribute paths;
+            private attributes are not weights; the state dict holds the weights themselves; a tied
+            LM head owns no weight.
+        """
         for name, value in self.__dict__.items():
             if name.startswith("_"):
                 continue

@@ -36,7 +36,27 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, raw: Dict[str, Any]) -> "ModelConfig":
-        """Build from the parsed `config.json` of either transformers layout."""
+        """Build from the parsed `config.json` of either transformers layout.
+
+        transformers 4 and 5 name a few fields differently (the dtype, RoPE's theta and its scaling
+        type); both layouts of one model must give the same config. A field that would change the
+        computation and is not supported is refused, never ignored.
+
+        Receives: `raw`, the parsed config.json (a dict). Required: architectures, vocab_size,
+            hidden_size, intermediate_size, num_hidden_layers, num_attention_heads; the rest may be
+            absent or null (defaults: kv heads = query heads, head_dim = hidden_size // query heads,
+            eps 1e-6, theta 10000, 4096 positions, untied, no attention bias, bfloat16, no EOS).
+        Returns: a ModelConfig: architecture "qwen3" or "llama" (the first supported entry of
+            architectures), dtype a torch.dtype, eos_token_id an int or None (the first of a list).
+        Leaves: nothing changed (a pure function). Raises ValueError naming an unsupported
+            architecture or a RoPE scaling type other than default.
+        Uses: `SUPPORTED_ARCHITECTURES`, `ModelConfig` (ch03); only the standard library and torch
+            otherwise.
+        Checked: both layouts give the same config, and the test model's agrees with transformers';
+            the defaults; head_dim's default; dtype and theta from either layout; Llama is
+            recognized and the first supported architecture is used; unsupported architectures and
+            RoPE scaling raise, while plain RoPE is accepted in every spelling.
+        """
         archs = raw.get("architectures") or []
         arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:

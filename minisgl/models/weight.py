@@ -53,8 +53,27 @@ def iter_hf_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]
 
 
 def load_weight(model: BaseOP, model_dir: str | Path, device: torch.device) -> Dict[str, torch.Tensor]:
-    """Read the checkpoint in `model_dir` into a state dict keyed like `model.state_dict()`, merging
-    split projections, then load it into `model` (strictly). Returns the state dict."""
+    """Load the checkpoint in `model_dir` into `model`, merging split projections.
+
+    Hugging Face stores q/k/v and gate/up projections as separate tensors; the engine uses one
+    merged qkv_proj and one gate_up_proj (parts concatenated along dim 0, in that order). Tensors
+    are read one at a time, never the whole checkpoint at once. Every mismatch between checkpoint
+    and model is an error that names the key.
+
+    Receives: `model`, an op whose `named_tensors()` gives its keys, shapes and dtypes; `model_dir`,
+        a directory of *.safetensors files (one or sharded, with an index); `device`.
+    Returns: the state dict loaded, keyed exactly like the model's tensors, each on `device` in the
+        model's dtype.
+    Leaves: every weight of `model` replaced (strictly: no key missing, extra or mis-shaped).
+        `rotary_emb.inv_freq` and, for a tied model, `lm_head.weight` are skipped. Raises KeyError
+        for a missing, extra or incomplete merged weight, ValueError for a wrong shape or a part
+        seen twice or an unreadable file, FileNotFoundError when there is no checkpoint file.
+    Uses: `iter_hf_tensors`, `_MERGES` (ch03); `model.named_tensors` (ch02), `model.load_state_dict`
+        (ch02).
+    Checked: exactly the model's keys, with merges (biases too); the loaded Qwen3 and a Llama match
+        Hugging Face's logits; a sharded checkpoint loads the same; each kind of bad checkpoint is
+        named; weights land on the device in the model's dtype.
+    """
     expected = {k: v for k, v in model.named_tensors()}
     state: Dict[str, torch.Tensor] = {}
     pending: Dict[str, List[torch.Tensor | None]] = {}  # merged key -> parts seen so far

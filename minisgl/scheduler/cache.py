@@ -72,13 +72,29 @@ class CacheManager:
         return pages
 
     def allocate_paged(self, reqs: List[Req]) -> None:
-        """Give each request KV locations for the tokens it is about to process, positions
-        [cached_len, device_len), and write them into its page-table row. Locations below
-        cached_len were allocated before, so the request's last page may still have room.
+        """Give each request KV locations for the positions it is about to process.
 
-        The loop over requests only does arithmetic on the CPU; the page table (on the device) is
-        touched by a fixed handful of operations per batch, not a few per request: with 256
-        requests a step, per-request launches would cost the CPU more than the GPU's whole step."""
+        A page is `page_size` consecutive locations, and position j of a request sits at offset j %
+        page_size of its page. Locations below cached_len were allocated before, so the request's
+        last page may still have room. The loop over requests only does arithmetic on the CPU; the
+        page table (on the device) is touched by a fixed handful of operations per batch, not a few
+        per request: with 256 requests a step, per-request launches would cost the CPU more than the
+        GPU's whole step.
+
+        Receives: `reqs`, the batch's requests (chunks included), each with its slot `table_idx` and
+            positions [cached_len, device_len) to process; its page-table row is filled below
+            cached_len.
+        Returns: nothing.
+        Leaves: the locations of positions [cached_len, device_len) written into each request's
+            page-table row, nothing else of the row changed; positions that fit in the request's
+            last held page use it, the rest take whole fresh pages, each request its own; the pages
+            taken gone from the free list (evicting from the prefix cache if the free list is
+            short); one `pages_alloc` event (uid, pages) per request that got new pages.
+        Uses: `self._take_pages`, `pages_for`, `self.page_table`, `self._events.emit` (ch08).
+        Checked: whole pages are taken and the last one is filled first; each request gets its own
+            pages; only this step's positions are written and the pages given are reported; running
+            requests hold page-aligned, disjoint pages; every page is back or cached at the end.
+        """
         p = self.page_size
         # positions that still fit in the request's last held page: (row, column, distance from
         # the request's last location); positions in fresh pages: (row, column, which fresh page)
@@ -153,9 +169,27 @@ class CacheManager:
     def cache_req(self, req: Req, *, finished: bool) -> None:
         """Hand the request's computed prefix (its first cached_len tokens) to the prefix cache.
 
-        Tokens the cache already had under other locations are duplicates: free ours, and point the
-        request's page table at the cache's copy. If the request is finished, free everything the
-        cache did not take and drop the request's lock; otherwise lock the new, longer prefix."""
+        Tokens the cache already had under other locations are duplicates: ours are freed and the
+        request reads the cache's copy. A running request keeps its prefix locked; a finished one
+        gives back everything the cache did not take.
+
+        Receives: `req`, whose page-table row holds the locations of its first cached_len tokens,
+            whose `input_ids` has at least those tokens, and whose `cache_handle` is the (locked)
+            prefix it started on; `finished`, whether the request has ended.
+        Returns: nothing.
+        Leaves: the request's whole pages offered to the prefix cache (the radix cache keeps them,
+            the naive one nothing); its locations that duplicate the cache's freed; the lock of its
+            old handle dropped. Finished: every location past the new handle's cached_len (a partial
+            last page) freed, and `req.cache_handle` = `CacheHandle(0)`. Running: its page-table row
+            points at the cache's copy of the duplicated range, and the new handle is locked and
+            stored in `req.cache_handle`.
+        Uses: `self.prefix_cache.insert_prefix` and `.match_prefix` (ch04, the prefix-cache
+            interface), `self.lock`, `self.unlock`, `self._free_locations` (ch08), `CacheHandle`.
+        Checked: duplicates are freed and the cache's copy shared; a running request's prefix is
+            locked, also when it started on a cached prefix; a finished request leaves its whole
+            sequence in the cache and its partial last page free; every page is free or cached once
+            all end.
+        """
         row, n = req.table_idx, req.cached_len
         locs = self.page_table[row, :n]
         old: CacheHandle = req.cache_handle
@@ -183,7 +217,18 @@ class CacheManager:
         return torch.unique(locs // self.page_size)
 
     def check_integrity(self) -> None:
-        """With no request running: every page is either free or in the prefix cache, once."""
+        """With no request running: every page is either free or in the prefix cache, once.
+
+        Receives: the manager with no request running: `self.free_pages` (page numbers) and the
+            prefix cache, which reports KV locations (`page_size` of them per page), not pages.
+        Returns: nothing; raises AssertionError, with a message saying what is wrong, otherwise.
+        Leaves: nothing changed (a check).
+        Uses: `self.prefix_cache.check_integrity`, `.all_indices`, `.protected_size` (ch04, the
+            prefix-cache interface), `self.free_pages`, `self.num_pages` (ch08).
+        Checked: a healthy engine passes after a run; it catches, each with a message: a leaked
+            page, a page both free and cached, a page freed twice or twice in the free list, more
+            pages than the pool has, a lock left behind, and a broken prefix tree.
+        """
         self.prefix_cache.check_integrity()
         cached_locs = self.prefix_cache.all_indices()
         cached_pages = torch.unique(cached_locs // self.page_size)

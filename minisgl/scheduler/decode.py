@@ -12,8 +12,23 @@ class DecodeManager:
         self.running: Dict[int, Req] = {}  # uid -> request, in arrival order
 
     def filter_reqs(self, reqs: Iterable[Req]) -> None:
-        """After a batch is launched: keep (or add) the requests that may decode further, drop the
-        ones that reached max_tokens. Chunked prefills are not decoding yet."""
+        """Keep (or add) the launched requests that may decode further; drop those at max_tokens.
+
+        It runs right after a batch is launched, so each request's lengths already count the token
+        being sampled: `can_decode` says whether one more decode step may follow.
+
+        Receives: `reqs`, the requests of the batch just launched, prefill or decode; chunks of a
+            chunked prefill among them have `is_chunk` set.
+        Returns: nothing.
+        Leaves: `self.running` (uid -> request, in the order requests first joined): every request
+            that can decode is in it (a new one at the end, a known one where it was), every one
+            that cannot is out of it; chunks are left alone.
+        Uses: `req.can_decode` (ch01), `ChunkedReq.is_chunk` (ch07), `self.running` (ch07).
+        Checked: requests that can decode join in batch order, a finished one never does and leaves
+            once it reaches max_tokens; a chunked prefill is not decoding; batches compose over time
+            as continuous batching says, with Hugging Face's tokens; every slot and page is back at
+            the end.
+        """
         for req in reqs:
             if getattr(req, "is_chunk", False):
                 continue

@@ -65,7 +65,32 @@ class PrefillAdder:
         self.page_table = page_table
 
     def try_add_one(self, pending: PendingReq) -> Req | None:
-        """Admit `pending` (or its next chunk) into the batch; None if it has to wait."""
+        """Admit `pending` (or its next chunk) into the batch; None if it has to wait.
+
+        Two limits: the step's token budget (a prompt that does not fit is split into chunks), and
+        memory: a new request is admitted only if the pages of its whole life (prompt + max_tokens)
+        past its cached prefix fit beside those already promised, so no request runs out mid-way.
+
+        Receives: `pending`, a queued request (uid, prompt `input_ids`, sampling params), with
+            `chunked_req` set when earlier chunks of it have run (it was admitted then);
+            `self.token_budget`, the tokens left in this step; `self.reserved_pages`, the pages
+            already promised to running requests and to those added so far.
+        Returns: a `Req` when the rest of the prompt fits in the budget, a `ChunkedReq` over
+            `input_ids[:cached_len + chunk]` when it does not, or None (budget spent, no free slot,
+            or too little memory).
+        Leaves: the budget lowered by the tokens taken and the pages it may still need reserved; a
+            new request holds a slot with its whole prompt in the token-pool row, its cached
+            prefix's locations in its page-table row and that prefix locked (its `cache_handle`); a
+            continued chunk keeps its slot and handle; `pending.chunked_req` = the new chunk, or
+            None for the last piece. On None nothing is taken: no slot, no lock.
+        Uses: `self.cache_manager.match_req`, `.lock`, `.unlock`, `.available_pages`, `pages_for`
+            (ch08); `self.table_manager.allocate` (ch04); `self.token_pool`, `self.page_table`
+            (ch04); `ChunkedReq` (ch10).
+        Checked: chunked prefill gives Hugging Face's tokens; no batch exceeds the budget and every
+            prompt token is computed once; a request that waits holds no slot or lock; memory admits
+            only what it can finish, and a continued chunk keeps its reservation; a cached prefix is
+            used and locked.
+        """
         if self.token_budget <= 0:
             return None
         page_size = self.cache_manager.page_size
@@ -132,6 +157,23 @@ class PrefillManager:
                    for r in self.decode_manager.running.values())
 
     def schedule_next_batch(self, token_budget: int) -> Batch | None:
+        """Build the next prefill batch from the queue, within `token_budget`; None if nothing fits.
+
+        First come, first served: requests are offered in arrival order and the first one that has
+        to wait stops the batch, so a later, smaller request never overtakes it.
+
+        Receives: `token_budget`, the most prompt tokens this step may process; `self.pending`, the
+            queued requests in arrival order (some part-way through a chunked prefill); the running
+            requests in `self.decode_manager.running`.
+        Returns: a prefill `Batch` of the requests and chunks added, or None when none was added.
+        Leaves: a request out of `self.pending` once its last piece is in the batch; a chunked one
+            stays, first in line, for the next step. Slots, pages and locks are taken by the adder.
+        Uses: `PrefillAdder` and its `try_add_one` (ch10), `self._reserved_pages()` (ch08), `Batch`
+            (ch01).
+        Checked: chunked prefill gives Hugging Face's tokens; batches share the budget in arrival
+            order and fill it while prompts wait; a long prompt is split and answered only after its
+            last chunk; a waiting request is not overtaken.
+        """
         adder = PrefillAdder(token_budget, self._reserved_pages(), self.cache_manager,
                              self.table_manager, self.token_pool, self.page_table)
         reqs: List[Req] = []

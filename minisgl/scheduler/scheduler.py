@@ -106,10 +106,26 @@ class Scheduler:
             raise TypeError(f"unknown message {msg!r}")
 
     def _abort(self, uid: int) -> None:
-        """Stop request `uid` wherever it is: queued (drop it), part-way through a chunked prefill,
-        or launched. A launched request's batch may still be in flight (rule 4): mark it finished
-        so that batch's results are dropped. An unknown or already finished uid is ignored. Each
-        case emits an `abort` event naming the state it found."""
+        """Stop request `uid` wherever it is: queued, mid chunked prefill, or launched.
+
+        A launched request's batch may still be in flight (rule 4): marking it finished makes the
+        handling of that batch drop its results, so its pages are never cached or freed twice.
+
+        Receives: `uid`; the request may be pending in the prefill manager (with `chunked_req` set
+            if a chunk has run), launched (in `self._live`: uid -> launched request whose end is not
+            handled yet), or unknown or already ended.
+        Returns: nothing.
+        Leaves: the request out of the pending queue, `self._live` and the decode manager; a chunk
+            or launched request's slot and KV given back and the request in `self.finished_reqs` (a
+            queued one holds nothing); one `abort` event whose `state` is "queued", "prefilling",
+            "running" or "not running" (unknown or ended: nothing else changes).
+        Uses: `self.prefill_manager.get` and `.remove` (ch07), `self.decode_manager.remove_req`
+            (ch07), `self._free_req_resources`, `self.finished_reqs` (ch11), `self.events.emit`
+            (ch04).
+        Checked: an aborted request gets no message after its abort, the others are unaffected; one
+            abort event per abort, naming the right state; an aborted chunk's slot returns only once
+            its chunk is handled; every slot and page is back once all requests end.
+        """
         pending = self.prefill_manager.get(uid)
         if pending is not None:
             self.prefill_manager.remove(pending)
@@ -144,7 +160,27 @@ class Scheduler:
         return self._prepare_batch(batch)
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
-        """Allocate KV locations and build the index tensors of one step (on the scheduler stream)."""
+        """Allocate KV locations and build the index tensors of one step (on the scheduler stream).
+
+        Receives: `batch`, a prefill batch (requests and `ChunkedReq` chunks) or a decode batch, in
+            order; each request processes positions [cached_len, device_len) of its slot's row
+            (`req.table_idx`); the lengths are not yet advanced (that happens at launch).
+        Returns: `ForwardInput(batch, sample_args, input_tuple, write_tuple)`. input_tuple = (rows,
+            positions), int64 on the device, one entry per processed token in batch order: where
+            each token's id is read in the token pool. write_tuple = (rows, columns), one per
+            request: its row and column device_len, where its sample goes (a chunk's:
+            `self.engine.dummy_row`, column 0). sample_args: each request's sampling settings, in
+            batch order.
+        Leaves: KV locations of the new positions allocated in the page table; `batch.positions`,
+            `batch.out_loc` (the page-table entry of every processed token, int64) and
+            `batch.attn_metadata` filled in.
+        Uses: `self.cache_manager.allocate_paged` (ch08), `self.page_table` (ch04),
+            `self.engine.kit.to_device`, `self.engine.dummy_row`, `ForwardInput` (ch06),
+            `prepare_metadata` (ch05), `BatchSamplingArgs.from_params` (ch06), `ChunkedReq` (ch07).
+        Checked: prefill and decode indices point at each token's row and position; out_loc is the
+            page-table entry of every token, no location twice; a chunk's sample goes to the scratch
+            row; each request gets its own sampling arguments; outputs equal Hugging Face's.
+        """
         self.cache_manager.allocate_paged(batch.reqs)
         kit = self.engine.kit
         if batch.is_decode:  # one token per request: two plain lists, no tensor per request
@@ -191,13 +227,25 @@ class Scheduler:
         self._deferred_slots.clear()
 
     def _free_req_resources(self, req: Req) -> None:
-        """Give back a finished (or aborted) request's slot and the KV the prefix cache does not keep.
+        """Free a finished (or aborted) request's slot and the KV the prefix cache does not keep.
 
         Rule 3: under overlap, a batch that still holds this request may be running, and it will
         write its sample into the request's token-pool row. Handing the row to a new request now
         would let the scheduler's writes (the new prompt) race that write. So the row goes back only
         at the next handling of results, once the batch in flight is known to be done. KV pages need
         no such care: whatever writes them next is queued behind the old batch on the engine stream.
+
+        Receives: `req`, a request (or chunk) holding a slot (`req.table_idx`) and a locked prefix
+            (`req.cache_handle`); `self._defer_slot_free`, True while the overlap loop runs.
+        Returns: nothing.
+        Leaves: the slot free in the table manager, or, when deferring, `(table_idx, uid)` appended
+            to `self._deferred_slots` (the loop frees them later); the computed prefix in the prefix
+            cache, the request's other pages free, its lock dropped.
+        Uses: `self.table_manager.free` (ch04); `self.cache_manager.cache_req(req, finished=True)`
+            (ch08).
+        Checked: no slot is handed out while a step that holds it is in flight, and the request that
+            gets it computes Hugging Face's tokens; the slot is back once that step is handled;
+            every slot and page is back once all requests end.
         """
         if self._defer_slot_free:
             self._deferred_slots.append((req.table_idx, req.uid))
@@ -206,6 +254,32 @@ class Scheduler:
         self.cache_manager.cache_req(req, finished=True)
 
     def _process_last_data(self, last_data: ForwardData | None) -> None:
+        """Handle a launched step's results: record each request's token and send its message.
+
+        Under overlap, step N+1 is launched before step N is handled, so device_len has moved on:
+        only the tokens the CPU has received say how far a request is (rule 1). A request that
+        finished or was aborted after step N was launched gets nothing from step N (rules 2 and 4).
+
+        Receives: `last_data`, a (ForwardInput, ForwardOutput) pair, or None (nothing to do). Its
+            batch may hold chunks of a chunked prefill (`ChunkedReq`: no real token);
+            `self.eos_token_id` may be None (the model has no EOS).
+        Returns: nothing.
+        Leaves: each other request's token appended on the host, one `DetokenizeMsg` each,
+            `finished` True on its last token only; a finished request out of `self._live` (uid ->
+            launched request whose end is not handled yet) and the decode manager, its slot and KV
+            given back; a prefill's prompt in the prefix cache; `self.finished_reqs` = the requests
+            finished now; the deferred slots released; one `handle` event with the batch's step,
+            phase and uids.
+        Uses: `output.copy_done`, `output.next_tokens_cpu` (ch06); `req.append_host` (ch01, a
+            1-element tensor); `self.decode_manager.remove_req` (ch07);
+            `self.cache_manager.cache_req` and `.lazy_free_region` (ch08);
+            `self._free_req_resources`, `self._release_deferred_slots`, `self.finished_reqs` (ch11);
+            `self.events.emit` (ch04), `self.send_result`.
+        Checked: tokens equal Hugging Face's; max_tokens messages, only the last one finished;
+            nothing after EOS or an abort; ignore_eos and a None EOS id run to max_tokens; a prompt
+            is cached as soon as its prefill is handled; every slot and page is back once all
+            requests end.
+        """
         if last_data is None:
             return
         batch, output = last_data[0].batch, last_data[1]
@@ -252,6 +326,28 @@ class Scheduler:
         return self.prefill_manager.runnable or self.decode_manager.runnable
 
     def normal_loop(self) -> None:
+        """Run one step of the server: take in messages, launch one batch, then handle its results.
+
+        Without overlap nothing is in flight between steps: step N's results are handled before step
+        N+1 is launched, so a slot freed during a step may be handed out again at once.
+
+        Receives: nothing but the scheduler's state: messages waiting in `self.io`, the queued and
+            running requests.
+        Returns: nothing.
+        Leaves: every message that arrived processed (new requests queued, aborts done, bad input
+            refused); at most one batch launched, and its results handled before returning (tokens
+            sent, ended requests' slots and KV back); `self._defer_slot_free` False, even after
+            overlap steps.
+        Uses: `self.has_work`, `self.receive_msg` (blocking only with no work),
+            `self._process_one_msg`, `self._schedule_next_batch`, `self._forward`,
+            `self.engine.stream.wait_stream(self.stream)` before a launch (ch07);
+            `self._process_last_data` (given here; ch11 writes it).
+        Checked: requests join and leave the running batch as continuous batching says, with Hugging
+            Face's tokens; each step is handled before the next is launched; one call processes the
+            messages and runs one batch, and an idle one is harmless; receive blocks only with no
+            work; a freed slot is reused at once; more prompts than slots queue up; bad input is
+            refused.
+        """
         self._defer_slot_free = False
         for msg in self.receive_msg(blocking=not self.has_work):
             self._process_one_msg(msg)
@@ -263,7 +359,26 @@ class Scheduler:
         self._process_last_data(ongoing)
 
     def overlap_loop(self, last_data: ForwardData | None) -> ForwardData | None:
-        """Launch this step, then handle the previous one's results while this one runs."""
+        """Launch this step, then handle the previous one's results while this one runs.
+
+        The device computes step N while the CPU prepares step N+1; step N's results are handled
+        only once step N+1 is launched, so the loop never waits for the step it just launched.
+
+        Receives: `last_data`, the (ForwardInput, ForwardOutput) the previous call launched, or None
+            when nothing is in flight.
+        Returns: this call's (ForwardInput, ForwardOutput), or None when nothing was launched.
+        Leaves: `self._defer_slot_free` set, so slots freed now wait in `self._deferred_slots`;
+            those slots back in the table manager whenever nothing is in flight (at the start when
+            `last_data` is None, at the end when nothing was launched); `last_data` handled.
+        Uses: `self.receive_msg`, `self._process_one_msg`, `self.has_work`,
+            `self._schedule_next_batch`, `self._forward`,
+            `self.engine.stream.wait_stream(self.stream)` before a launch (ch07);
+            `self._process_last_data`, `self._release_deferred_slots` (ch11).
+        Checked: tokens equal Hugging Face's and the normal loop's (deferred CPU streams too);
+            launch N+1 comes before handle N; the step just launched is never waited for; receive
+            blocks only with nothing in flight and nothing to run; every slot and page is back once
+            all requests end.
+        """
         self._defer_slot_free = True
         if last_data is None:  # nothing in flight: slots whose release was deferred are safe now
             self._release_deferred_slots()
