@@ -201,3 +201,16 @@ def test_a_listing_shows_the_definition_that_wins_at_run_time():
     tree = ast.parse("def f():\n    return 1\n\n\nclass A:\n    def g(self):\n        return 1\n\n"
                      "    def g(self):\n        return 2\n\n\ndef f():\n    return 2\n")
     assert [listing.find_definition(tree, name).lineno for name in ("f", "A.g")] == [13, 9]
+
+
+def test_refresh_keeps_outputs_when_only_a_docstring_changed():
+    """An exercise's contract lives in its docstring: editing it cannot change any output."""
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    def cells(source):
+        return commands._code_cells(new_notebook(cells=[new_code_cell(source)]))
+
+    before = 'def f(x):\n    """Old contract."""\n    return x + 1\n'
+    assert cells(before) == cells(before.replace("Old contract.", "New contract.\n\n    Receives: x."))
+    assert cells(before) != cells(before.replace("x + 1", "x + 2"))
+    assert cells("%time f(1)") == cells("%time f(1)")  # IPython syntax: compared as written
