@@ -117,7 +117,9 @@ def hf_greedy(prompts: Sequence[Sequence[int]], max_new_tokens: int, model: Path
                 x = torch.cat([x, nxt.view(1, 1)], dim=1)
             outs.append(x[0, len(ids):].tolist())
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    # A name of its own: test processes running side by side (the self-check's workers) write the
+    # same entry at the same time, and one rename must not find the other's file gone.
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(outs))
     tmp.replace(path)
     return outs
@@ -151,3 +153,14 @@ def prefill_batches(log) -> List[Dict[int, int]]:
     tokens each request computed in it, as {uid: tokens}."""
     return [dict(zip(e["uids"], e["extend_lens"])) for e in log
             if e.kind == "launch" and e["phase"] == "prefill"]
+
+
+def cpu_streams_llm(streams: str = "deferred", **options):
+    """An LLM on the CPU with stand-in streams (minisgl/utils/device.py), whatever --device says.
+
+    A test that relies on them (deferred streams: the engine runs behind the scheduler every time,
+    so an ordering mistake shows deterministically) builds its engine here: under --device cuda it
+    still runs, on the CPU, and still fails with the stub. A real GPU has no deferred mode; the
+    same rules are checked on real streams by the test named in the test's docstring
+    (tests/test_ch11_gpu.py, with a sleep kernel that keeps the engine stream behind)."""
+    return build_llm(device="cpu", cpu_streams=streams, **options)

@@ -10,7 +10,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
+from helpers import assert_tokens_equal, build_llm, cpu_streams_llm, greedy, hf_greedy, prefill_batches, prompt_ids
 from minisgl import SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
@@ -46,18 +46,23 @@ def assert_idle_and_clean(llm) -> None:
     free = llm.table_manager.available_size
     assert free == llm.config.max_running_req, \
         f"{llm.config.max_running_req - free} request slot(s) not returned after all requests ended"
+    # a request whose end was handled is no longer live: an abort arriving for it later must find
+    # nothing to free (live_requests: the requests that hold a slot and KV right now)
+    live = llm.live_requests()
+    assert not live, f"{len(live)} request(s) still counted as live after all requests ended"
 
 
 # ---------------------------------------------------------------- the checks
 
 
-def check_overlap_equals_normal_and_hf(llm_class, cache, chunk, page_size, streams="eager") -> None:
+def check_overlap_equals_normal_and_hf(llm_class, cache, chunk, page_size, streams=None) -> None:
+    """`streams`: None, the test's device; "eager" or "deferred", that CPU stand-in on the CPU."""
     prompts = prompt_ids()
     want = hf_greedy(prompts, 10)
+    build = build_llm if streams is None else lambda **kw: cpu_streams_llm(streams, **kw)
     for overlap in (True, False):
         set_overlap(overlap)
-        llm = build_llm(llm_class=llm_class, cache_type=cache, max_extend_tokens=chunk,
-                        page_size=page_size, cpu_streams=streams)
+        llm = build(llm_class=llm_class, cache_type=cache, max_extend_tokens=chunk, page_size=page_size)
         got = [o["token_ids"] for o in llm.generate(prompts, greedy(10))]
         assert_tokens_equal(got, want, f"{'overlap' if overlap else 'normal'} loop vs Hugging Face")
         # and again: the second round hits the prefix cache
@@ -112,7 +117,7 @@ def watch_slot_reuse(llm) -> List[str]:
             for step, rows in in_flight.items():
                 if ev["table_idx"] in rows:
                     violations.append(f"slot {ev['table_idx']} given to request {ev['uid']} "
-                                      f"while step {step}, which still writes it, is in flight")
+                                      f"while step {step}, which still holds it, is in flight")
 
     llm.events.subscribe(on_event)
     return violations
@@ -137,9 +142,11 @@ def check_slot_not_reused_in_flight(llm_class) -> None:
     assert_idle_and_clean(llm)
 
 
-def check_slot_race_gives_right_tokens_deferred(llm_class) -> None:
+def check_slot_race_gives_right_tokens_deferred(llm_class, device: str | None = None) -> None:
     """Rule 3, as wrong tokens: with deferred CPU streams the step in flight really writes its
-    stale sample into the row after the scheduler has put the next request's prompt there."""
+    stale sample into the row after the scheduler has put the next request's prompt there.
+    `device`: "cpu" pins the CPU's deferred streams; None, the test's device (on a GPU the caller
+    keeps the engine stream behind, test_ch11_gpu.py::test_slot_reuse_race_on_the_gpu_upstream_vs_fix)."""
     set_overlap(True)
     prompts = prompt_ids()
     short = prompts[3]
@@ -153,7 +160,8 @@ def check_slot_race_gives_right_tokens_deferred(llm_class) -> None:
     stale_pos = len(short) + k + 1
     long_ = list(reversed(prompts[0] * 4))[: stale_pos + 1]
     # naive cache: the long prompt is read from the token pool in full, never from the prefix cache
-    llm = build_llm(llm_class=llm_class, max_running_req=1, cpu_streams="deferred", cache_type="naive")
+    options = dict(llm_class=llm_class, max_running_req=1, cache_type="naive")
+    llm = cpu_streams_llm(**options) if device == "cpu" else build_llm(cpu_streams="deferred", **options)
     llm.eos_token_id = eos
     a = llm.add_request(short, SamplingParams(max_tokens=6))
     b = llm.add_request(long_, greedy(6))
@@ -165,14 +173,15 @@ def check_slot_race_gives_right_tokens_deferred(llm_class) -> None:
     assert_idle_and_clean(llm)
 
 
-def check_abort_while_prefill_in_flight(llm_class) -> None:
+def check_abort_while_prefill_in_flight(llm_class, max_tokens: int = 8) -> None:
     """Rule 4: an abort that arrives while the prefill is running: nothing is sent, nothing leaks,
-    and the prefix cache stays consistent."""
+    and the prefix cache stays consistent. With max_tokens=1 the prefill is also the request's
+    last step: it is no longer decoding, yet still in flight."""
     set_overlap(True)
     llm = build_llm(llm_class=llm_class, cache_type="radix")
     sent = record_messages(llm)
     prompt = prompt_ids()[0]
-    uid = llm.add_request(prompt, greedy(8))
+    uid = llm.add_request(prompt, greedy(max_tokens))
 
     def abort_on_first_launch(ev):
         if ev.kind == "launch" and ev["step"] == 1:
@@ -196,6 +205,7 @@ def test_overlap_equals_normal_and_hf(cache, chunk, page_size):
 
 
 def test_overlap_with_deferred_streams_equals_hf():
+    # on the CPU under --device cuda too (GPU: test_ch11_gpu.py::test_float32_matches_hf_with_and_without_cuda_graphs)
     check_overlap_equals_normal_and_hf(LLM, "radix", 7, 4, streams="deferred")
 
 
@@ -205,10 +215,20 @@ def test_order_of_events(overlap):
     llm = build_llm()
     events = llm.events.record()
     llm.generate([prompt_ids()[0]], greedy(3))
-    order = [f"{e.kind} {e['step']}" for e in events if e.kind in ("launch", "handle")]
+    # `handle N` comes once step N's results are processed: in the normal loop the finished
+    # request's slot is freed while they are (under overlap it may be deferred: not checked)
+    kinds = ("launch", "handle") if overlap else ("launch", "handle", "slot_free")
+    order = [f"{e.kind} {e['step']}" if e.kind != "slot_free" else "slot_free" for e in events if e.kind in kinds]
     expected = (["launch 1", "launch 2", "handle 1", "launch 3", "handle 2", "handle 3"] if overlap
-                else ["launch 1", "handle 1", "launch 2", "handle 2", "launch 3", "handle 3"])
-    assert order == expected
+                else ["launch 1", "handle 1", "launch 2", "handle 2", "launch 3", "slot_free", "handle 3"])
+    assert order == expected, f"events in the order {order}, expected {expected}"
+    # a handle event describes the step it handles, as its launch did (the timeline views read them)
+    launched = {e["step"]: (e["phase"], e["uids"]) for e in events if e.kind == "launch"}
+    for e in events:
+        if e.kind == "handle":
+            got = (e.fields.get("phase"), e.fields.get("uids"))
+            assert got == launched[e["step"]], \
+                f"the handle event of step {e['step']} says (phase, uids) = {got}, its launch said {launched[e['step']]}"
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -226,15 +246,16 @@ def test_slot_not_reused_while_batch_in_flight():
 
 
 def test_slot_reuse_race_deferred_streams():
-    check_slot_race_gives_right_tokens_deferred(LLM)
+    # on the CPU under --device cuda too (GPU: test_ch11_gpu.py::test_slot_reuse_race_on_the_gpu_upstream_vs_fix)
+    check_slot_race_gives_right_tokens_deferred(LLM, device="cpu")
 
 
 def test_the_overlap_loop_never_waits_for_the_step_it_just_launched():
     """With deferred CPU streams a launched step runs only when someone waits for it, so a step
-    still pending after `step()` returns proves the loop handed it on without waiting (the GPU
-    test checks the same on real streams)."""
+    still pending after `step()` returns proves the loop handed it on without waiting. On the CPU
+    under --device cuda too; on real streams: test_ch11_gpu.py::test_scheduler_never_waits_for_the_step_it_just_launched."""
     set_overlap(True)
-    llm = build_llm(cpu_streams="deferred")
+    llm = cpu_streams_llm()
     for ids in prompt_ids():
         llm.add_request(ids, greedy(5))
     phases = set()
@@ -248,8 +269,9 @@ def test_the_overlap_loop_never_waits_for_the_step_it_just_launched():
     assert_idle_and_clean(llm)
 
 
-def test_abort_while_prefill_in_flight():
-    check_abort_while_prefill_in_flight(LLM)
+@pytest.mark.parametrize("max_tokens", [8, 1])
+def test_abort_while_prefill_in_flight(max_tokens):
+    check_abort_while_prefill_in_flight(LLM, max_tokens)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -286,11 +308,172 @@ def test_abort_in_every_state(overlap):
         llm.abort(12345)
     llm.abort(keep)  # after it finished: a no-op
     llm._queue.put(AbortBackendMsg(uid=777))  # unknown at the scheduler level: ignored
+    # a client that disconnects just as its request ends: the abort reaches the scheduler anyway,
+    # and the request it names holds nothing any more
+    llm._queue.put(AbortBackendMsg(uid=keep))
     llm.step()
     assert queued not in sent
     for uid, n in counts_at_abort.items():
         assert len(sent.get(uid, [])) == n, f"request {uid} was sent tokens after its abort"
     assert_tokens_equal([llm.results[keep].token_ids], hf_greedy([prompts[1]], 6), "the request nobody aborted")
+    aborts = [e["uid"] for e in log if e.kind == "abort"]
+    twice = sorted({uid for uid in aborts if aborts.count(uid) > 1})
+    assert not twice, f"request(s) {twice} got more than one abort event for one abort"
     states = {e["uid"]: e["state"] for e in log if e.kind == "abort"}
-    assert states == {queued: "queued", decoding: "running", chunked: "prefilling", 777: "not running"}
+    want = {queued: "queued", decoding: "running", chunked: "prefilling", 777: "not running", keep: "not running"}
+    wrong = {uid: states.get(uid) for uid in want if states.get(uid) != want[uid]}
+    assert not wrong, f"abort events found these states: {wrong}, expected {({u: want[u] for u in wrong})}"
+    assert_idle_and_clean(llm)
+
+
+def test_the_overlap_loop_blocks_only_when_it_has_nothing_to_do():
+    """Chapter 7: with no work at all a server blocks on receive until a message comes. The overlap
+    loop may block only then: with a step in flight it must poll, or that step's results (and the
+    next launch) would wait for the next client; with requests waiting to run it must run them."""
+    set_overlap(True)
+    prompts = prompt_ids()
+    k, eos = eos_at(hf_greedy([prompts[3]], 6)[0], 1)
+    # one slot: the second request waits until the first one's slot is back, a turn with nothing
+    # in flight and a request waiting
+    llm = build_llm(max_running_req=1)
+    llm.eos_token_id = eos
+    calls: List[Tuple[bool, bool, bool]] = []  # (blocking, a step in flight, requests waiting)
+    receive = llm.receive_msg
+
+    def spy(blocking=False):
+        calls.append((bool(blocking), llm._last_data is not None, llm.has_work))
+        return receive(blocking)
+
+    llm.receive_msg = spy
+    llm.add_request(prompts[3], SamplingParams(max_tokens=6))
+    llm.add_request(prompts[0], greedy(4))
+    llm.run_until_idle()
+    llm.step()  # nothing in flight, nothing to do
+    assert any(waiting and not in_flight for _, in_flight, waiting in calls), \
+        "test setup: no turn had a request waiting and nothing in flight"
+    for blocking, in_flight, waiting in calls:
+        assert not (blocking and in_flight), "the loop received with blocking=True while a step was in flight"
+        assert not (blocking and waiting), "the loop received with blocking=True while requests were waiting to run"
+    assert calls[-1][0], "with nothing in flight and nothing to do the loop polled instead of blocking (a server would spin)"
+
+
+class StagedCopies(LLM):
+    """As on a GPU, a step's index tensors reach the engine by a copy on the scheduler's stream
+    (from pinned memory, non-blocking): until that stream has run, the engine would read garbage."""
+
+    def _prepare_batch(self, batch):
+        forward_input = super()._prepare_batch(batch)
+        tensors = [*forward_input.input_tuple, *forward_input.write_tuple]
+        values = [t.clone() for t in tensors]
+        for t in tensors:
+            t.zero_()
+
+        def copy() -> None:
+            for t, v in zip(tensors, values):
+                t.copy_(v)
+
+        self.stream.launch(copy)
+        return forward_input
+
+    def _forward(self, forward_input):
+        assert self.stream.pending == 0, (f"step {self._step + 1} was launched before the engine stream waited "
+                                          "for the scheduler stream, where its index tensors are copied")
+        return super()._forward(forward_input)
+
+
+def test_each_step_waits_for_the_scheduler_stream_before_it_launches():
+    """`self.engine.stream.wait_stream(self.stream)` before every launch: the engine reads the step's
+    index tensors only once the scheduler's stream has copied them. Deferred CPU streams, on the CPU
+    under --device cuda too (no GPU counterpart: a real race is rare on a GPU)."""
+    set_overlap(True)
+    prompts = prompt_ids()
+    llm = cpu_streams_llm(llm_class=StagedCopies, max_extend_tokens=7)
+    got = [o["token_ids"] for o in llm.generate(prompts, greedy(4))]
+    want = [ref[:4] for ref in hf_greedy(prompts, 10)]  # the reference other tests use: cached already
+    assert_tokens_equal(got, want, "with the index tensors copied on the scheduler stream")
+    assert_idle_and_clean(llm)
+
+
+def test_an_aborted_chunked_prefill_keeps_its_slot_while_its_chunk_is_in_flight():
+    """Rule 3 for aborts: a chunk in flight still reads its prompt from the request's token-pool row,
+    so the row of a request aborted part-way through its chunked prefill goes back only once that
+    chunk is done, like any other freed slot."""
+    set_overlap(True)
+    prompts = prompt_ids()
+    llm = build_llm(max_running_req=1, max_extend_tokens=8)
+    violations = watch_slot_reuse(llm)
+    sent = record_messages(llm)
+    chunked = llm.add_request(prompts[0] * 3, greedy(4))  # prefilled 8 tokens at a time
+    waiting = llm.add_request(prompts[1], greedy(4))  # waits for the only slot
+
+    def abort_on_first_launch(ev):
+        if ev.kind == "launch" and ev["step"] == 1:
+            llm.abort(chunked)  # processed at the next turn, with the first chunk in flight
+
+    llm.events.subscribe(abort_on_first_launch)
+    llm.run_until_idle()
+    assert not violations, violations[0]
+    assert chunked not in sent, f"the aborted request was sent {sent.get(chunked)}"
+    assert_tokens_equal([llm.results[waiting].token_ids], [hf_greedy([prompts[1]], 6)[0][:4]],
+                        "the request that took over the aborted request's slot")
+    assert_idle_and_clean(llm)
+
+
+def test_a_freed_slot_returns_once_the_step_that_held_it_is_handled():
+    """Rule 3's other half: a deferred slot goes back at the next handling of results (that step is
+    then done), not only when the engine runs dry. Here a request waits for the slot of one that
+    ends by EOS while a third request keeps decoding."""
+    set_overlap(True)
+    prompts = prompt_ids()
+    k, eos = eos_at(hf_greedy([prompts[3]], 6)[0], 1)
+    llm = build_llm(max_running_req=2)
+    llm.eos_token_id = eos
+    log = llm.events.record()
+    ending = llm.add_request(prompts[3], SamplingParams(max_tokens=6))
+    llm.add_request(prompts[1], greedy(16))  # keeps a step in flight every turn
+    waiting = llm.add_request(prompts[0], greedy(3))
+    llm.run_until_idle()
+    events = [e for e in log if e.kind in ("launch", "handle")]
+    last = max(e["step"] for e in events if e.kind == "launch" and ending in e["uids"])
+    after = next(i for i, e in enumerate(events) if e.kind == "handle" and e["step"] == last)
+    want = next(e["step"] for e in events[after:] if e.kind == "launch")
+    got = next(e["step"] for e in events if e.kind == "launch" and waiting in e["uids"])
+    assert got == want, (f"the waiting request started at step {got}; the slot it waited for was free "
+                         f"once step {last} was handled, so step {want} should have started it")
+    assert_idle_and_clean(llm)
+
+
+def test_a_prompt_is_cached_as_soon_as_its_prefill_is_handled():
+    """Chapter 8: `cache_req(finished=False)` right after a prefill, so a request that arrives while
+    the first one is still decoding reuses its prompt's KV instead of computing it again."""
+    set_overlap(True)
+    prompt = prompt_ids()[0]
+    llm = build_llm(cache_type="radix")
+    log = llm.events.record()
+    llm.add_request(prompt, greedy(8))
+    llm.step()
+    llm.step()  # the prefill is handled (the first decode step is in flight)
+    second = llm.add_request(prompt, greedy(3))
+    llm.run_until_idle()
+    computed = next(b[second] for b in prefill_batches(log) if second in b)
+    assert computed <= 1, (f"a request with the same prompt computed {computed} of its {len(prompt)} prompt "
+                           "tokens while the first one was decoding: its prompt was not in the prefix cache")
+    assert_tokens_equal([llm.results[second].token_ids], [hf_greedy([prompt], 5)[0][:3]], "the request that hit the cache")
+    assert_idle_and_clean(llm)
+
+
+def test_eos_ends_only_requests_that_heed_it_and_only_if_the_model_has_one():
+    """`ignore_eos` requests run past EOS to max_tokens; a model without an EOS id (None) ends
+    every request at max_tokens."""
+    set_overlap(True)
+    prompts = prompt_ids()
+    ref = hf_greedy(prompts, 10)
+    k, eos = eos_at(ref[0], 1)
+    llm = build_llm()
+    llm.eos_token_id = eos  # a stand-in EOS: output token k of the first prompt
+    got = llm.generate([prompts[0]], greedy(8))[0]["token_ids"]
+    assert_tokens_equal([got], [ref[0][:8]], f"a request with ignore_eos=True (EOS {eos} is its output token {k})")
+    llm.eos_token_id = None
+    got = [o["token_ids"] for o in llm.generate(prompts, SamplingParams(max_tokens=5))]
+    assert_tokens_equal(got, [r[:5] for r in ref], "a model whose EOS id is None")
     assert_idle_and_clean(llm)
