@@ -214,3 +214,10 @@ def test_refresh_keeps_outputs_when_only_a_docstring_changed():
     assert cells(before) == cells(before.replace("Old contract.", "New contract.\n\n    Receives: x."))
     assert cells(before) != cells(before.replace("x + 1", "x + 2"))
     assert cells("%time f(1)") == cells("%time f(1)")  # IPython syntax: compared as written
+
+
+def test_links_between_chapters_name_notebooks_in_notebooks_and_pages_on_the_site():
+    text = "See [chapter 7](ch07_scheduler.md) and [its rules](ch11_overlap.md#the-rules); [x](https://a.md)."
+    assert notebook.notebook_links(text) == ("See [chapter 7](ch07_scheduler.ipynb) and "
+                                             "[its rules](ch11_overlap.ipynb#the-rules); [x](https://a.md).")
+    assert notebook.page_links(notebook.notebook_links(text)) == text

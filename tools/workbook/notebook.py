@@ -7,6 +7,8 @@ and of the site page. Cell ids are deterministic so a rebuild with no change wri
 
 from __future__ import annotations
 
+import re
+
 from typing import Dict, List, Literal
 
 import nbformat
@@ -39,7 +41,7 @@ def render(chapter: Chapter, kind: Kind) -> nbformat.NotebookNode:
 
 def _cells_for(block, chapter: Chapter, kind: Kind) -> List[nbformat.NotebookNode]:
     if isinstance(block, Markdown):
-        return [new_markdown_cell(block.text)]
+        return [new_markdown_cell(notebook_links(block.text))]
     if isinstance(block, CodeCell):
         cell = new_code_cell(block.source.rstrip("\n"))
         if block.tags:
@@ -53,6 +55,19 @@ def _cells_for(block, chapter: Chapter, kind: Kind) -> List[nbformat.NotebookNod
     if isinstance(block, Exercise):
         return exercise_cells(block, kind)
     raise TypeError(block)
+
+
+# A link to another chapter is written to its source, `[chapter 7](ch07_scheduler.md)`: that works
+# on GitHub and on the site. In a notebook it must name the notebook beside it.
+CHAPTER_LINK = re.compile(r"\]\((ch\d\d_\w+)\.(md|ipynb)(#[\w-]*)?\)")
+
+
+def notebook_links(text: str) -> str:
+    return CHAPTER_LINK.sub(lambda m: f"]({m.group(1)}.ipynb{m.group(3) or ''})", text)
+
+
+def page_links(text: str) -> str:
+    return CHAPTER_LINK.sub(lambda m: f"]({m.group(1)}.md{m.group(3) or ''})", text)
 
 
 def listing_markdown(code: listing.Code, caption: str = "") -> str:

@@ -35,7 +35,7 @@ def render_page(chapter: Chapter, solution: nbformat.NotebookNode, out_dir: Path
         kind = notebook.cell_kind(cell)
         if cell.cell_type == "markdown":
             if kind != "exercise_intro":  # the exercise box below says it
-                parts.append(cell.source)
+                parts.append(notebook.page_links(cell.source))
             continue
         outputs = [] if "remove-output" in tags else _outputs(cell, assets, f"cell{i:03d}")
         if kind == "exercise":
