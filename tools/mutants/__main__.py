@@ -184,12 +184,12 @@ def _print_table(console: Console, rows: List[Dict]) -> None:
 
 
 def _save(ex: Exercise, row: Dict, results: List[Result], stale: List[str]) -> None:
-    results = results_dir()
-    results.mkdir(parents=True, exist_ok=True)
+    folder = results_dir()
+    folder.mkdir(parents=True, exist_ok=True)
     data = {**row, "stale": stale,
             "results": [{"id": r.mutant.id, "status": r.status, "by": r.by, "description": r.mutant.description}
                         for r in results]}
-    (results / f"{ex.id}.json").write_text(json.dumps(data, indent=1))
+    (folder / f"{ex.id}.json").write_text(json.dumps(data, indent=1))
 
 
 def markdown(chapters: List[Chapter]) -> str:
