@@ -130,7 +130,7 @@ def _main(args: argparse.Namespace, console) -> int:
     if hint_level:
         if args.exercise:
             chapter.exercise(args.exercise)  # an unknown name is a usage error
-        return _hints(chapters, hint_level, args, console)
+        return _hints(chapters, chapter, hint_level, args, console)
     if args.variant:
         return _variants(chapter, chapters, args, console)
 
@@ -138,6 +138,7 @@ def _main(args: argparse.Namespace, console) -> int:
     selectors = _selectors(chapter, args.exercise) if args.exercise else None
     from .judging import judge
 
+    not_recorded = None
     if args.solution:
         verdict = judge(chapters, {}, options, mode="solution", origin="minisgl", selectors=selectors)
     else:
@@ -147,13 +148,44 @@ def _main(args: argparse.Namespace, console) -> int:
             verdict = _static_verdict(chapters, codes, options, origin)
         else:
             verdict = judge(chapters, codes, options, mode="learner", origin=origin, selectors=selectors)
-        if selectors is None and not options.keyword:  # a filtered run judged part of the chapter only
-            progress.record(verdict, chapters)
+        not_recorded = _not_recorded(chapter, args, options)
+        if not_recorded is None:
+            progress.record(verdict, chapters, codes)
     if args.json:
-        print(json.dumps(report.to_json(verdict, chapters), indent=1))
+        print(json.dumps(report.to_json(verdict, chapters, not_recorded=None if args.solution else not_recorded),
+                         indent=1))
     else:
-        report.render(verdict, chapters, console, verbose=args.verbose)
+        report.render(verdict, chapters, console, verbose=args.verbose, hint_command=_hint_command(chapter, args),
+                      not_recorded=None if args.solution else not_recorded)
     return EXIT_OK if verdict.passed else EXIT_FAILED
+
+
+def _not_recorded(chapter: Chapter, args: argparse.Namespace, options) -> str | None:
+    """Why this learner run is not saved as progress (None: it is). The progress record is the
+    standing of the chapter's notebook: a file, another notebook or part of the chapter is only shown."""
+    if args.file is not None:
+        return "judged a file"
+    if args.notebook is not None and not _is_chapter_notebook(chapter, args.notebook):
+        return f"judged another notebook than {notebooks_dir().name}/{chapter.key}_*.ipynb"
+    if args.exercise or options.keyword:
+        return "judged part of the chapter (--exercise / -k)"
+    return None
+
+
+def _is_chapter_notebook(chapter: Chapter, path: Path) -> bool:
+    from .sources import SourceError, find_notebook
+
+    try:
+        return find_notebook(chapter, notebooks_dir()).resolve() == Path(path).resolve()
+    except (SourceError, OSError):
+        return False
+
+
+def _hint_command(chapter: Chapter, args: argparse.Namespace) -> str:
+    """How to ask for hints about what was just judged."""
+    source = (f" --file {args.file}" if args.file is not None else
+              f" --notebook {args.notebook}" if args.notebook is not None else "")
+    return f"python judge.py {chapter.key}{source}{' --cumulative' if args.cumulative else ''} --hint"
 
 
 def _options(args: argparse.Namespace):
@@ -181,12 +213,14 @@ def _selectors(chapter: Chapter, name: str) -> List[str]:
 
 
 def _learner_code(chapter: Chapter, args: argparse.Namespace, is_target: bool):
-    from .sources import SourceError, find_notebook, from_file, from_notebook
+    from .sources import SourceError, find_notebook, from_file, from_notebook, require_some_exercise
 
     try:
         if is_target and args.file is not None:
             # A file may hold only the functions being worked on: the others stay the reference.
-            return from_file(args.file, chapter, missing="reference")
+            code = from_file(args.file, chapter, missing="reference")
+            require_some_exercise(code, chapter, args.file)
+            return code
         if is_target and args.notebook is not None:
             return from_notebook(args.notebook, chapter)
         return from_notebook(find_notebook(chapter, notebooks_dir()), chapter)
@@ -210,12 +244,33 @@ def _static_verdict(chapters, codes, options, origin: str):
     return Verdict([c.key for c in chapters], "learner", origin, options.device, exercises, [], general, 0.0)
 
 
-def _hints(chapters: Sequence[Chapter], level: int, args, console) -> int:
+def _hints(chapters: Sequence[Chapter], chapter: Chapter, level: int, args, console) -> int:
+    """Hints for what is unfinished in the source being judged now (hints never run the tests): with
+    --file, the exercises the file defines (a file's runs are not recorded, so each may still be
+    wrong); else the notebook's exercises, read as saved, less those that passed at its last recorded
+    run and have not changed since."""
     from . import progress, report
+    from .sources import SourceError, find_notebook, from_file, from_notebook, require_some_exercise
 
-    # Which exercises are unfinished: from the last judged run, if any (hints never run the tests).
-    data = progress.load()["chapters"]
-    status = {f"{c.key}.{name}": st for c in chapters for name, st in data.get(c.key, {}).get("exercises", {}).items()}
+    unfinished: List[str] = []
+    for c in chapters:
+        try:
+            if c.key == chapter.key and args.file is not None:
+                code = from_file(args.file, c, missing="reference")
+                require_some_exercise(code, c, args.file)
+                unfinished += [e.id for e in c.exercises if code.swaps(e.name)]
+                continue
+            path = args.notebook if c.key == chapter.key and args.notebook is not None else \
+                find_notebook(c, notebooks_dir())
+            code = from_notebook(path, c)
+        except SourceError as e:
+            if args.file is not None or args.notebook is not None:
+                raise UsageError(str(e)) from None
+            unfinished += [e.id for e in c.exercises]  # no notebook to read: every exercise
+            continue
+        done = progress.passing_now(c, code)
+        unfinished += [e.id for e in c.exercises if e.name not in done]
+    status = {ex.id: "passing" for c in chapters for ex in c.exercises if ex.id not in unfinished}
     exercises = report.hinted(chapters, status, only=args.exercise)
     if args.json:
         print(json.dumps({"hints": {e.id: list(e.hints[:level]) for e in exercises}}, indent=1))

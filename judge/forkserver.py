@@ -1,38 +1,42 @@
-"""A fork server for the self-check's many short runs (POSIX only).
+"""A fork server for many short test runs (POSIX only).
 
-Importing torch and transformers costs a test process ~8 s of CPU, most of a chapter's run. The
-self-check runs the same tests dozens of times (reference, each stub, each variant), so each worker
-keeps one server process that has imported them once, and forks a fresh child per run: the child
-is as new as a fresh process for everything that matters (learner code, the swap, the tests and
-their modules are only imported after the fork) but starts in a fraction of a second.
+Importing torch and the engine costs a test process seconds of CPU, most of a chapter's run. The
+self-check and the mutation tool run the same tests dozens of times, and a learner's run reruns
+failing exercises alone (judging._blame), so one server process imports them once and forks a
+fresh child per run: the child is as new as a fresh process for everything that matters (learner
+code, the swap, the tests and their modules are only imported after the fork) but starts in a
+fraction of a second. Several children may run at once.
 
-Learners' own runs do not use it: they are one process each, and a plain subprocess is simplest.
-
-Protocol, one JSON line each way: the client sends {"args", "env", "cwd", "output", "threads"};
-the server answers {"pid": ...} once the child runs, then {"exit": code} when it has ended.
+Protocol, one JSON line each way: the client sends {"id", "args", "env", "cwd", "output", "threads"};
+the server answers {"id", "pid"} once the child runs, then {"id", "exit"} when it has ended (the
+answers of concurrent runs interleave).
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
+import itertools
 import json
 import os
+import select
 import subprocess
 import sys
 import threading
 from typing import Dict, List, Tuple
 
-BASE = ["pytest", "pytest_timeout", "_pytest.python", "_pytest.assertion.rewrite", "judge.plugin", "judge.swap"]
+BASE = ["pytest", "pytest_timeout", "judge.timer", "_pytest.python", "_pytest.assertion.rewrite", "judge.plugin",
+        "judge.swap"]
 # What minisgl's tests import: the engine, and transformers for the Hugging Face references.
-ENGINE = ["torch", "safetensors.torch", "tokenizers", "transformers",
-          "transformers.models.qwen3.modeling_qwen3", "transformers.models.llama.modeling_llama",
-          "minisgl.llm", "minisgl.tiny_engine"]
+ENGINE = ["torch", "safetensors.torch", "tokenizers", "minisgl.llm", "minisgl.tiny_engine"]
+REFERENCES = ["transformers", "transformers.models.qwen3.modeling_qwen3", "transformers.models.llama.modeling_llama"]
 
 
-def preload_for(modules: List[str]) -> List[str]:
-    """Modules worth importing before forking, for runs whose targets live in `modules`."""
-    heavy = ENGINE if any(m.split(".")[0] == "minisgl" for m in modules) else []
+def preload_for(modules: List[str], references: bool = True) -> List[str]:
+    """Modules worth importing before forking, for runs whose targets live in `modules`.
+    `references`: transformers too (the tests' Hugging Face references when their disk cache is
+    cold; seconds to import, so not for a single learner run)."""
+    heavy = (ENGINE + (REFERENCES if references else [])) if any(m.split(".")[0] == "minisgl" for m in modules) else []
     return BASE + heavy + [m for m in modules if m not in heavy]
 
 
@@ -40,8 +44,16 @@ def available() -> bool:
     return hasattr(os, "fork") and hasattr(os, "setsid")
 
 
+class _Run:
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.ended = threading.Event()
+        self.pid: int | None = None
+        self.code: int | None = None
+
+
 class ForkServer:
-    """The client side: one server process, one run at a time."""
+    """The client side: one server process; runs may be started from several threads at once."""
 
     def __init__(self, repo: str, preload: List[str]) -> None:
         env = dict(os.environ)
@@ -52,40 +64,58 @@ class ForkServer:
                                      text=True, bufsize=1)
         self.ready = self.proc.stdout.readline().strip() == "ready"
         self.lock = threading.Lock()
+        self.runs: Dict[int, _Run] = {}
+        self.ids = itertools.count()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+                run = self.runs[msg["id"]]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if "pid" in msg:
+                run.pid = msg["pid"]
+                run.started.set()
+            if "exit" in msg:
+                run.code = msg["exit"]
+                run.ended.set()
+        self.ready = False  # the server is gone: every run still waiting ends
+        for run in list(self.runs.values()):
+            run.started.set()
+            run.ended.set()
 
     def run(self, args: List[str], env: Dict[str, str], cwd: str, output: str, time_left: float,
             threads: int | None) -> Tuple[int | None, bool]:
         """Run `python -m pytest *args` in a forked child; returns (exit code, killed on time)."""
+        run = _Run()
         with self.lock:
-            request = {"args": args, "env": env, "cwd": cwd, "output": output, "threads": threads}
+            rid = next(self.ids)
+            self.runs[rid] = run
+            request = {"id": rid, "args": args, "env": env, "cwd": cwd, "output": output, "threads": threads}
             try:
+                if not self.ready:
+                    raise OSError("not running")
                 self.proc.stdin.write(json.dumps(request) + "\n")
                 self.proc.stdin.flush()
-                pid = json.loads(self.proc.stdout.readline())["pid"]
-            except (OSError, ValueError, KeyError) as e:  # the server died: the caller runs it plainly
+            except (OSError, ValueError) as e:  # the server died: the caller runs it plainly
                 self.ready = False
+                del self.runs[rid]
                 raise RuntimeError(f"fork server unavailable: {e}") from None
-            killed = threading.Event()
-
-            def kill() -> None:
-                killed.set()
-                try:
-                    os.killpg(pid, 9)
-                except OSError:
-                    pass
-
-            timer = threading.Timer(time_left, kill)
-            timer.start()
-            try:
-                line = self.proc.stdout.readline()
-            finally:
-                timer.cancel()
-            try:
-                os.killpg(pid, 9)  # whatever the child left behind
-            except OSError:
-                pass
-            code = json.loads(line)["exit"] if line else None
-            return code, killed.is_set()
+        try:
+            run.started.wait(60)
+            if run.pid is None:
+                raise RuntimeError("fork server unavailable: it ended")
+            killed = not run.ended.wait(time_left)
+            _kill_group(run.pid)  # on time, and whatever the child left behind
+            if killed:
+                run.ended.wait(10)
+            return run.code, killed
+        finally:
+            with self.lock:
+                self.runs.pop(rid, None)
 
     def close(self) -> None:
         try:
@@ -93,6 +123,13 @@ class ForkServer:
             self.proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, 9)
+    except OSError:
+        pass
 
 
 def serve(preload: List[str]) -> None:
@@ -103,14 +140,44 @@ def serve(preload: List[str]) -> None:
             pass  # not installed here (e.g. no transformers): the child imports what it needs
     gc.freeze()  # the preloaded objects: never collected again, and never copied by a child's gc
     print("ready", flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            _child(request)
-        print(json.dumps({"pid": pid}), flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
+    # One thread only (a fork copies no other thread, and no lock one of them might hold): poll
+    # stdin for requests and reap ended children in turn. Answers go out with os.write.
+    fd = sys.stdin.fileno()
+    buf = b""
+    children: Dict[int, object] = {}  # pid -> request id
+    eof = False
+    while not eof or children:
+        if not eof:
+            ready, _, _ = select.select([fd], [], [], 0.02 if children else None)
+            if ready:
+                chunk = os.read(fd, 65536)
+                eof = not chunk
+                buf += chunk
+        elif children:
+            select.select([], [], [], 0.02)
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            request = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _child(request)
+            children[pid] = request.get("id")
+            _answer({"id": request.get("id"), "pid": pid})
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            if pid in children:
+                _answer({"id": children.pop(pid), "exit": os.waitstatus_to_exitcode(status)})
+        if eof:  # the client has gone: its runs are not wanted any more
+            for pid in children:
+                _kill_group(pid)
+
+
+def _answer(msg: Dict) -> None:
+    data = (json.dumps(msg) + "\n").encode()
+    while data:
+        data = data[os.write(1, data):]
 
 
 def _child(request: Dict) -> None:

@@ -4,7 +4,10 @@ sort the outcomes per exercise."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence
@@ -34,8 +37,35 @@ class ExerciseVerdict:
         return f"{self.chapter}.{self.name}"
 
     @property
+    def attr(self) -> str:
+        """The function's name in the learner's code: `Scheduler._free_req_resources` -> `_free_req_resources`."""
+        return self.target.rpartition(":")[2].rpartition(".")[2]
+
+    @property
     def passed_count(self) -> int:
-        return sum(t.ok for t in self.tests)
+        """Its tests that pass. A passing exercise passes all of them: here, or (`alone`) when rerun
+        with the reference in place of the learner's other exercises."""
+        return len(self.tests) if self.status == PASSING else sum(t.ok for t in self.tests)
+
+    @property
+    def alone(self) -> bool:
+        """Passing, although some of its tests failed in this run: they passed when it was rerun on its own."""
+        return self.status == PASSING and any(not t.ok for t in self.tests)
+
+    def where(self, test: TestResult) -> str | None:
+        """The learner's line to look at for this exercise's failed `test`: the traceback's innermost
+        learner line, only when it is in this exercise's own code (or a helper it called)."""
+        return test.where if test.where and where_owner(test.where) == self.attr else None
+
+
+_WHERE = re.compile(r", line \d+, in (\w+)(?: \(called from (\w+)\))?(?::|$)")
+
+
+def where_owner(where: str) -> str | None:
+    """The exercise function a `where` line (plugin._learner_frame) belongs to: the function it is in,
+    or for a helper, the exercise function that called it."""
+    m = _WHERE.search(where)
+    return (m.group(2) or m.group(1)) if m else None
 
 
 @dataclass
@@ -99,7 +129,8 @@ def spec_unit(code: LearnerCode, chapter: Chapter) -> Dict:
     exercises = []
     for ex in chapter.exercises:
         exercises.append({"id": ex.id, "name": ex.name, "target": ex.target, "swap": code.swaps(ex.name),
-                          "problem": code.problems.get(ex.name)})
+                          "problem": code.problems.get(ex.name), "tests": list(ex.tests),
+                          "attempted": code.attempted.get(ex.name, True)})
     snippets = [{"label": s.label, "source": s.source, "exercise": s.exercise} for s in code.snippets]
     return {"chapter": chapter.key, "origin": code.origin, "missing": code.missing,
             "snippets": snippets, "exercises": exercises}
@@ -123,21 +154,65 @@ def judge(chapters: Sequence[Chapter], codes: Dict[str, LearnerCode | None], opt
     extra_env = path_env(units)
     if extra_env:
         options = dataclasses.replace(options, env={**options.env, **extra_env})
-    run = run_pytest(units, files, options) if files else RunResult()
-    verdict = Verdict(chapters=[c.key for c in chapters], mode=mode, origin=origin, device=options.device,
-                      exercises=[], tests=run.tests, general=general + run.general, wall=0.0)
-    for c in chapters:
-        for ex in c.exercises:
-            verdict.exercises.append(_exercise_verdict(ex, codes.get(c.key), run, filtered))
-    if mode == "learner" and len(chapters) == 1:
-        _blame(verdict, units, chapters[0], options, deadline=start + options.time_limit)
+    if not options.packages:  # the time a test spends in these counts against its budget
+        packages = sorted({e.target.split(".")[0] for c in chapters for e in c.exercises})
+        options = dataclasses.replace(options, packages=tuple(packages))
+    server = _fork_server(units, chapters, options) if mode == "learner" and len(chapters) == 1 else None
+    if server is not None:
+        options = dataclasses.replace(options, launcher=server)
+    try:
+        run = run_pytest(units, files, options) if files else RunResult()
+        verdict = Verdict(chapters=[c.key for c in chapters], mode=mode, origin=origin, device=options.device,
+                          exercises=[], tests=run.tests, general=general + run.general, wall=0.0)
+        if mode in ("solution", "reference"):
+            verdict.general += _stale_budgets(run)
+        for c in chapters:
+            for ex in c.exercises:
+                verdict.exercises.append(_exercise_verdict(ex, codes.get(c.key), run, filtered))
+        if mode == "learner" and len(chapters) == 1:
+            _blame(verdict, units, chapters[0], options, deadline=start + options.time_limit)
+    finally:
+        if server is not None:
+            server.close()
     verdict.wall = time.monotonic() - start
     return verdict
 
 
-def _only(unit: Dict, exercise_id: str) -> Dict:
-    """The swap spec with one exercise swapped in and every other one left to the reference."""
-    exercises = [{**e, "swap": e["swap"] and e["id"] == exercise_id} for e in unit["exercises"]]
+def _fork_server(units: List[Dict], chapters: Sequence[Chapter], options: RunOptions):
+    """A learner's run whose failing exercises may be rerun alone (_blame) forks the run and the
+    reruns from one server that has imported torch and the engine once (forkserver.py): each
+    rerun then starts in a fraction of a second. None where that cannot happen (fewer than two
+    exercises of the learner's swapped in: all stubs, or one file's function), or cannot fork (a
+    GPU: CUDA does not survive a fork)."""
+    from . import forkserver
+    from .registry import REPO
+
+    swapped = [e for u in units for e in u["exercises"] if e["swap"]]
+    attempted = [e for e in swapped if e.get("attempted", True) and not e.get("problem")]
+    if options.launcher is not None or options.device != "cpu" or not forkserver.available() \
+            or len(swapped) < 2 or not attempted:
+        return None
+    modules = sorted({e.module for c in chapters for e in c.exercises})
+    server = forkserver.ForkServer(str(REPO), forkserver.preload_for(modules, references=False))
+    if not server.ready:
+        server.close()
+        return None
+    return server
+
+
+def _stale_budgets(run: RunResult) -> List[str]:
+    """A reference run that spent more than a test's time budget: the budgets file is stale."""
+    if not run.over_budget:
+        return []
+    tests = ", ".join(t.split("::", 1)[-1] for t in list(run.over_budget)[:3]) + (" ..." if len(run.over_budget) > 3 else "")
+    return [f"the reference spent more than its time budget in {len(run.over_budget)} test(s) ({tests}): "
+            "the budgets are stale; measure them again with `python -m judge.budgets`"]
+
+
+def _only(unit: Dict, exercise_ids: str | Sequence[str]) -> Dict:
+    """The swap spec with these exercises swapped in and every other one left to the reference."""
+    keep = {exercise_ids} if isinstance(exercise_ids, str) else set(exercise_ids)
+    exercises = [{**e, "swap": e["swap"] and e["id"] in keep} for e in unit["exercises"]]
     return {**unit, "exercises": exercises}
 
 
@@ -150,23 +225,64 @@ def _selector(nodeid: str, chapter: Chapter) -> str:
 
 def _blame(verdict: Verdict, units: List[Dict], chapter: Chapter, options: RunOptions, deadline: float) -> None:
     """A test that goes through the whole engine judges several exercises at once, so one wrong
-    function fails the tests of its neighbours too. When more than one exercise is failing, rerun
-    each one's failed tests with only that exercise swapped in: one whose tests then pass is
-    correct, and is reported as passing. The reruns share what is left of the run's time limit;
-    an exercise not rerun in time stays failing."""
-    failing = [e for e in verdict.exercises if e.status == FAILING]
-    if len(failing) < 2:
+    function fails the tests of its neighbours too. An exercise whose failed tests all judge
+    another of the learner's exercises that is not passing (failing, still a stub, or not loaded)
+    may be correct: it is rerun on those tests with the reference in place of the others, and if
+    they pass it is reported as passing. Nothing else can change the verdict, so nothing else is
+    rerun: an exercise with a failed test of its own, or that timed out in its own code, stays
+    failing.
+
+    Where some exercises are known to be wrong (those, stubs, code that did not load), the others
+    are first rerun together, in one process, with the reference in place of the known ones: if
+    all their failed tests pass, that settles them all. Otherwise each is rerun alone, stopping
+    at its first failed test, two (or as many as there are cores) at a time, forked from the
+    run's server when it has one. The reruns share what is left of the run's time limit; an
+    exercise not rerun in time stays failing."""
+    rerun = [ex for ex in verdict.exercises if ex.status == FAILING and _may_be_correct(ex, verdict)]
+    if not rerun:
         return
-    for ex in failing:
+    known = [e for e in verdict.exercises if e.status in (FAILING, NOT_ATTEMPTED, ERROR) and e not in rerun]
+
+    def passes(exercises: List[ExerciseVerdict], stop: bool) -> bool:
         left = deadline - time.monotonic()
         if left < 1:
-            return
-        failed = [_selector(t.test, chapter) for t in ex.tests if not t.ok]
-        alone = run_pytest([_only(u, ex.id) for u in units], failed, dataclasses.replace(options, time_limit=left))
-        if alone.tests and not alone.general and all(t.ok for t in alone.tests):
-            ex.status = PASSING
-            ex.note = (f"correct on its own: its {len(failed)} failed test(s) pass with the reference "
-                       "in place of your other exercises")
+            return False
+        failed = sorted({_selector(t.test, chapter) for ex in exercises for t in ex.tests if not t.ok})
+        run = run_pytest([_only(u, [ex.id for ex in exercises]) for u in units], failed,
+                         dataclasses.replace(options, time_limit=left, stop_at_first_failure=stop))
+        return bool(run.tests) and not run.general and all(t.ok for t in run.tests)
+
+    def cleared(ex: ExerciseVerdict, instead: str) -> None:
+        ex.status = PASSING
+        failed = sum(not t.ok for t in ex.tests)
+        ex.note = f"correct on its own: its {failed} failed test(s) pass with the reference in place of {instead}"
+
+    if known and len(rerun) > 1 and passes(rerun, stop=True):
+        names = ", ".join(e.name for e in known)
+        for ex in rerun:
+            cleared(ex, names)
+        return
+
+    def alone(ex: ExerciseVerdict) -> None:
+        if passes([ex], stop=True):
+            cleared(ex, "your other exercises")
+
+    workers = max(1, min(len(rerun), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(alone, rerun))
+
+
+def _may_be_correct(ex: ExerciseVerdict, verdict: Verdict) -> bool:
+    """Whether every failed test of `ex` may have failed because of another exercise."""
+    suspects = [e for e in verdict.exercises if e is not ex and e.status in (FAILING, NOT_ATTEMPTED, ERROR)]
+    for t in ex.tests:
+        if t.ok:
+            continue
+        if t.outcome == "timeout" and t.culprit == ex.id:
+            return False  # its own code was running when the test ran out of time
+        if not any(t.test == u.test for e in suspects for u in e.tests):
+            return False
+    return True
 
 
 def _exercise_verdict(ex: Exercise, code: LearnerCode | None, run: RunResult, filtered: bool) -> ExerciseVerdict:
@@ -174,6 +290,7 @@ def _exercise_verdict(ex: Exercise, code: LearnerCode | None, run: RunResult, fi
     v = ExerciseVerdict(ex.chapter, ex.name, ex.target, PASSING, tests=tests)
     if code is None or not code.swaps(ex.name):
         v.status = REFERENCE
+        v.note = code.notes.get(ex.name) if code is not None else None
         return v
     v.problem = run.problems.get(ex.id) or code.problems.get(ex.name)
     v.attempted = code.attempted.get(ex.name, True)

@@ -41,9 +41,10 @@ def check(chapter: str, namespace: Dict[str, Any] | None = None, device: str = "
                         missing_hint=" in the kernel (run the exercise's cell first)")
     options = RunOptions(device=device, test_timeout=timeout, time_limit=time_limit)
     verdict = judge([target], {target.key: code}, options, mode="learner", origin="the live notebook")
-    progress.record(verdict, [target])
+    progress.record(verdict, [target], {target.key: code})  # the notebook's standing, as a saved run's
     console = Console(highlight=False)
-    report.render(verdict, [target], console, hint_level=hint, verbose=verbose)
+    report.render(verdict, [target], console, hint_level=hint, verbose=verbose,
+                  hint_command=f'judge.check("{target.key}", hint=1)')
     return _Shown(verdict)
 
 

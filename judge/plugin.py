@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import traceback
 from pathlib import Path
 from typing import Any, Dict, List
@@ -30,6 +31,8 @@ SPEC_ENV = "MINISGL_JUDGE_SPEC"
 SENTINEL = re.compile(r"^(ch\d\d\.\w+):")
 MAX_MESSAGE = 1500
 MAX_LINES = 10
+MESSAGE_LINES = 3  # a failed test's message: what was expected, what happened
+MESSAGE_CHARS = 400
 
 
 class _Judge:
@@ -110,7 +113,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report = outcome.get_result()
     if _judge is not None and call.excinfo is not None:
-        report._judge_info = _describe(call.excinfo)  # type: ignore[attr-defined]
+        timer = sys.modules.get("judge.timer")  # a budget timeout, or a test not run after one
+        info = timer.describe(call.excinfo, item) if timer is not None else None
+        report._judge_info = info or _describe(call.excinfo)  # type: ignore[attr-defined]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -165,18 +170,125 @@ def _describe(excinfo: pytest.ExceptionInfo) -> Dict[str, Any]:
                      for m in [SENTINEL.match(str(e))] if m), None)
     standin = any(isinstance(e, LearnerCodeError) for e in chain)
     if isinstance(exc, AssertionError):
-        message = excinfo.exconly()
+        message = _assertion_message(str(exc))
     elif sentinel or standin:
         message = str(next(e for e in chain if isinstance(e, (NotImplementedError, LearnerCodeError))))
         message = f"{'NotImplementedError' if sentinel else 'LearnerCodeError'}: {message}"
     else:
         message = excinfo.exconly()
+        if isinstance(exc, pytest.fail.Exception):  # pytest.fail("..."): the test's own words
+            message = message.removeprefix("Failed: ")
     text = message
     timeout = isinstance(exc, BaseException) and "Timeout" in text and "pytest-timeout" in text
     if timeout:
         text = "the test did not finish in time (an endless loop, or far too slow)"
-    return {"message": _shorten(text), "sentinel": sentinel, "standin": standin,
+    return {"message": _shorten(summarize_reprs(text)), "sentinel": sentinel, "standin": standin,
             "where": None if timeout else _learner_frame(chain), "timeout": timeout}
+
+
+def _assertion_message(text: str) -> str:
+    """A failed assert as the learner should read it. pytest's rewriting appends its explanation
+    (`assert 0 == 8`, then `+  where 8 = <a config's repr>.max_running_req` lines) to the test's
+    own message: where the test wrote a message, that message alone says what was expected; where
+    it did not, the comparison's first line does (its values summarised by
+    pytest_assertrepr_compare below), without the `where` lines."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("assert ")), None)
+    if start is None:
+        return text.strip() or "assert failed (the test gave no message)"
+    own = "\n".join(lines[:start]).strip()
+    if own:
+        return own
+    explanation = [ln.strip() for ln in lines[start + 1:] if ln.strip() and not ln.lstrip().startswith("+")]
+    detail = next((ln for ln in explanation if ln.startswith(DETAIL_PREFIX)), None)
+    return lines[start] + (f" ({detail})" if detail else "")
+
+
+DETAIL_PREFIX = "first difference:"
+REPR_MAX = 60
+
+
+def brief(value: Any) -> str:
+    """A value in a few words: a tensor as its shape and dtype (its numbers when there are a few),
+    a config or other object as its class name, anything else cut to REPR_MAX characters."""
+    import dataclasses
+
+    torch = _loaded("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        if value.numel() <= 6 and value.dim() <= 1:  # a few numbers say more than a shape
+            small = f"tensor({value.tolist()}, dtype={dtype})"
+            if len(small) <= REPR_MAX:
+                return small
+        return f"tensor(shape={list(value.shape)}, dtype={dtype})"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return f"{type(value).__name__}(...)"
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+    text = summarize_reprs(text)
+    if len(text) <= REPR_MAX:
+        return text
+    if isinstance(value, (list, tuple, dict, set)):
+        return f"{text[:REPR_MAX]}... ({len(value)} items)"
+    return text[:REPR_MAX] + "..."
+
+
+def _loaded(module: str):
+    import sys
+
+    return sys.modules.get(module)  # never import torch just to describe a value
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_assertrepr_compare(config, op: str, left: Any, right: Any):
+    """Under the judge, a failed comparison is one line: both sides in brief, and for two
+    sequences where they first differ (instead of pytest's full diff and reprs)."""
+    if _judge is None:
+        return None
+    line = f"{brief(left)} {op} {brief(right)}"
+    if op == "==" and isinstance(left, (list, tuple, str)) and isinstance(right, (list, tuple, str)):
+        i = next((i for i, (a, b) in enumerate(zip(left, right)) if a != b), None)
+        if i is not None:
+            return [line, f"{DETAIL_PREFIX} at index {i}, {brief(left[i])} != {brief(right[i])}"]
+        if len(left) != len(right):
+            return [line, f"{DETAIL_PREFIX} lengths {len(left)} and {len(right)}"]
+    return [line]
+
+
+_TENSOR_REPR = re.compile(r"tensor\(\[")
+_OBJECT_REPR = re.compile(r"<(?:[\w.]+\.)?(\w+) object at 0x[0-9a-f]+>")
+
+
+def summarize_reprs(text: str) -> str:
+    """Reprs that reach a message as text (a test's f-string, an exception's message): a long
+    `tensor([...])` becomes `tensor([...])`, `<minisgl.x.Y object at 0x7f..>` becomes `<Y>`."""
+    text = _OBJECT_REPR.sub(r"<\1>", text)
+    out, pos = [], 0
+    for m in _TENSOR_REPR.finditer(text):
+        if m.start() < pos:
+            continue
+        end = _closing(text, m.end() - 1)
+        if end is None or end - m.start() <= REPR_MAX:
+            continue
+        out.append(text[pos:m.start()] + "tensor([...])")
+        pos = end + 1
+        if text[pos:pos + 1] == ")":  # the repr's own closing parenthesis (after `, dtype=...` too)
+            pos += 1
+        elif text.startswith(", ", pos):
+            close = text.find(")", pos)
+            pos = close + 1 if close != -1 else pos
+    return "".join(out) + text[pos:]
+
+
+def _closing(text: str, open_at: int) -> int | None:
+    depth = 0
+    for i in range(open_at, len(text)):
+        depth += {"[": 1, "]": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return None
 
 
 def _chain(exc: BaseException) -> List[BaseException]:
@@ -188,24 +300,39 @@ def _chain(exc: BaseException) -> List[BaseException]:
 
 
 def _learner_frame(chain: List[BaseException]) -> str | None:
-    """The innermost line of learner code in the traceback: where the learner should look."""
+    """The innermost line of learner code in the traceback: where the learner should look.
+    Written `<label>, line N, in <function>: <code>`; when that function is a helper rather than an
+    exercise, ` (called from <exercise function>)` follows the function's name (the innermost
+    exercise frame around it), so the report can show the line under the exercise it belongs to
+    (judging.where_owner reads it back)."""
     if _judge is None:
         return None
+    attrs = {e["target"].rsplit(".", 1)[-1].rsplit(":", 1)[-1]
+             for u in _judge.spec.get("units", []) for e in u["exercises"]}
     for exc in chain:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename in _judge.labels]
         if frames:
             f = frames[-1]
             line = (f.line or "").strip()
-            return f"{f.filename}, line {f.lineno}, in {f.name}" + (f": {line[:100]}" if line else "")
+            where = f"{f.filename}, line {f.lineno}, in {f.name}"
+            if f.name not in attrs:
+                caller = next((g.name for g in reversed(frames) if g.name in attrs), None)
+                where += f" (called from {caller})" if caller else ""
+            return where + (f": {line[:100]}" if line else "")
     return None
 
 
-def _shorten(text: str, keep_end: bool = False) -> str:
+def _shorten(text: str, keep_end: bool = False, max_lines: int | None = None,
+             max_chars: int | None = None) -> str:
+    """At most `max_lines` lines and `max_chars` characters: a test's message is short (it is read
+    in a list of failures), a collection error keeps its end (where the traceback says what broke)."""
+    max_lines = max_lines or (MAX_LINES if keep_end else MESSAGE_LINES)
+    max_chars = max_chars or (MAX_MESSAGE if keep_end else MESSAGE_CHARS)
     lines = [ln for ln in text.rstrip().splitlines() if ln.strip() and "Use -v to get" not in ln]
-    if len(lines) > MAX_LINES:
-        cut = f"... ({len(lines) - MAX_LINES} more lines)"
-        lines = ([cut] + lines[-MAX_LINES:]) if keep_end else (lines[:MAX_LINES] + [cut])
+    if len(lines) > max_lines:
+        cut = f"... ({len(lines) - max_lines} more lines)"
+        lines = ([cut] + lines[-max_lines:]) if keep_end else (lines[:max_lines] + [cut])
     text = "\n".join(lines)
-    if len(text) > MAX_MESSAGE:
-        text = ("..." + text[-MAX_MESSAGE:]) if keep_end else (text[:MAX_MESSAGE] + "...")
+    if len(text) > max_chars:
+        text = ("..." + text[-max_chars:]) if keep_end else (text[:max_chars] + "...")
     return text

@@ -1,13 +1,17 @@
 """The learner's progress: one small JSON file in the checkout (`.judge_progress.json`, git-ignored),
-updated after each judged run of the learner's own code, and the table `python judge.py` prints."""
+updated after each complete judged run of the learner's notebook (`python judge.py chNN`, or
+`judge.check` in the notebook), and the table `python judge.py` prints. A `--file` run is only shown:
+the record is the notebook's standing."""
 
 from __future__ import annotations
 
+import ast
 import datetime as _dt
+import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, Sequence, Set
 
 from rich import box
 from rich.console import Console
@@ -16,7 +20,7 @@ from rich.text import Text
 
 from .judging import NO_TESTS, PASSING, Verdict
 from .registry import REPO, Chapter, Registry
-from .sources import SourceError, find_notebook, from_notebook
+from .sources import LearnerCode, SourceError, find_notebook, from_notebook
 
 PROGRESS_ENV = "MINISGL_JUDGE_PROGRESS"  # tests point this elsewhere
 
@@ -33,8 +37,10 @@ def load() -> Dict:
         return {"chapters": {}}  # missing or damaged: start afresh rather than fail
 
 
-def record(verdict: Verdict, chapters: Sequence[Chapter]) -> None:
-    """Remember the outcome of judging the learner's code, per chapter and exercise."""
+def record(verdict: Verdict, chapters: Sequence[Chapter], codes: Dict[str, LearnerCode] | None = None) -> None:
+    """Remember the outcome of judging the learner's notebook (saved, or live in the kernel), per
+    chapter and exercise, with a fingerprint of each exercise's code (see `fingerprints`). Only the
+    notebook's runs come here: a `--file` run is shown, not recorded (cli.py)."""
     if verdict.mode != "learner":
         return
     data = load()
@@ -42,10 +48,12 @@ def record(verdict: Verdict, chapters: Sequence[Chapter]) -> None:
     for chapter in chapters:
         key = chapter.key
         tests = verdict.tests_of(chapter)
+        code = (codes or {}).get(key)
         data["chapters"][key] = {
             "last_run": now,
             "source": verdict.origin,
             "exercises": {e.name: e.status for e in verdict.exercises if e.chapter == key},
+            "fingerprints": fingerprints(code, chapter) if code is not None else {},
             "tests_passed": sum(t.ok for t in tests),
             "tests_total": len(tests),
             "passed": verdict.passed_in(chapter),
@@ -57,6 +65,29 @@ def record(verdict: Verdict, chapters: Sequence[Chapter]) -> None:
         tmp.replace(path)
     except OSError:
         pass  # a read-only checkout still gets its report
+
+
+def fingerprints(code: LearnerCode, chapter: Chapter) -> Dict[str, str]:
+    """{exercise name: a hash of its `def`} (the syntax tree, so the saved cell and the same function
+    read live from the kernel agree): tells whether an exercise changed since it was judged."""
+    defined = code.defined()
+    out = {}
+    for ex in chapter.exercises:
+        node = defined.get(ex.attr)
+        if node is not None:
+            out[ex.name] = hashlib.sha1(ast.dump(node).encode()).hexdigest()[:16]
+    return out
+
+
+def passing_now(chapter: Chapter, code: LearnerCode) -> Set[str]:
+    """The exercises of `code` (the notebook as it is now) that passed at the notebook's last
+    recorded run and have not changed since: no hints are needed for them."""
+    entry = load()["chapters"].get(chapter.key) or {}
+    status, prints = entry.get("exercises", {}), entry.get("fingerprints")
+    now = fingerprints(code, chapter)
+    return {name for name, st in status.items()
+            if st in (PASSING, NO_TESTS) and code.attempted.get(name)
+            and (prints is None or (name in now and prints.get(name) == now[name]))}
 
 
 def show(registry: Registry, notebooks_dir: Path, console: Console) -> None:
@@ -87,6 +118,7 @@ def show(registry: Registry, notebooks_dir: Path, console: Console) -> None:
             passing, last, tests = Text("-"), "never", "-"
         table.add_row(chapter.key, chapter.title, attempted, passing, last, tests)
     console.print(table)
-    console.print(Text("tried: exercises no longer a stub in the saved notebook; passing: at the last run.\n"
+    console.print(Text("tried: exercises no longer a stub in the saved notebook; passing: at its last judged run\n"
+                       "(python judge.py chNN, or judge.check in the notebook; --file runs are not recorded).\n"
                        "Judge a chapter: python judge.py ch03   ·   all options: python judge.py --help",
                        style="dim"))

@@ -32,7 +32,9 @@ OUTCOME_STYLE = {
 
 
 def render(verdict: Verdict, chapters: Sequence[Chapter], console: Console, hint_level: int = 0,
-           verbose: bool = False) -> None:
+           verbose: bool = False, hint_command: str | None = None, not_recorded: str | None = None) -> None:
+    """The report. `hint_command`: how to ask for hints where the learner is (a notebook cell or a
+    terminal); `not_recorded`: why this run is not saved as the learner's progress (last line)."""
     console.print(_title(verdict, chapters))
     if verdict.general:
         for g in verdict.general:
@@ -41,25 +43,56 @@ def render(verdict: Verdict, chapters: Sequence[Chapter], console: Console, hint
     table.add_column("exercise")
     table.add_column("status")
     table.add_column("tests", justify="right")
+    not_in_file = []
     for ex in verdict.exercises:
         label, style = STATUS_STYLE[ex.status]
         name = ex.id if len(verdict.chapters) > 1 else ex.name
-        tests = f"{ex.passed_count}/{len(ex.tests)}" if ex.tests else "-"
+        tests = Text(f"{ex.passed_count}/{len(ex.tests)}" if ex.tests else "-",
+                     style="red" if ex.status in (FAILING, ERROR) else "")
+        if ex.alone:
+            label += " on its own"
+        elif ex.status == REFERENCE and verdict.mode == "learner":
+            label, tests = f"{label}: not in your {_kind(verdict)}", Text("-")
+            not_in_file.append(name)
         table.add_row(name, Text(label, style=style), tests)
     if verdict.exercises:
         console.print(table)
+        console.print(Text(_table_note(verdict, not_in_file), style="dim"))
     console.print()
     for ex in verdict.exercises:
         _exercise_details(ex, verdict, console, verbose)
     _other_tests(verdict, console, verbose)
     _summary(verdict, console)
+    key = verdict.chapters[-1]
     if hint_level:
-        render_hints(hinted(chapters, {e.id: e.status for e in verdict.exercises}), console, hint_level)
+        render_hints(hinted(chapters, {e.id: e.status for e in verdict.exercises}), console, hint_level,
+                     in_notebook=(hint_command or "").startswith("judge.check"))
     elif verdict.mode == "learner" and not verdict.passed and any(
             e.status in (FAILING, NOT_ATTEMPTED) for e in verdict.exercises):
-        key = verdict.chapters[-1]
-        console.print(Text(f"Stuck? `python judge.py {key} --hint` gives a hint for each unfinished exercise "
-                           "(repeat --hint, or --hint 2, for more).", style="dim"))
+        command = hint_command or f"python judge.py {key} --hint"
+        more = "hint=2" if command.startswith("judge.check") else "--hint 2"
+        console.print(Text(f"Stuck? `{command}` gives a hint for each unfinished exercise ({more} for more).",
+                           style="dim"))
+    if not_recorded:
+        console.print(Text(f"not recorded in your progress: {not_recorded}", style="dim"))
+
+
+def _kind(verdict: Verdict) -> str:
+    return "notebook" if verdict.origin.endswith(".ipynb") or "notebook" in verdict.origin else "file"
+
+
+def _table_note(verdict: Verdict, not_in_file: List[str]) -> str:
+    """What the tests column counts: each exercise's own tests, which overlap when a test runs the
+    whole engine; so the column need not add up to the run's total, and the note says so."""
+    listed = [t for e in verdict.exercises if e.status != REFERENCE or verdict.mode != "learner" for t in e.tests]
+    shared = len(listed) > len({t.test for t in listed})
+    note = f"tests: each exercise's own tests, of the {len(verdict.tests)} that ran"
+    if shared:
+        note += " (a test that runs the engine judges several exercises, so it counts in each of their rows)"
+    if not_in_file:
+        note += (f"\nnot in your {_kind(verdict)}, so the reference stayed in place: {', '.join(not_in_file)}"
+                 " (their tests still ran, with your code around them)")
+    return note
 
 
 def _title(verdict: Verdict, chapters: Sequence[Chapter]) -> Text:
@@ -79,13 +112,17 @@ def _exercise_details(ex: ExerciseVerdict, verdict: Verdict, console: Console, v
     if ex.status == ERROR and ex.problem:
         console.print(Text(f"! {name}: ", style="bold red") + Text(ex.problem))
     elif ex.status == NOT_ATTEMPTED:
-        n = sum(t.sentinel == ex.id for t in verdict.tests)
+        failed = len(ex.tests) - ex.passed_count
         console.print(Text(f"· {name}: ", style="yellow") + Text(
-            f"not attempted yet (still the stub); {n} test(s) fail with its NotImplementedError"))
+            f"not attempted yet (still the stub): {failed} of its {len(ex.tests)} test(s) fail until you write it"
+            if ex.tests else "not attempted yet (still the stub)"))
         return
     bad = [t for t in ex.tests if not t.ok and not _stub_failure(t, verdict)]
-    if ex.note:
+    stopped = [t for t in ex.tests if not t.ok and _stub_failure(t, verdict)]
+    if ex.note and ex.status == PASSING:
         console.print(Text(f"✔ {name}: ", style="green") + Text(ex.note))
+    elif ex.note and ex.status == REFERENCE:
+        console.print(Text(f"= {name}: ", style="yellow") + Text(ex.note))
     if ex.status in (PASSING, REFERENCE, NO_TESTS) and not verbose:
         return
     if ex.status == FAILING:
@@ -97,11 +134,15 @@ def _exercise_details(ex: ExerciseVerdict, verdict: Verdict, console: Console, v
     if ex.status == ERROR and not verbose:
         shown = [t for t in bad if not t.standin][:3]  # the stand-in's message is the problem above
     for t in shown:
-        _test_line(t, console, indent="   ")
+        _test_line(t, console, indent="   ", where=ex.where(t) if ex.status != REFERENCE else None)
+    if stopped and ex.status == FAILING and not verbose:
+        stubs = sorted({t.sentinel.split(".", 1)[1] for t in stopped})
+        console.print(Text(f"   {len(stopped)} more of its failed test(s) stopped first at {', '.join(stubs)}, "
+                           "still a stub: they judge this exercise once that is written"))
     console.print()
 
 
-def _test_line(t: TestResult, console: Console, indent: str) -> None:
+def _test_line(t: TestResult, console: Console, indent: str, where: str | None = None) -> None:
     mark, style = OUTCOME_STYLE.get(t.outcome, ("?", ""))
     line = Text(indent) + Text(f"{mark} ", style=style) + Text(_short_id(t.test))
     line.append(f"  {t.outcome}" if t.outcome not in ("passed", "failed") else "", style=style)
@@ -110,8 +151,8 @@ def _test_line(t: TestResult, console: Console, indent: str) -> None:
     if t.message and not t.ok:
         for msg_line in t.message.splitlines():
             console.print(Text(indent + "    ") + Text(msg_line))
-    if t.where and not t.ok and not t.sentinel:
-        console.print(Text(indent + "    in your code: ", style="cyan") + Text(t.where))
+    if where and not t.ok and not t.sentinel:
+        console.print(Text(indent + "    in your code: ", style="cyan") + Text(where))
 
 
 def _stub_failure(t: TestResult, verdict: Verdict) -> bool:
@@ -130,7 +171,7 @@ def _other_tests(verdict: Verdict, console: Console, verbose: bool) -> None:
     console.print(Text(f"Other tests of the chapter (not tied to one exercise): {passed}/{len(other)} passed",
                        style="bold" if bad else "dim"))
     for t in (other if verbose else bad):
-        _test_line(t, console, indent="   ")
+        _test_line(t, console, indent="   ", where=t.where)
     if bad or verbose:
         console.print()
 
@@ -164,8 +205,8 @@ def hinted(chapters: Sequence[Chapter], status: Dict[str, str], only: str | None
     return [ex for ex in exercises if status.get(ex.id) not in (PASSING, REFERENCE)]
 
 
-def render_hints(exercises: Sequence[Exercise], console: Console, level: int) -> None:
-    """Hints 1..level for each of `exercises` (see `hinted`)."""
+def render_hints(exercises: Sequence[Exercise], console: Console, level: int, in_notebook: bool = False) -> None:
+    """Hints 1..level for each of `exercises` (see `hinted`); `in_notebook`: asked with judge.check."""
     for ex in exercises:
         console.print(Text(f"Hints for {ex.id} (`def {ex.attr}`):", style="bold cyan"))
         if not ex.hints:
@@ -174,15 +215,22 @@ def render_hints(exercises: Sequence[Exercise], console: Console, level: int) ->
         for i, h in enumerate(ex.hints[:level], start=1):
             console.print(Text(f"   {i}. ") + Text(h))
         if ex.hints and level < len(ex.hints):
-            console.print(Text(f"   ({len(ex.hints) - level} more: --hint {min(level + 1, len(ex.hints))})",
+            more = min(level + 1, len(ex.hints))
+            console.print(Text(f"   ({len(ex.hints) - level} more: {f'hint={more}' if in_notebook else f'--hint {more}'})",
                                style="dim"))
     if not exercises:
-        console.print(Text("Every exercise here passed at the last run: no hints needed "
-                           "(--exercise NAME shows one exercise's hints anyway).", style="green"))
+        console.print(Text("Every exercise here passed when your notebook was last judged, and none has changed "
+                           "since: no hints needed (--exercise NAME shows one exercise's hints anyway).",
+                           style="green"))
 
 
-def to_json(verdict: Verdict, chapters: Sequence[Chapter]) -> Dict:
+def to_json(verdict: Verdict, chapters: Sequence[Chapter], not_recorded: str | None = None) -> Dict:
+    """The verdict as the screen shows it: per exercise its status, its tests that pass out of its
+    own (`passed`/`total`, overlapping between exercises), whether it passes only on its own, and
+    the learner lines the report shows under it (`where`, by test)."""
     return {
+        "recorded": verdict.mode == "learner" and not not_recorded,
+        "not_recorded": not_recorded,
         "chapters": verdict.chapters,
         "mode": verdict.mode,
         "origin": verdict.origin,
@@ -193,8 +241,9 @@ def to_json(verdict: Verdict, chapters: Sequence[Chapter]) -> Dict:
         "general": verdict.general,
         "exercises": [
             {"id": e.id, "chapter": e.chapter, "name": e.name, "target": e.target, "status": e.status,
-             "problem": e.problem, "attempted": e.attempted, "note": e.note,
-             "tests": [t.test for t in e.tests]}
+             "problem": e.problem, "attempted": e.attempted, "note": e.note, "alone": e.alone,
+             "passed": e.passed_count, "total": len(e.tests), "tests": [t.test for t in e.tests],
+             "where": {t.test: e.where(t) for t in e.tests if not t.ok and e.where(t)}}
             for e in verdict.exercises
         ],
         "tests": [dataclasses.asdict(t) for t in verdict.tests],

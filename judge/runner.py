@@ -1,10 +1,11 @@
 """Running pytest in a fresh subprocess with the learner's code swapped in (plugin.py does the swap).
 
 The subprocess gets its own process group, a wall-clock limit (the whole group is killed when it
-runs out), and its output is drained by a thread that keeps only the end of it. pytest-timeout
-stops a single test that runs too long. If the process dies in the middle of a test (`os._exit`, a
-crash), the test it was running is reported as such and pytest is started again on the tests not yet
-run, a few times at most.
+runs out), and its output is drained by a thread that keeps only the end of it. Each test has a
+time budget from the reference's measured time (budgets.py; timer.py stops it), under the hard
+cap `test_timeout`. If the process dies in the middle of a test (`os._exit`, a crash), the test it
+was running is reported as such and pytest is started again on the tests not yet run, a few times
+at most.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
+from . import budgets as budgets_file
 from .registry import REPO
 
 OUTPUT_KEEP = 16_000  # bytes of the subprocess's output kept (its end)
@@ -31,13 +33,15 @@ MAX_RESTARTS = 3
 @dataclass
 class RunOptions:
     device: str = "cpu"  # cpu | cuda | auto
-    test_timeout: float | None = None  # per test, seconds; None: 60 on a CPU, 120 where a GPU may be
+    test_timeout: float | None = None  # per test, hard cap, seconds; None: 60 on a CPU, 120 where a GPU may be
     time_limit: float | None = None  # whole run, seconds; None: 900
     keyword: str | None = None  # pytest -k
     threads: int | None = None  # torch/OpenMP threads in the subprocess (None: its default)
     env: Dict[str, str] = field(default_factory=dict)
     launcher: Any = None  # a forkserver.ForkServer to fork the test process from (self-check)
     stop_at_first_failure: bool = False  # pytest -x: mutation testing needs one failing test, not all
+    budgets: Dict | None = None  # the budgets file's content; None: read budgets.json (budgets.py)
+    packages: Tuple[str, ...] = ()  # whose running time counts against a budget; (): the targets' packages
 
     def __post_init__(self) -> None:
         if self.test_timeout is None:
@@ -55,6 +59,8 @@ class TestResult:
     sentinel: str | None = None  # "chNN.name" when the exercise stub's NotImplementedError caused it
     standin: bool = False  # failed because an exercise's code could not be put in place
     where: str | None = None  # the learner's line the failure came from
+    culprit: str | None = None  # a timeout: the exercise ("chNN.name") whose code was running
+    cpu: float | None = None  # the test process's CPU time in the test (budgets.py measures by it)
 
     __test__ = False  # not a pytest test class
 
@@ -70,6 +76,7 @@ class RunResult:
     general: List[str] = field(default_factory=list)  # problems not tied to a test
     collected: List[str] = field(default_factory=list)
     output_tail: str = ""
+    over_budget: Dict[str, float] = field(default_factory=dict)  # a reference run: test -> budget it passed
 
 
 def run_pytest(spec_units: List[Dict[str, Any]], test_files: Sequence[str | Path], options: RunOptions) -> RunResult:
@@ -109,7 +116,13 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
     spec_path = tmp / f"spec{attempt}.json"
     test_dirs = sorted({str(Path(_file_of(f)).resolve().parent) for f in test_files})
     spec = {"results": str(results_path), "units": spec_units, "test_dirs": test_dirs, "done": done,
-            "device": options.device}
+            "device": options.device, "timed_out": _timed_out(result.tests, spec_units)}
+    if _timer_usable():
+        data = options.budgets if options.budgets is not None else budgets_file.load()
+        packages = options.packages or sorted({e["target"].split(".")[0] for u in spec_units
+                                               for e in u["exercises"]}) or ["minisgl"]
+        spec["budget"] = {**budgets_file.Budgets(data, options.device, options.test_timeout).spec(),
+                          "packages": list(packages)}
     spec_path.write_text(json.dumps(spec))
     results_path.touch()
 
@@ -121,7 +134,9 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
            "-p", "no:unraisableexception",
            "-q", "--tb=no", "--show-capture=no", "--no-header", "-o", "console_output_style=classic",
            "--rootdir", str(rootdir), "-c", str(REPO / "pyproject.toml")]
-    if _has_pytest_timeout():
+    if _timer_usable():
+        cmd += ["-p", "judge.timer"]  # budgets and the hard cap
+    elif _has_pytest_timeout():  # no signals to interrupt a test with (Windows): the hard cap only
         cmd += ["-p", "pytest_timeout", f"--timeout={options.test_timeout:g}",
                 f"--timeout-method={_timeout_method()}"]
     repo_tests = (REPO / "tests").resolve()
@@ -180,6 +195,13 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
             ev.pop("event")
             result.tests.append(TestResult(**ev))
             done.append(ev["test"])
+        elif kind == "cpu_time":
+            for t in reversed(result.tests):
+                if t.test == ev["test"]:
+                    t.cpu = ev["seconds"]
+                    break
+        elif kind == "over_budget":
+            result.over_budget[ev["test"]] = ev["budget"]
         elif kind == "finished":
             finished = True
         elif kind == "fatal":
@@ -237,6 +259,26 @@ def _inside(path: Path, folder: Path) -> bool:
         return True
     except ValueError:
         return False
+
+
+def _timer_usable() -> bool:
+    return hasattr(signal, "pthread_kill") and hasattr(signal, "SIGALRM")
+
+
+def _timed_out(tests: List[TestResult], units: List[Dict[str, Any]]) -> Dict[str, str]:
+    """Exercise id -> the test it timed out in, from an earlier attempt (timer.py's rule: the
+    exercise whose code was running, else every swapped exercise the test judges)."""
+    from .registry import test_matches
+
+    out: Dict[str, str] = {}
+    for t in tests:
+        if t.outcome != "timeout":
+            continue
+        ids = [t.culprit] if t.culprit else [e["id"] for u in units for e in u["exercises"] if e["swap"]
+                                             and any(test_matches(r, t.test) for r in e.get("tests", []))]
+        for i in ids:
+            out.setdefault(i, t.test)
+    return out
 
 
 def _has_pytest_timeout() -> bool:

@@ -50,6 +50,7 @@ class LearnerCode:
     problems: Dict[str, str] = field(default_factory=dict)  # exercise name -> why it cannot run
     general_problems: List[str] = field(default_factory=list)  # e.g. a support cell that does not parse
     attempted: Dict[str, bool] = field(default_factory=dict)  # exercise name -> not a stub any more
+    notes: Dict[str, str] = field(default_factory=dict)  # exercise name -> a "did you mean" for one left out
 
     def swaps(self, name: str) -> bool:
         """Whether exercise `name` is judged from this code (else the reference stays in place)."""
@@ -183,6 +184,8 @@ def analyze(code: LearnerCode, chapter: Chapter) -> LearnerCode:
         if node is None:
             if code.missing == "error":
                 code.problems[ex.name] = _missing_message(ex, defined)
+            elif did_you_mean(ex, defined):  # the reference stays, but the learner may have meant it
+                code.notes[ex.name] = did_you_mean(ex, defined)
             continue
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if code.missing == "error" or not isinstance(node, ast.Assign):
@@ -249,13 +252,29 @@ def is_stub(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
 
 def _missing_message(ex: Exercise, defined: Dict[str, ast.AST]) -> str:
     msg = f"no `def {ex.attr}(...)` found"
+    close = did_you_mean(ex, defined)
+    return msg + (f" ({close})" if close else "")
+
+
+def did_you_mean(ex: Exercise, defined: Dict[str, ast.AST]) -> str | None:
+    """For an exercise the code does not define: a function of nearly its name, said as a fix."""
     funcs = [n for n, node in defined.items() if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     close = difflib.get_close_matches(ex.attr, funcs, n=1, cutoff=0.6)
     if ex.name in funcs and ex.name != ex.attr:
         close = [ex.name]
-    if close:
-        msg += f" (there is a `def {close[0]}`: the judge needs the exact name `{ex.attr}`)"
-    return msg
+    return f"there is a `def {close[0]}`: the judge needs the exact name `{ex.attr}`" if close else None
+
+
+def require_some_exercise(code: LearnerCode, chapter: Chapter, path: Path | str) -> None:
+    """A file judged for a chapter must define at least one of its exercises (the others stay the
+    reference): one that defines none is a mistake (wrong chapter, misspelt names), said plainly."""
+    if code.attempted or code.problems or not chapter.exercises:
+        return
+    defined = code.defined()
+    names = ", ".join(f"`def {ex.attr}`" for ex in chapter.exercises)
+    fixes = [fix for ex in chapter.exercises for fix in [did_you_mean(ex, defined)] if fix]
+    raise SourceError(f"{path} defines none of {chapter.key}'s exercises ({names})"
+                      + (f": {'; '.join(fixes)}" if fixes else ": is it the right chapter?"))
 
 
 def _excerpt(source: str, lineno: int | None) -> str:

@@ -1,0 +1,268 @@
+"""Time budgets inside the test process (`pytest -p judge.timer`, next to judge.plugin; POSIX).
+
+Each test gets a budget (budgets.py: from the reference's measured time) and a hard cap
+(`--timeout`). A sampler thread looks at the main thread's stack every SAMPLE seconds and counts
+the time during which the engine (the exercises' package, e.g. minisgl) or the learner's code is
+running; the tests' own work (Hugging Face references, building prompts) does not count. When the
+count passes the budget, or the test's wall time passes the hard cap, the main thread gets a
+SIGALRM whose handler raises `BudgetTimeout` where it was spinning, so the report names the
+learner's line.
+
+Once a test has timed out in an exercise's code, that exercise's other tests are not run: each is
+reported as "not run: <exercise> already timed out in <test>". A timeout with no learner code on the
+stack is put on every swapped exercise the test judges.
+
+In a reference run (nothing swapped) nothing is stopped at its budget; a test whose engine time
+passes it is reported as an `over_budget` event: the budgets file is stale.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Set
+
+import pytest
+
+from . import plugin
+from .budgets import limit_from_spec, test_key
+from .registry import test_matches
+
+SAMPLE = 0.05  # seconds between two looks at the stack
+RETRY = 1.0  # after a timeout that learner code swallowed (`except BaseException`), raise again this often
+
+
+class BudgetTimeout(BaseException):
+    """A test ran out of its time budget. A BaseException, so that `except Exception` in learner
+    code does not swallow it."""
+
+
+class NotRun(Exception):
+    """A test not run because an exercise it judges already timed out."""
+
+
+class _Timer:
+    def __init__(self, spec: Dict[str, Any]) -> None:
+        self.budget = spec["budget"]
+        self.labels = {s["label"]: s.get("exercise") for u in spec.get("units", []) for s in u["snippets"]}
+        swapped = [e for u in spec.get("units", []) for e in u["exercises"] if e["swap"]]
+        self.exercises = {e["id"]: e for e in swapped}
+        self.attrs = {e["target"].rsplit(":", 1)[-1].rsplit(".", 1)[-1]: e["id"] for e in swapped}
+        self.names = {e["name"]: e["id"] for e in swapped}
+        self.reference_run = not swapped
+        self.dirs = tuple(_package_dirs(self.budget.get("packages", [])))
+        self.not_counted = tuple(_package_dirs(self.budget.get("not_counted", [])))
+        self.timed_out: Dict[str, str] = dict(spec.get("timed_out", {}))  # exercise id -> test
+        self.main = threading.get_ident()
+        self.item: pytest.Item | None = None
+        self.pending: Dict[str, Any] | None = None  # why the next SIGALRM raises
+        self.raised = False  # the handler has raised BudgetTimeout in this test
+        self.over: float | None = None  # a reference run: the budget this test's engine time passed
+
+    # -- the stack
+
+    def counts(self, frame) -> bool:
+        """Whether the engine or the learner's code is running in this stack: the innermost frame
+        that is theirs, or a library's whose time is not theirs (Triton compiling a kernel, Hugging
+        Face), decides."""
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name in self.labels or name.startswith(self.dirs):
+                return True
+            if self.not_counted and name.startswith(self.not_counted):
+                return False
+            frame = frame.f_back
+        return False
+
+    def learner_running(self, frame) -> bool:
+        while frame is not None:
+            if frame.f_code.co_filename in self.labels:
+                return True
+            frame = frame.f_back
+        return False
+
+    def culprit(self, frame) -> str | None:
+        """The swapped exercise whose code is innermost on the stack: an exercise function, else
+        the exercise of the notebook cell holding the innermost learner function (a helper)."""
+        cell = None
+        while frame is not None:
+            code = frame.f_code
+            if code.co_filename in self.labels:
+                if code.co_name in self.attrs:
+                    return self.attrs[code.co_name]
+                if cell is None:
+                    cell = self.names.get(self.labels[code.co_filename] or "")
+            frame = frame.f_back
+        return cell
+
+    # -- one test
+
+    def run(self, item: pytest.Item):
+        limit = limit_from_spec(self.budget, item.nodeid)
+        self.item, self.pending, self.over, self.raised = item, None, None, False
+        done = threading.Event()
+        thread = threading.Thread(target=self._watch, args=(item, limit, self.budget["hard"], done), daemon=True)
+        cpu = time.process_time()
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+            self.item = None
+            # Written here, by the main thread (the results file is its): the test's CPU time, which
+            # budgets.py measures the reference by (a busy machine stretches wall time, not CPU time).
+            plugin._judge.write({"event": "cpu_time", "test": item.nodeid, "seconds": round(time.process_time() - cpu, 3)})
+            if self.over is not None:
+                plugin._judge.write({"event": "over_budget", "test": item.nodeid, "budget": round(self.over, 2)})
+
+    def _watch(self, item: pytest.Item, limit: float, hard: float, done: threading.Event) -> None:
+        start = last = time.monotonic()
+        used = 0.0
+        raised_at = None
+        while not done.wait(SAMPLE):
+            now = time.monotonic()
+            frame = sys._current_frames().get(self.main)
+            if frame is not None and self.counts(frame):
+                used += now - last
+            last = now
+            over = used > limit
+            if self.reference_run and over and self.over is None:
+                self.over = limit  # the reference itself spent more than the budget: stale
+            if raised_at is not None:
+                # Not raised yet (pytest was between phases), or swallowed by learner code that
+                # goes on spinning (`except BaseException`): again.
+                again = not self.raised or (frame is not None and self.learner_running(frame))
+                if again and now - raised_at >= RETRY:
+                    raised_at = now
+                    self._interrupt()
+            elif (over and not self.reference_run) or now - start > hard:
+                culprit = self.culprit(frame) if frame is not None else None
+                self.pending = {"limit": limit, "hard": not over, "culprit": culprit}
+                raised_at = now
+                self._interrupt()
+            del frame  # keep no frame (and its locals) alive between looks
+
+    def _interrupt(self) -> None:
+        try:
+            signal.pthread_kill(self.main, signal.SIGALRM)
+        except (OSError, ValueError):
+            pass
+
+    def on_alarm(self, signum, frame) -> None:
+        if self.item is None or self.pending is None or not _inside_a_test_phase(frame):
+            return  # between phases pytest would not catch it: the watcher tries again shortly
+        p = self.pending
+        self.raised = True
+        if p["hard"]:
+            raise BudgetTimeout(f"the test did not finish in {self.budget['hard']:g} s (an endless loop, "
+                                "or far too slow)")
+        measured = self.budget["measured"].get(test_key(self.item.nodeid))
+        base = f"; the reference takes {measured:.2g} s" if measured is not None else ""
+        raise BudgetTimeout(f"the test did not finish within its time budget of {p['limit']:.3g} s{base} "
+                            "(an endless loop, or far too slow)")
+
+    # -- after a timeout
+
+    def record(self, item: pytest.Item, culprit: str | None) -> None:
+        """Which exercises timed out in `item`: the one whose code was running, else every swapped
+        exercise the test judges."""
+        ids = [culprit] if culprit else [i for i, e in self.exercises.items() if _judges(e, item.nodeid)]
+        for i in ids:
+            self.timed_out.setdefault(i, item.nodeid)
+
+    def blocked_by(self, item: pytest.Item) -> str | None:
+        for ex_id, test in self.timed_out.items():
+            ex = self.exercises.get(ex_id)
+            if ex is not None and _judges(ex, item.nodeid):
+                return f"not run: {ex['name']} already timed out in {test.split('::', 1)[-1]}"
+        return None
+
+
+def _judges(exercise: Dict, nodeid: str) -> bool:
+    return any(test_matches(ref, nodeid) for ref in exercise.get("tests", []))
+
+
+def _inside_a_test_phase(frame) -> bool:
+    """Whether pytest is running a phase's function here (CallInfo.from_call catches what it raises)."""
+    below = False
+    while frame is not None:
+        if frame.f_code is _FROM_CALL and below:
+            return not _FROM_CALL_LINES or frame.f_lineno in _FROM_CALL_LINES
+        below = True
+        frame = frame.f_back
+    return False
+
+
+def _call_lines():
+    import inspect
+
+    from _pytest.runner import CallInfo
+
+    code = CallInfo.from_call.__func__.__code__
+    lines, first = inspect.getsourcelines(code)
+    return code, {first + i for i, ln in enumerate(lines) if "func()" in ln}
+
+
+_FROM_CALL, _FROM_CALL_LINES = _call_lines()
+
+
+def _package_dirs(packages: List[str]) -> List[str]:
+    dirs = []
+    for name in packages:
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        for d in (found.submodule_search_locations or []) if found else []:
+            dirs.append(str(Path(d).resolve()) + os.sep)
+            dirs.append(str(Path(d)) + os.sep)
+    return dirs
+
+
+_timer: _Timer | None = None
+
+
+@pytest.hookimpl(trylast=True)  # after judge.plugin has read the spec
+def pytest_configure(config: pytest.Config) -> None:
+    global _timer
+    judge = plugin._judge
+    if judge is None or "budget" not in judge.spec or not hasattr(signal, "pthread_kill"):
+        return
+    _timer = _Timer(judge.spec)
+    signal.signal(signal.SIGALRM, _timer.on_alarm)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    if _timer is None:
+        yield
+        return
+    yield from _timer.run(item)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _timer is not None:
+        why = _timer.blocked_by(item)
+        if why:
+            raise NotRun(why)
+
+
+def describe(excinfo: pytest.ExceptionInfo, item: pytest.Item) -> Dict[str, Any] | None:
+    """The result fields for a budget timeout or a test not run (None for anything else)."""
+    exc = excinfo.value
+    if isinstance(exc, NotRun):
+        return {"message": str(exc), "sentinel": None, "standin": False, "where": None, "timeout": False}
+    if isinstance(exc, BudgetTimeout):
+        culprit = _timer.pending.get("culprit") if _timer is not None and _timer.pending else None
+        if _timer is not None:
+            _timer.record(item, culprit)
+        return {"message": str(exc), "sentinel": None, "standin": False,
+                "where": plugin._learner_frame(plugin._chain(exc)), "timeout": True, "culprit": culprit}
+    return None

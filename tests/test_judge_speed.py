@@ -1,0 +1,259 @@
+"""Fast verdicts whatever the learner's code does: per-test time budgets from the reference's
+measured times (judge/budgets.py, judge/timer.py), an exercise that timed out is not run again,
+and blame reruns only where they can change the verdict (judge/judging.py), forked from one
+server (judge/forkserver.py).
+
+A fake chapter, ch44, is added to the fake project of judge_fixtures.py: a tiny "engine" package
+module whose `run` calls `step`, and a budgets file with small numbers, so each judged run takes
+about a second. Nothing here asserts a wall-clock time: only what the verdict says."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+import threading
+
+import pytest
+
+from judge.cli import main
+from judge_fixtures import fake_project
+
+ENGINE = '''
+import os
+import time
+
+
+class Engine:
+    def step(self, x: int) -> int:
+        """One step of the fake engine."""
+        time.sleep(float(os.environ.get("FAKE_STEP_SLEEP", "0")))  # a stale budget's test makes it slow
+        return x + 1
+
+    def run(self, n: int) -> int:
+        """n steps."""
+        x = 0
+        for _ in range(n):
+            x = self.step(x)
+        return x
+
+    def twice(self, x: int) -> int:
+        """Two steps."""
+        return self.step(self.step(x))
+'''
+
+TESTS = '''
+import time
+
+from fakepkg.engine import Engine
+
+
+def test_step():
+    assert Engine().step(1) == 2, "step(1) should be 2"
+
+
+def test_run_ten():
+    assert Engine().run(10) == 10, "run(10) should be 10"
+
+
+def test_run_twenty():
+    assert Engine().run(20) == 20, "run(20) should be 20"
+
+
+def test_twice():
+    assert Engine().twice(0) == 2, "twice(0) should be 2"
+
+
+def test_the_tests_own_slow_work():
+    time.sleep(0.8)  # like computing a Hugging Face reference: not the engine's time
+    assert Engine().run(3) == 3, "run(3) should be 3"
+'''
+
+REGISTRY = '''
+
+[ch44]
+title = "A fake engine"
+test_files = ["fake_tests/test_speed.py"]
+
+[[ch44.exercises]]
+name = "step"
+target = "fakepkg.engine:Engine.step"
+tests = ["test_speed.py::test_step", "test_speed.py::test_run_ten", "test_speed.py::test_run_twenty",
+         "test_speed.py::test_twice", "test_speed.py::test_the_tests_own_slow_work"]
+
+[[ch44.exercises]]
+name = "run"
+target = "fakepkg.engine:Engine.run"
+tests = ["test_speed.py::test_run_ten", "test_speed.py::test_run_twenty", "test_speed.py::test_the_tests_own_slow_work"]
+
+[[ch44.exercises]]
+name = "twice"
+target = "fakepkg.engine:Engine.twice"
+tests = ["test_speed.py::test_twice"]
+'''
+
+# Small numbers, so that a hang costs a fraction of a second: budget = max(0.3, 2 x measured).
+BUDGETS = {"floor": {"cpu": 0.3}, "factor": 2, "default": {"cpu": 0.5},
+           "times": {"cpu": {"test_speed.py::test_step": 0.01, "test_speed.py::test_run_ten": 0.01,
+                             "test_speed.py::test_run_twenty": 0.01, "test_speed.py::test_twice": 0.01}}}  # the slow one: the default
+
+STEP = "def step(self, x):\n    return x + 1\n"
+RUN = "def run(self, n):\n    x = 0\n    for _ in range(n):\n        x = self.step(x)\n    return x\n"
+HANG = "def step(self, x):\n    while True:\n        x += 1\n"
+TWICE = "def twice(self, x):\n    return self.step(self.step(x))\n"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    p = fake_project(tmp_path, monkeypatch)
+    (tmp_path / "fakepkg" / "engine.py").write_text(ENGINE)
+    (tmp_path / "fake_tests" / "test_speed.py").write_text(TESTS)
+    with open(tmp_path / "registry.toml", "a") as f:
+        f.write(REGISTRY)
+    (tmp_path / "budgets.json").write_text(json.dumps(BUDGETS))  # beside the registry, as judge/budgets.json
+    return p
+
+
+def judge_file(project, capsys, source: str, *argv):
+    mine = project.write("mine.py", textwrap.dedent(source))
+    code = main(["ch44", "--file", str(mine), "--json", *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def by_test(verdict):
+    return {t["test"].split("::")[-1]: t for t in verdict["tests"]}
+
+
+def by_exercise(verdict):
+    return {e["name"]: e for e in verdict["exercises"]}
+
+
+def test_a_hang_is_a_timeout_at_the_budget_naming_the_learners_line(project, capsys):
+    code, v = judge_file(project, capsys, HANG)
+    assert code == 1
+    hung = by_test(v)["test_step"]
+    assert hung["outcome"] == "timeout", f"an endless loop should be a timeout, got {hung['outcome']}"
+    # the budget from the file (max(floor 0.3 s, 2 x 0.01 s)), not the 60 s hard cap
+    assert "time budget of 0.3 s" in hung["message"], f"the budget used is not named: {hung['message']}"
+    # the loop's own lines (2: `while True:`, 3: its body): where it was spinning when stopped
+    assert re.search(r"mine\.py, line [23], in step", hung["where"] or ""), f"the spinning line is not named: {hung['where']}"
+
+
+def test_an_exercise_that_timed_out_is_not_run_again(project, capsys):
+    code, v = judge_file(project, capsys, HANG)
+    tests = by_test(v)
+    for name in ("test_run_ten", "test_run_twenty", "test_twice", "test_the_tests_own_slow_work"):
+        assert tests[name]["outcome"] != "passed" and tests[name]["message"] == \
+            "not run: step already timed out in test_step", f"{name}: {tests[name]['outcome']}, {tests[name]['message']}"
+    assert v["counts"].get("timeout") == 1, f"one timeout expected, got {v['counts']}"
+    assert by_exercise(v)["step"]["status"] == "failing"
+
+
+def test_time_outside_the_engine_does_not_count_against_the_budget(project, capsys):
+    # test_the_tests_own_slow_work sleeps 0.8 s, over its budget (the default, 0.5 s), but in the test
+    # itself, not in the engine
+    code, v = judge_file(project, capsys, STEP + "\n\n" + RUN)
+    slow = by_test(v)["test_the_tests_own_slow_work"]
+    assert slow["outcome"] == "passed", f"the test's own work was held against the budget: {slow['message']}"
+    assert code == 0
+
+
+def test_a_test_without_a_measured_time_gets_the_default_budget(project, capsys, tmp_path):
+    budgets = json.loads((tmp_path / "budgets.json").read_text())
+    del budgets["times"]["cpu"]["test_speed.py::test_step"]  # as for a test added since the last measurement
+    (tmp_path / "budgets.json").write_text(json.dumps(budgets))
+    code, v = judge_file(project, capsys, HANG)
+    hung = by_test(v)["test_step"]
+    assert hung["outcome"] == "timeout" and "time budget of 0.5 s" in hung["message"], \
+        f"expected the default budget of 0.5 s, got: {hung['outcome']}, {hung['message']}"
+
+
+def test_a_stale_budget_fails_the_reference_run(project, capsys, monkeypatch):
+    monkeypatch.setenv("FAKE_STEP_SLEEP", "0.05")  # run(20) now spends 1 s in the engine: over 0.3 s
+    code = main(["ch44", "--solution", "--json"])
+    v = json.loads(capsys.readouterr().out)
+    assert code == 1 and not v["passed"], "the reference ran over its budgets, yet the run passed"
+    assert any("time budget" in g and "python -m judge.budgets" in g for g in v["general"]), \
+        f"no word of the stale budgets: {v['general']}"
+
+
+def test_the_reference_within_its_budgets_passes(project, capsys):
+    assert main(["ch44", "--solution", "--json"]) == 0, json.loads(capsys.readouterr().out)["general"]
+
+
+def test_a_wrong_exercise_with_a_failed_test_of_its_own_is_not_rerun(project, capsys, monkeypatch):
+    """`step` is wrong (test_step judges it alone); `run` is right but fails through `step`: only
+    `run` is rerun alone, and comes out passing."""
+    from judge import judging
+
+    runs = []
+    real = judging.run_pytest
+
+    def counting(units, files, options):
+        runs.append([f.rsplit("::", 1)[-1] for f in files])
+        return real(units, files, options)
+
+    monkeypatch.setattr(judging, "run_pytest", counting)
+    code, v = judge_file(project, capsys, STEP.replace("x + 1", "x + 2") + "\n\n" + RUN)
+    ex = by_exercise(v)
+    assert ex["step"]["status"] == "failing", f"step: {ex['step']['status']}"
+    assert ex["run"]["status"] == "passing" and "correct on its own" in ex["run"]["note"], f"run: {ex['run']}"
+    reruns = runs[1:]
+    assert len(reruns) == 1, f"expected one rerun (run alone), got {len(reruns)}: {reruns}"
+    assert "test_step" not in reruns[0], f"the rerun ran step's own test: {reruns[0]}"
+
+
+def test_the_fork_server_runs_two_at_once(tmp_path):
+    """Two runs from one server at the same time: the first waits for a file only the second writes."""
+    from judge import forkserver
+    from judge.registry import REPO
+
+    if not forkserver.available():
+        pytest.skip("no fork on this platform")
+    flag = tmp_path / "flag"
+    (tmp_path / "test_wait.py").write_text(
+        f"import time, pathlib\n\ndef test_wait():\n    for _ in range(400):\n"
+        f"        if pathlib.Path({str(flag)!r}).exists():\n            return\n        time.sleep(0.05)\n"
+        f"    raise AssertionError('the other run never ran')\n")
+    (tmp_path / "test_write.py").write_text(f"import pathlib\n\ndef test_write():\n    pathlib.Path({str(flag)!r}).touch()\n")
+    server = forkserver.ForkServer(str(REPO), ["pytest"])
+    ENV = {"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # installed plugins take seconds
+    try:
+        assert server.ready, "the fork server did not start"
+        codes = {}
+
+        def one(name):
+            args = ["-q", "-p", "no:cacheprovider", str(tmp_path / f"test_{name}.py")]
+            codes[name] = server.run(args, ENV, str(tmp_path), str(tmp_path / f"{name}.out"),
+                                     60, None)
+
+        wait = threading.Thread(target=one, args=("wait",))
+        wait.start()
+        one("write")
+        wait.join()
+        assert codes["write"] == (0, False) and codes["wait"] == (0, False), \
+            f"(exit code, killed) of the two runs: {codes}; the waiting one printed: {(tmp_path / 'wait.out').read_text()[-300:]}"
+        # and a run past its time is stopped
+        (tmp_path / "test_sleep.py").write_text("import time\n\ndef test_sleep():\n    time.sleep(60)\n")
+        code, killed = server.run(["-q", "-p", "no:cacheprovider", str(tmp_path / "test_sleep.py")], ENV,
+                                  str(tmp_path), str(tmp_path / "sleep.out"), 1, None)
+        assert killed, f"a run past its time limit was not stopped (exit code {code})"
+    finally:
+        server.close()
+
+
+def test_exercises_that_only_failed_through_a_hang_are_cleared_by_one_rerun(project, capsys, monkeypatch):
+    """`step` hangs; `run` and `twice` are right, but their tests were not run after step's timeout:
+    one rerun of the two together, with the reference's step, clears both."""
+    from judge import judging
+
+    runs = []
+    real = judging.run_pytest
+    monkeypatch.setattr(judging, "run_pytest", lambda *a: runs.append(a[1]) or real(*a))
+    code, v = judge_file(project, capsys, HANG + "\n\n" + RUN + "\n\n" + TWICE)
+    ex = by_exercise(v)
+    assert ex["step"]["status"] == "failing", f"step: {ex['step']['status']}"
+    for name in ("run", "twice"):
+        assert ex[name]["status"] == "passing" and "in place of step" in (ex[name]["note"] or ""), f"{name}: {ex[name]}"
+    assert len(runs) == 2, f"expected the run and one rerun, got {len(runs)} runs"
