@@ -33,30 +33,71 @@ def make_req(table_idx: int, total_len: int, cached_len: int, uid: int = 0) -> R
 # ---------------------------------------------------------------- prepare_metadata
 
 
+def assert_metadata(meta: AttentionMetadata, page_table: torch.Tensor, rows: List[int], what: str, **want) -> None:
+    """Each field of `meta` against `want`, naming the first that differs; the page table must be
+    the given rows of the engine's, cut to max_seqlen_k columns."""
+    for name, value in want.items():
+        got = getattr(meta, name)
+        got = got.tolist() if torch.is_tensor(got) else got
+        assert got == value, f"{what}: expected {name} {value}, got {got}"
+    want_table = page_table[rows, : want["max_seqlen_k"]].tolist()
+    assert meta.page_table.tolist() == want_table, \
+        f"{what}: page_table should be rows {rows} of the engine's, cut to {want['max_seqlen_k']} columns"
+    for name, dtype in (("cu_seqlens_q", torch.int32), ("cache_seqlens", torch.int32), ("last_indices", torch.int64)):
+        t = getattr(meta, name)
+        assert t.dtype == dtype and t.device.type == dev().type, \
+            f"{what}: {name} should be {dtype} on {dev().type}, got {t.dtype} on {t.device.type}"
+    assert meta.page_table.device.type == dev().type, f"{what}: page_table should be on {dev().type}"
+
+
 def test_prepare_metadata_of_a_mixed_prefill_batch():
     page_table = torch.arange(4 * MAX_LEN, dtype=torch.int32, device=dev()).view(4, MAX_LEN) + 1000
     reqs = [make_req(2, total_len=5, cached_len=0),  # a fresh prompt
             make_req(0, total_len=7, cached_len=4),  # a prefix-cache hit: 3 new tokens
             make_req(3, total_len=3, cached_len=2)]  # 1 new token
     meta = prepare_metadata(Batch(reqs, "prefill"), page_table, dev())
-    assert meta.cu_seqlens_q.tolist() == [0, 5, 8, 9]
-    assert meta.cache_seqlens.tolist() == [5, 7, 3]
-    assert meta.last_indices.tolist() == [4, 7, 8]
-    assert (meta.max_seqlen_q, meta.max_seqlen_k) == (5, 7)
-    assert meta.page_table.tolist() == page_table[[2, 0, 3], :7].tolist()
-    for t in (meta.cu_seqlens_q, meta.cache_seqlens, meta.last_indices, meta.page_table):
-        assert t.device.type == dev().type
+    assert_metadata(meta, page_table, [2, 0, 3], "a prefill batch of 5, 3 and 1 new tokens",
+                    cu_seqlens_q=[0, 5, 8, 9], cache_seqlens=[5, 7, 3], last_indices=[4, 7, 8],
+                    max_seqlen_q=5, max_seqlen_k=7)
 
 
 def test_prepare_metadata_of_a_decode_batch():
     page_table = torch.arange(3 * MAX_LEN, dtype=torch.int32, device=dev()).view(3, MAX_LEN)
     reqs = [make_req(1, total_len=9, cached_len=8), make_req(0, total_len=4, cached_len=3)]
     meta = prepare_metadata(Batch(reqs, "decode"), page_table, dev())
-    assert meta.cu_seqlens_q.tolist() == [0, 1, 2]
-    assert meta.cache_seqlens.tolist() == [9, 4]
-    assert meta.last_indices.tolist() == [0, 1]
-    assert (meta.max_seqlen_q, meta.max_seqlen_k) == (1, 9)
-    assert meta.page_table.tolist() == page_table[[1, 0], :9].tolist()
+    assert_metadata(meta, page_table, [1, 0], "a decode batch of two requests",
+                    cu_seqlens_q=[0, 1, 2], cache_seqlens=[9, 4], last_indices=[0, 1],
+                    max_seqlen_q=1, max_seqlen_k=9)
+
+
+def test_key_lengths_count_the_token_still_in_flight():
+    # With overlap scheduling (chapter 11) the next decode step is built before the last step's
+    # token reaches the CPU: complete_one has counted it in device_len, input_ids lack it so far.
+    # Its key is computed in this very step, so the key length is device_len.
+    page_table = torch.arange(3 * MAX_LEN, dtype=torch.int32, device=dev()).view(3, MAX_LEN)
+    reqs = [make_req(1, total_len=9, cached_len=8), make_req(0, total_len=4, cached_len=3)]
+    for r in reqs:
+        r.complete_one()  # the previous step was launched; its token has not arrived
+    meta = prepare_metadata(Batch(reqs, "decode"), page_table, dev())
+    assert_metadata(meta, page_table, [1, 0], "a decode batch whose last tokens are still in flight",
+                    cu_seqlens_q=[0, 1, 2], cache_seqlens=[10, 5], last_indices=[0, 1],
+                    max_seqlen_q=1, max_seqlen_k=10)
+
+
+def test_optional_metadata_fields_agree_with_the_tensors():
+    # rows and the host copies are optional, but a GPU backend or the prefill loop reads them
+    # when they are there: then they must say the same as the tensors.
+    page_table = torch.arange(4 * MAX_LEN, dtype=torch.int32, device=dev()).view(4, MAX_LEN)
+    reqs = [make_req(2, total_len=5, cached_len=0), make_req(0, total_len=7, cached_len=4)]
+    meta = prepare_metadata(Batch(reqs, "prefill"), page_table, dev())
+    for name, want in (("rows", [2, 0]), ("cu_seqlens_q_host", [0, 5, 8]), ("cache_seqlens_host", [5, 7])):
+        got = getattr(meta, name)
+        if got is None:
+            continue
+        got = got.tolist() if torch.is_tensor(got) else list(got)
+        assert got == want, f"{name} is optional, but when given it must be {want}, got {got}"
+    if meta.rows is not None:
+        assert meta.rows.device.type == dev().type, f"rows should be on {dev().type}, got {meta.rows.device.type}"
 
 
 # ---------------------------------------------------------------- the backend against dense attention
@@ -112,14 +153,23 @@ def manual_metadata(s: Scenario) -> AttentionMetadata:
         max_seqlen_q=max(new), max_seqlen_k=max(total))
 
 
-def run_backend(s: Scenario, phase: str, use_prepare_metadata: bool = False) -> List[torch.Tensor]:
+def run_backend(s: Scenario, phase: str, use_prepare_metadata: bool = False,
+                advance_requests: bool = False) -> List[torch.Tensor]:
     batch = Batch(s.reqs, phase)
     batch.out_loc = torch.cat([loc[r.cached_len:] for r, loc in zip(s.reqs, s.locs)]).to(dev())
     batch.attn_metadata = (prepare_metadata(batch, s.page_table, dev()) if use_prepare_metadata
                            else manual_metadata(s))
     new = lambda xs: torch.cat([x[r.cached_len:] for r, x in zip(s.reqs, xs)]).to(dev())  # noqa: E731
-    out = s.backend.forward(new(s.q), new(s.k), new(s.v), layer_id=0, batch=batch)
-    assert out.shape == (sum(r.extend_len for r in s.reqs), HEADS, HEAD_DIM)
+    q, k, v = new(s.q), new(s.k), new(s.v)
+    tokens = sum(r.extend_len for r in s.reqs)
+    if advance_requests:
+        # As the scheduler does right after launching a step. With overlap scheduling the step's
+        # work may run only after this, so the backend must take every length from the metadata.
+        for r in s.reqs:
+            r.complete_one()
+    out = s.backend.forward(q, k, v, layer_id=0, batch=batch)
+    assert out.shape == (tokens, HEADS, HEAD_DIM), \
+        f"the output should be [{tokens} tokens, {HEADS} heads, {HEAD_DIM}] like q, got {list(out.shape)}"
     cu = batch.attn_metadata.cu_seqlens_q.tolist()
     return [out[cu[i]: cu[i + 1]].cpu() for i in range(len(s.reqs))]
 
@@ -132,11 +182,13 @@ def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Ten
     return out.transpose(0, 1)
 
 
-def assert_matches_dense(s: Scenario, outs: List[torch.Tensor]) -> None:
-    for i, (r, out) in enumerate(zip(s.reqs, outs)):
-        want = dense_causal(s.q[i], s.k[i], s.v[i])[r.cached_len:]
+def assert_matches_dense(s: Scenario, outs: List[torch.Tensor], cached: List[int] | None = None) -> None:
+    """`cached`: each request's cached length in the step (default: what the requests say now)."""
+    cached = cached or [r.cached_len for r in s.reqs]
+    for i, (c, out) in enumerate(zip(cached, outs)):
+        want = dense_causal(s.q[i], s.k[i], s.v[i])[c:]
         torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5,
-                                   msg=lambda m: f"request {i} (cached {r.cached_len} of {r.device_len}): {m}")
+                                   msg=lambda m: f"request {i} (cached {c} of {len(s.q[i])}): {m}")
 
 
 # (table_idx, total_len, cached_len): a fresh prompt, a prefix-cache hit, and a one-token extend
@@ -164,6 +216,18 @@ def test_prepared_metadata_drives_the_backend_correctly(page_size):
     assert_matches_dense(d, run_backend(d, "decode", use_prepare_metadata=True))
 
 
+def test_prefill_takes_lengths_from_the_metadata_only():
+    s = make_scenario(MIXED, page_size=4, seed=6)
+    cached = [r.cached_len for r in s.reqs]
+    assert_matches_dense(s, run_backend(s, "prefill", advance_requests=True), cached)
+
+
+def test_decode_takes_lengths_from_the_metadata_only():
+    s = make_scenario(DECODE, page_size=4, seed=7)
+    cached = [r.cached_len for r in s.reqs]
+    assert_matches_dense(s, run_backend(s, "decode", advance_requests=True), cached)
+
+
 def test_backend_stores_this_steps_keys_and_values():
     s = make_scenario(MIXED, page_size=4, seed=4)
     run_backend(s, "prefill")
@@ -179,5 +243,5 @@ def test_prefill_ignores_other_requests_keys():
     for t in (s.q, s.k, s.v):
         t[1][5:] = t[0][5:]
     a, b = run_backend(s, "prefill")
-    assert not torch.allclose(a, b)
+    assert not torch.allclose(a, b), "two requests with different cached prefixes got the same output: one saw the other's keys"
     assert_matches_dense(s, [a, b])
