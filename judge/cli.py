@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu", help="default: cpu")
     p.add_argument("--exercise", metavar="NAME", help="run only the tests of this exercise")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="run only the tests matching EXPR (as pytest -k)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per test (default 60 on cpu, 120 on cuda)")
+    p.add_argument("--timeout", type=float, default=None, help="hard cap in seconds on each test's whole time (default 60 on cpu, 120 on cuda); "
+                        "learner code is stopped sooner, at the test's budget (judge/budgets.json)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds for the whole run (default 900)")
     p.add_argument("--hint", action="count", default=0,
                    help="show hints for the unfinished exercises instead of judging; repeat (or --hint N) for more")

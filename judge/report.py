@@ -133,13 +133,25 @@ def _exercise_details(ex: ExerciseVerdict, verdict: Verdict, console: Console, v
     shown = ex.tests if verbose else bad
     if ex.status == ERROR and not verbose:
         shown = [t for t in bad if not t.standin][:3]  # the stand-in's message is the problem above
-    for t in shown:
-        _test_line(t, console, indent="   ", where=ex.where(t) if ex.status != REFERENCE else None)
+    _test_lines([t for t in shown], console, verbose, lambda t: ex.where(t) if ex.status != REFERENCE else None)
     if stopped and ex.status == FAILING and not verbose:
         stubs = sorted({t.sentinel.split(".", 1)[1] for t in stopped})
         console.print(Text(f"   {len(stopped)} more of its failed test(s) stopped first at {', '.join(stubs)}, "
                            "still a stub: they judge this exercise once that is written"))
     console.print()
+
+
+def _test_lines(tests: Sequence[TestResult], console: Console, verbose: bool, where) -> None:
+    """One line per test; tests not run for one reason (an exercise that already timed out) are
+    said once, not once each."""
+    not_run: Dict[str, int] = {}
+    for t in tests:
+        if not verbose and t.outcome == "error" and (t.message or "").startswith("not run: "):
+            not_run[t.message] = not_run.get(t.message, 0) + 1
+            continue
+        _test_line(t, console, indent="   ", where=where(t))
+    for message, n in not_run.items():
+        console.print(Text("   ! ", style="red") + Text(f"{n} more test(s) {message}"))
 
 
 def _test_line(t: TestResult, console: Console, indent: str, where: str | None = None) -> None:
@@ -170,8 +182,7 @@ def _other_tests(verdict: Verdict, console: Console, verbose: bool) -> None:
     passed = sum(t.ok for t in other)
     console.print(Text(f"Other tests of the chapter (not tied to one exercise): {passed}/{len(other)} passed",
                        style="bold" if bad else "dim"))
-    for t in (other if verbose else bad):
-        _test_line(t, console, indent="   ", where=t.where)
+    _test_lines(other if verbose else bad, console, verbose, lambda t: t.where)
     if bad or verbose:
         console.print()
 

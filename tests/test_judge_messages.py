@@ -344,3 +344,20 @@ def test_hints_come_from_the_source_being_judged(project, capsys):
     save_notebook(project, ("run", RUN), ("finish", FINISH_KEEPS_THE_SLOT))
     code, v = judge_json(capsys, "ch44", "--hint")
     assert sorted(v["hints"]) == ["ch44.finish"], f"hints for the edited notebook: {sorted(v['hints'])}"
+
+
+def test_tests_not_run_for_one_reason_are_said_once():
+    """After an exercise times out its other tests are not run; the report says so once, not once each."""
+    from rich.console import Console
+
+    from judge.report import _test_lines
+    from judge.runner import TestResult
+
+    why = "not run: step already timed out in test_a"
+    tests = [TestResult("t.py::test_a", "timeout", message="the test did not finish within its time budget")]
+    tests += [TestResult(f"t.py::test_{n}", "error", message=why) for n in "bcd"]
+    console = Console(record=True, width=200)
+    _test_lines(tests, console, verbose=False, where=lambda t: None)
+    out = console.export_text()
+    assert out.count(why) == 1 and "3 more test(s) not run: step already timed out" in out, out
+    assert "test_a" in out and "test_b" not in out, out
