@@ -44,6 +44,22 @@ def available() -> bool:
     return hasattr(os, "fork") and hasattr(os, "setsid")
 
 
+def server_for(device: str, modules: List[str], references: bool = True) -> "ForkServer | None":
+    """A started server for runs whose targets live in `modules`, or None where each run must be a
+    plain subprocess: no fork here, or a GPU. A CUDA context does not survive a fork, and whether
+    importing the engine (Triton, the kernels) already creates one depends on library versions;
+    on a GPU machine a run's seconds of imports are small next to its tests."""
+    if device != "cpu" or not available():
+        return None
+    from .registry import REPO
+
+    server = ForkServer(str(REPO), preload_for(modules, references))
+    if not server.ready:
+        server.close()
+        return None
+    return server
+
+
 class _Run:
     def __init__(self) -> None:
         self.started = threading.Event()

@@ -185,7 +185,6 @@ def _fork_server(units: List[Dict], chapters: Sequence[Chapter], options: RunOpt
     exercises of the learner's swapped in: all stubs, or one file's function), or cannot fork (a
     GPU: CUDA does not survive a fork)."""
     from . import forkserver
-    from .registry import REPO
 
     swapped = [e for u in units for e in u["exercises"] if e["swap"]]
     attempted = [e for e in swapped if e.get("attempted", True) and not e.get("problem")]
@@ -193,11 +192,7 @@ def _fork_server(units: List[Dict], chapters: Sequence[Chapter], options: RunOpt
             or len(swapped) < 2 or not attempted:
         return None
     modules = sorted({e.module for c in chapters for e in c.exercises})
-    server = forkserver.ForkServer(str(REPO), forkserver.preload_for(modules, references=False))
-    if not server.ready:
-        server.close()
-        return None
-    return server
+    return forkserver.server_for(options.device, modules, references=False)
 
 
 def _stale_budgets(run: RunResult) -> List[str]:

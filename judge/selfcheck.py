@@ -12,7 +12,6 @@ Runs are independent subprocesses, `workers` at a time.
 from __future__ import annotations
 
 import ast
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,9 +23,8 @@ from rich.table import Table
 from rich.text import Text
 
 from . import forkserver
-from .forkserver import ForkServer
 from .judging import Verdict, judge
-from .registry import REPO, Chapter, Exercise, Registry, variant_files
+from .registry import Chapter, Exercise, Registry, variant_files
 from .runner import RunOptions
 from .sources import LearnerCode, from_file, from_sources
 from .stubs import reference_source, stub_source
@@ -73,24 +71,13 @@ def selfcheck(registry: Registry, chapters: Sequence[Chapter], console: Console,
     threads = 1 if workers > 1 else None
     console.print(Text(f"selfcheck: {len(jobs)} runs over {len(chapters)} chapter(s), {workers} at a time",
                        style="bold"))
-    preload = forkserver.preload_for(sorted({e.module for c in chapters for e in c.exercises}))
-    local = threading.local()
-    servers: List[ForkServer] = []
-
-    def launcher() -> ForkServer | None:
-        # CUDA does not survive a fork of a process that touched it (importing the engine may have):
-        # on a GPU every run is a plain subprocess.
-        if not forkserver.available() or device != "cpu":
-            return None
-        if getattr(local, "server", None) is None:
-            local.server = ForkServer(str(REPO), preload)
-            servers.append(local.server)
-        return local.server
+    # One server forks every run (several at once); None on a GPU: plain subprocesses there.
+    server = forkserver.server_for(device, sorted({e.module for c in chapters for e in c.exercises}))
 
     def run(job: Job) -> Outcome:
         t0 = time.monotonic()
         options = RunOptions(device=device, test_timeout=120.0, time_limit=900.0, threads=threads,
-                             launcher=launcher())
+                             launcher=server)
         verdict = judge([job.chapter], {job.chapter.key: job.code} if job.code else {}, options,
                         mode=job.kind, origin=job.name)
         outcome = EVALUATE[job.kind](job, verdict)
@@ -103,7 +90,7 @@ def selfcheck(registry: Registry, chapters: Sequence[Chapter], console: Console,
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             outcomes = static + list(pool.map(run, jobs))
     finally:
-        for server in servers:
+        if server is not None:
             server.close()
     _summary(chapters, outcomes, console, time.monotonic() - start)
     return 0 if all(o.ok for o in outcomes) else 1

@@ -40,7 +40,7 @@ from rich.text import Text
 from judge.registry import REPO, Chapter, Exercise, UnknownChapter, load_registry
 from judge.stubs import reference_source
 
-from .operators import Mutant, mutants
+from .operators import mutants
 from .run import (EQUIVALENT, INVALID, KILLED, SURVIVED, TIMEOUT, Pool, ReferenceFails, Result, judge_mutants,
                   reference_durations)
 

@@ -5,7 +5,6 @@ already imported torch and the engine (judge/forkserver.py), `workers` at a time
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -13,9 +12,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from judge import forkserver
-from judge.forkserver import ForkServer
 from judge.judging import judge
-from judge.registry import REPO, Chapter, Exercise
+from judge.registry import Chapter, Exercise
 from judge.runner import RunOptions
 from judge.sources import from_sources
 
@@ -49,31 +47,21 @@ def selectors(chapter: Chapter, ex: Exercise) -> List[str]:
 
 
 class Pool:
-    """`workers` threads, each with its own fork server (CPU) or plain subprocesses (CUDA)."""
+    """`workers` runs at a time, forked from one server on a CPU (plain subprocesses on a GPU)."""
 
     def __init__(self, chapters: Sequence[Chapter], device: str, workers: int) -> None:
         self.device = device
         self.workers = max(1, workers)
-        self.preload = forkserver.preload_for(sorted({e.module for c in chapters for e in c.exercises}))
-        self.local = threading.local()
-        self.servers: List[ForkServer] = []
-
-    def launcher(self) -> ForkServer | None:
-        if not forkserver.available() or self.device != "cpu":
-            return None  # CUDA does not survive a fork
-        if getattr(self.local, "server", None) is None:
-            self.local.server = ForkServer(str(REPO), self.preload)
-            self.servers.append(self.local.server)
-        return self.local.server
+        self.server = forkserver.server_for(device, sorted({e.module for c in chapters for e in c.exercises}))
 
     def options(self, test_timeout: float, time_limit: float, stop: bool = True) -> RunOptions:
         return RunOptions(device=self.device, test_timeout=test_timeout, time_limit=time_limit,
-                          threads=1 if self.workers > 1 else None, launcher=self.launcher(),
+                          threads=1 if self.workers > 1 else None, launcher=self.server,
                           stop_at_first_failure=stop)
 
     def close(self) -> None:
-        for server in self.servers:
-            server.close()
+        if self.server is not None:
+            self.server.close()
 
 
 def reference_durations(pool: Pool, chapter: Chapter) -> Dict[str, float]:
