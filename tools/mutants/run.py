@@ -31,7 +31,8 @@ class Result:
 
 
 class ReferenceFails(RuntimeError):
-    """The reference itself fails the exercise's tests: mutants cannot be judged against them."""
+    """Mutants cannot be judged: the reference fails the exercise's tests, the registry names a test
+    that does not exist, or a run ran no test at all."""
 
 
 def selectors(chapter: Chapter, ex: Exercise) -> List[str]:
@@ -82,6 +83,9 @@ def budget(durations: Dict[str, float], ex: Exercise) -> Tuple[float, float]:
 
 def judge_mutants(pool: Pool, chapter: Chapter, ex: Exercise, mutants: Sequence[Mutant],
                   durations: Dict[str, float], on_result: Callable[[Result], None] = lambda r: None) -> List[Result]:
+    missing = [ref for ref in ex.tests if not any(ex.judges(t) and _names(ref, t) for t in durations)]
+    if missing:  # pytest would refuse the whole run, and every mutant would look like a survivor
+        raise ReferenceFails(f"{ex.id}: the registry lists tests the chapter does not have: {', '.join(missing)}")
     test_timeout, time_limit = budget(durations, ex)
     tests = selectors(chapter, ex)
     equivalent = {mid for mid, _ in ex.equivalent_mutants}
@@ -107,7 +111,16 @@ def judge_mutants(pool: Pool, chapter: Chapter, ex: Exercise, mutants: Sequence[
         return list(executor.map(one, mutants))
 
 
+def _names(ref: str, nodeid: str) -> bool:
+    from judge.registry import test_matches
+
+    return test_matches(ref, nodeid)
+
+
 def _classify(mutant: Mutant, verdict) -> Result:
+    if not verdict.tests and not any("time limit" in g for g in verdict.general):
+        why = "; ".join(g.splitlines()[0] for g in verdict.general) or "no test ran"
+        raise ReferenceFails(f"{mutant.id} could not be judged: {why}")
     failed = [t for t in verdict.tests if not t.ok]
     if failed:
         first = failed[0]
