@@ -221,3 +221,34 @@ def test_links_between_chapters_name_notebooks_in_notebooks_and_pages_on_the_sit
     assert notebook.notebook_links(text) == ("See [chapter 7](ch07_scheduler.ipynb) and "
                                              "[its rules](ch11_overlap.ipynb#the-rules); [x](https://a.md).")
     assert notebook.page_links(notebook.notebook_links(text)) == text
+
+
+def test_every_checking_tryout_passes_on_the_reference_in_the_committed_solutions():
+    """A try-out's ✔/✘ lines check what the judge checks; on the reference they must all be ✔
+    (else the try-out would teach a learner to distrust a right answer)."""
+    import nbformat
+
+    problems = []
+    for path in sorted(commands.SOLUTIONS.glob("ch*.ipynb")):
+        ch = read_chapter(commands.CHAPTERS / f"{path.stem}.md")
+        problems += commands.tryout_problems(ch, nbformat.read(path, as_version=4))
+    assert not problems, "\n".join(problems)
+
+
+def test_tryout_checks_print_one_line_each():
+    from minisgl.viz.tryout import attempt, check
+
+    def stub():
+        raise NotImplementedError("ch99.f: write f")
+
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        with attempt("ch99.f"):
+            stub()
+        assert check("all slots back", True) is True
+        assert check("all slots back", False, "4 missing") is False
+    assert out.getvalue().splitlines()[2:] == ["✔ all slots back", "✘ all slots back: 4 missing"]
+    assert "ch99.f is not written yet (write f)." in out.getvalue()

@@ -1,15 +1,23 @@
-"""Trying an exercise out in a notebook before it is written.
+"""Trying an exercise out in a notebook, before and after it is written.
 
 The lines after an exercise's function run it inside the engine. While the function is still the
 stub, that raises its `NotImplementedError("chNN.name: ...")`; `attempt` turns exactly that into a
 short note, so "Run All" in JupyterLab goes on to the end of the notebook. Any other error, such
 as one in the learner's own code, is raised as usual.
+
+Once it is written, the try-out checks it with `check`: one line per rule the judge's tests also
+check, `✔ all request slots back` or `✘ all request slots back: 4 missing`, so a mistake shows
+in the notebook before the judge runs. A check states the rule and what was seen, never the
+reference's answer.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from typing import Iterator
+
+PASS, FAIL = "✔", "✘"
+NOT_WRITTEN = "is not written yet"
 
 
 @contextmanager
@@ -19,5 +27,11 @@ def attempt(exercise: str) -> Iterator[None]:
     except NotImplementedError as e:
         if not str(e).startswith(f"{exercise}:"):
             raise
-        print(f"{exercise} is not written yet ({str(e)[len(exercise) + 2:]}).\n"
+        print(f"{exercise} {NOT_WRITTEN} ({str(e)[len(exercise) + 2:]}).\n"
               "Write the function above and run this cell again; the cells below do not need it.")
+
+
+def check(rule: str, ok: bool, seen: str = "") -> bool:
+    """Print `✔ rule`, or `✘ rule: seen` (what was seen instead, in plain words); returns `ok`."""
+    print(f"{PASS} {rule}" if ok else f"{FAIL} {rule}" + (f": {seen}" if seen else ""))
+    return bool(ok)

@@ -62,6 +62,7 @@ def execute(ids: Iterable[str] = ()) -> int:
     """Render and run each solution notebook; write it with its outputs and its run time."""
     SOLUTIONS.mkdir(exist_ok=True)
     build(ids)
+    failed = False
     for ch in chapters(ids):
         nb = notebook.render(ch, "solution")
         print(f"executing {ch.stem} ...", flush=True)
@@ -70,7 +71,10 @@ def execute(ids: Iterable[str] = ()) -> int:
         nb.metadata["minisgl"]["execution"] = {"seconds": round(result.seconds, 1)}
         solution_path(ch).write_text(notebook.dumps(nb), encoding="utf-8")
         print(f"wrote {_rel(solution_path(ch))} ({result.seconds:.1f} s)")
-    return 0
+        for problem in tryout_problems(ch, nb):
+            print(f"FAIL {problem}")
+            failed = True
+    return 1 if failed else 0
 
 
 def _code_cells(nb: nbformat.NotebookNode) -> List[tuple]:
@@ -210,7 +214,38 @@ def student_errors(ch: Chapter, nb: nbformat.NotebookNode) -> List[str]:
             why = " (a stub called outside `with attempt(...)`)"
         problems.append(f"{ch.stem} {where} {cell.id}: {err.get('ename')}: {err.get('evalue')}{why}\n"
                         f"    {cell.source.splitlines()[0] if cell.source else ''}")
+    from minisgl.viz.tryout import NOT_WRITTEN  # (imports torch: only where notebooks run anyway)
+
+    for cell in nb.cells:  # a try-out that stays silent before its function is written
+        if notebook.cell_kind(cell) == "exercise" and tryout_checks(cell) and NOT_WRITTEN not in _text(cell):
+            problems.append(f"{ch.stem} exercise cell {cell.id}: its try-out does not say the function "
+                            f"is not written yet (run it inside `with attempt(...)`)")
     return problems
+
+
+def tryout_checks(cell) -> bool:
+    """Whether an exercise cell's try-out checks the function (calls `check(...)`)."""
+    return "check(" in cell.source
+
+
+def tryout_problems(ch: Chapter, nb: nbformat.NotebookNode) -> List[str]:
+    """In an executed solution: each try-out that checks must print only ✔ lines, at least one."""
+    from minisgl.viz.tryout import FAIL, PASS
+
+    problems = []
+    for cell in nb.cells:
+        if notebook.cell_kind(cell) != "exercise" or not tryout_checks(cell):
+            continue
+        text = _text(cell)
+        if FAIL in text or PASS not in text:
+            seen = [ln for ln in text.splitlines() if ln.startswith((PASS, FAIL))] or ["no ✔ line at all"]
+            problems.append(f"{ch.stem} exercise cell {cell.id}: the reference's try-out does not pass its own "
+                            f"checks: {'; '.join(seen)}")
+    return problems
+
+
+def _text(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
 
 
 def students(ids: Iterable[str] = ()) -> int:
