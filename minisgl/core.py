@@ -13,6 +13,7 @@ produced k tokens on the device:
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, List, Literal
@@ -34,13 +35,30 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise TypeError (wrong type; a bool is not a number here) or ValueError (NaN, infinite,
+        out of range) naming the field. `generate` calls it again: fields can change after __init__."""
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
+        for name in ("top_k", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
+        if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off) or an integer >= 1, got {self.top_k!r}")
 
     @property

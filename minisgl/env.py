@@ -10,11 +10,25 @@ import os
 from dataclasses import dataclass
 
 
+TRUE, FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
 def _env_flag(name: str, default: bool = False) -> bool:
     raw = os.environ.get(name)
     if raw is None:
         return default
-    return raw.strip().lower() in ("1", "true", "yes", "on")
+    value = raw.strip().lower()
+    if value not in TRUE + FALSE:
+        # A typo must not silently mean the opposite of what was meant.
+        raise ValueError(f"{name}={raw!r}: use one of {', '.join(TRUE)} (on) or {', '.join(FALSE[1:])} (off)")
+    return value in TRUE
+
+
+def _env_choice(name: str, default: str, allowed: tuple) -> str:
+    raw = os.environ.get(name, default).strip().lower()
+    if raw not in allowed:
+        raise ValueError(f"{name}={raw!r}: use one of {', '.join(allowed)}")
+    return raw
 
 
 @dataclass
@@ -34,7 +48,7 @@ class _Env:
         )
         # "eager" (work runs when launched) or "deferred" (work on the engine stream runs only when
         # someone synchronizes on it): the deferred mode makes stream-ordering bugs visible on a CPU.
-        self.CPU_STREAMS = Switch("MINISGL_CPU_STREAMS", os.environ.get("MINISGL_CPU_STREAMS", "eager"))
+        self.CPU_STREAMS = Switch("MINISGL_CPU_STREAMS", _env_choice("MINISGL_CPU_STREAMS", "eager", ("eager", "deferred")))
 
 
 ENV = _Env()

@@ -28,6 +28,13 @@ class EngineConfig:
     cuda_graph_max_bs: int = 64  # largest decode batch replayed from a graph; larger ones run eagerly
 
     def __post_init__(self) -> None:
+        self.dtype = _dtype(self.dtype)
+        for name in ("max_running_req", "page_size", "cuda_graph_max_bs", "num_page_override", "max_seq_len_override"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+        if self.max_seq_len_override is not None and self.max_seq_len_override < 1:
+            raise ValueError("max_seq_len_override must be >= 1")
         if self.max_running_req < 1:
             raise ValueError("max_running_req must be >= 1")
         if self.page_size < 1:
@@ -36,3 +43,15 @@ class EngineConfig:
             raise ValueError("num_page_override must be >= 1")
         if self.cuda_graph_max_bs < 1:
             raise ValueError("cuda_graph_max_bs must be >= 1")
+
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _dtype(value: object) -> torch.dtype | None:
+    """A torch dtype, or one of DTYPES' names ("bfloat16", also "torch.bfloat16"); None: the default."""
+    if value is None or value in DTYPES.values():
+        return value  # type: ignore[return-value]
+    if isinstance(value, str) and value.removeprefix("torch.") in DTYPES:
+        return DTYPES[value.removeprefix("torch.")]
+    raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (or the torch dtype), got {value!r}")

@@ -58,6 +58,11 @@ class Engine:
         self.model = load_model(config.model_path, self.dtype, self.device)
 
         cfg = self.model_config
+        if config.max_seq_len_override is not None and config.max_seq_len_override > cfg.max_position_embeddings:
+            # RoPE's tables and the attention kernels stop at the model's limit: past it a step would
+            # index out of range (a device assert on a GPU) or, with some kernels, silently go wrong.
+            raise ValueError(f"max_seq_len_override={config.max_seq_len_override} exceeds the model's "
+                             f"max_position_embeddings ({cfg.max_position_embeddings})")
         self.max_seq_len = config.max_seq_len_override or cfg.max_position_embeddings
         self.page_size = config.page_size
         self.num_pages = config.num_page_override or self._auto_num_pages()

@@ -20,6 +20,8 @@ from minisgl.message import AbortBackendMsg, DetokenizeMsg, UserMsg
 from minisgl.models import BUNDLED_MODEL
 from minisgl.scheduler import ForwardData, QueueIO, Scheduler, SchedulerConfig
 
+from . import inputs
+
 Prompt = str | Sequence[int]
 
 
@@ -47,22 +49,16 @@ class LLM(Scheduler):
     # ------------------------------------------------------------------ requests
 
     def encode(self, prompt: Prompt) -> torch.Tensor:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this model directory has no tokenizer.json: pass token ids instead of text")
-            ids = self.tokenizer.encode(prompt).ids
-        else:
-            ids = list(prompt)
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-                raise ValueError("a prompt must be a string or a list of integer token ids")
-        return torch.tensor(ids, dtype=torch.int32)
+        """A prompt (text, token ids, or a 1-D integer array: minisgl/llm/inputs.py) as int32 ids."""
+        return inputs.token_ids(prompt, self.tokenizer)
 
     def decode(self, token_ids: List[int]) -> str:
         return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
-        """Queue one request; returns its uid. Raises ValueError (and queues nothing) if it can never run."""
-        params = params or SamplingParams()
+        """Queue one request; returns its uid. Raises TypeError or ValueError (and queues nothing)
+        if it can never run."""
+        params = inputs.sampling_list(params, 1)[0]
         return self._enqueue(self._checked_ids(prompt, params), params)
 
     def _checked_ids(self, prompt: Prompt, params: SamplingParams) -> torch.Tensor:
@@ -142,22 +138,15 @@ class LLM(Scheduler):
                  progress: bool | None = None) -> List[Dict]:
         """Run every prompt to completion; returns [{"text", "token_ids"}] in prompt order (plus
         "error" for a request the scheduler refused)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # a single prompt
-        prompts = list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        prompts = inputs.prompt_list(prompts)
+        params = inputs.sampling_list(sampling_params, len(prompts))
         # Check every prompt before queueing any, so a bad one loses nothing.
         encoded = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
                 encoded.append(self._checked_ids(prompt, p))
-            except ValueError as e:
-                raise ValueError(f"prompt {i}: {e}") from None
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"prompt {i}: {e}") from None
         uids = [self._enqueue(ids, p) for ids, p in zip(encoded, params)]
         show = progress if progress is not None else (len(uids) >= 64 and sys.stderr.isatty())
         if show:

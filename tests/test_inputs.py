@@ -1,0 +1,121 @@
+"""Bad input is refused at the door with an error naming what was wrong, queues nothing, and leaves
+the engine serving (minisgl/llm/inputs.py, SamplingParams.validate, EngineConfig, env.py)."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import MODEL, build_llm, greedy, prompt_ids
+from minisgl import SamplingParams
+from minisgl.models import ModelConfig
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return build_llm()
+
+
+def assert_still_serving(llm) -> None:
+    assert not llm.results and not llm.busy, "a refused call must queue nothing"
+    out = llm.generate([prompt_ids()[0]], greedy(2))
+    assert len(out[0]["token_ids"]) == 2, "after a refused call the engine must still serve the next one"
+
+
+def gen(x):
+    yield from x
+
+
+@pytest.mark.parametrize("prompts,error,words", [
+    (7, TypeError, "prompts must be"),
+    (None, TypeError, "prompts must be"),
+    (3.5, TypeError, "prompts must be"),
+    ({"text": "hi"}, TypeError, "prompts must be"),
+    (gen([[1, 2]]), TypeError, "prompts must be"),
+    ([b"\x01\x02"], TypeError, "decode bytes"),
+    ([None], TypeError, "prompt 0: a prompt must be"),
+    ([[1, 2], 5], TypeError, "prompt 1: a prompt must be"),
+    ([[1, True, 2]], ValueError, "prompt 0: .*holds True"),
+    ([[1, 2**31]], ValueError, "prompt 0: token id 2147483648 is outside the vocabulary"),
+    ([torch.ones(2, 3, dtype=torch.int64)], TypeError, "1-D integer"),
+    ([np.array([1.0, 2.0])], TypeError, "1-D integer"),
+])
+def test_bad_prompts_are_refused_naming_what_was_wrong(llm, prompts, error, words):
+    with pytest.raises(error, match=words):
+        llm.generate(prompts, greedy(2))
+    assert_still_serving(llm)
+
+
+def test_token_ids_may_come_as_a_tensor_or_a_numpy_array(llm):
+    ids = prompt_ids()[0]
+    want = llm.generate([ids], greedy(3))[0]["token_ids"]
+    for prompt in (torch.tensor(ids), torch.tensor(ids, dtype=torch.int32), np.array(ids), tuple(ids)):
+        got = llm.generate(prompt, greedy(3))[0]["token_ids"]
+        assert got == want, f"a prompt given as {type(prompt).__name__} gave {got}, as a list {want}"
+
+
+@pytest.mark.parametrize("kwargs,error,field", [
+    (dict(temperature=float("nan")), ValueError, "temperature"),
+    (dict(temperature=float("inf")), ValueError, "temperature"),
+    (dict(temperature="0.7"), TypeError, "temperature"),
+    (dict(top_p=float("nan")), ValueError, "top_p"),
+    (dict(top_k=True), TypeError, "top_k"),
+    (dict(top_k=2.0), TypeError, "top_k"),
+    (dict(max_tokens=True), TypeError, "max_tokens"),
+    (dict(max_tokens=2.5), TypeError, "max_tokens"),
+    (dict(ignore_eos=1), TypeError, "ignore_eos"),
+])
+def test_sampling_params_refuse_nan_and_wrong_types(kwargs, error, field):
+    with pytest.raises(error, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_a_field_changed_after_construction_is_checked_again(llm):
+    params = SamplingParams(max_tokens=2, temperature=0.7)
+    params.top_p = 0.0
+    with pytest.raises(ValueError, match="top_p"):
+        llm.generate([prompt_ids()[0]], params)
+    params.top_p, params.temperature = 1.0, math.nan
+    with pytest.raises(ValueError, match="temperature"):
+        llm.add_request(prompt_ids()[0], params)
+    assert_still_serving(llm)
+
+
+@pytest.mark.parametrize("params,words", [
+    ({"max_tokens": 3}, "must be a SamplingParams or a list"),
+    ([greedy(2), {"max_tokens": 3}], r"sampling_params\[1\] must be a SamplingParams"),
+])
+def test_sampling_params_of_another_type_are_refused(llm, params, words):
+    with pytest.raises(TypeError, match=words):
+        llm.generate(prompt_ids()[:2], params)
+    assert_still_serving(llm)
+
+
+def test_dtype_by_name_and_a_bad_one():
+    assert build_llm(dtype="float16").engine.dtype == torch.float16
+    assert build_llm(dtype="torch.bfloat16").engine.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype must be one of float32, float16, bfloat16"):
+        build_llm(dtype="int8")
+
+
+def test_a_context_longer_than_the_model_allows_is_refused():
+    limit = ModelConfig.from_dir(MODEL).max_position_embeddings
+    build_llm(max_seq_len_override=limit)
+    with pytest.raises(ValueError, match=f"max_seq_len_override={limit + 1} exceeds .*{limit}"):
+        build_llm(max_seq_len_override=limit + 1)
+
+
+@pytest.mark.parametrize("name,value", [("MINISGL_DISABLE_OVERLAP_SCHEDULING", "garbage"),
+                                        ("MINISGL_CPU_STREAMS", "lazy")])
+def test_an_env_switch_accepts_only_its_documented_values(name, value):
+    env = {**os.environ, name: value}
+    proc = subprocess.run([sys.executable, "-c", "import minisgl.env"], env=env, capture_output=True, text=True)
+    assert proc.returncode != 0 and f"{name}={value!r}: use one of" in proc.stderr, proc.stderr[-300:]
+    env[name] = "off" if "OVERLAP" in name else "deferred"
+    assert subprocess.run([sys.executable, "-c", "import minisgl.env"], env=env).returncode == 0
