@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything chapter 11 needs from a GPU machine, in one go (run from the repository root):
 #   bash benchmarks/gpu_check.sh [tests] [bench] [suite] | all   -> logs under $OUT (default ./gpu_out)
-# suite = the whole test suite, the ch11 judge and the judge's self-check, all with --device cuda.
+# suite = the whole test suite and the judge's self-check side by side, then the ch11 judge, all on cuda.
 # A call of the device tool runs 10 minutes at most: run `tests suite` and `bench` as two calls.
 # Each part has its own time limit, so one that hangs does not take the others down.
 set -u
@@ -37,13 +37,16 @@ if want bench; then
   timeout 120 $py benchmarks/decode_kernels.py --quick 2>&1 | tee "$OUT/decode_kernels.txt"
 fi
 if want suite; then
-  part "whole suite on cuda"
-  timeout ${SUITE_TIMEOUT:-240} $py -m pytest -q -rfE --device cuda --timeout 120 tests --ignore=tests/torture 2>&1 | tail -40 | tee "$OUT/suite.txt"
-  part "judge ch11 on cuda"
-  timeout 120 $py judge.py ch11 --solution --device cuda 2>&1 | tail -40 | tee "$OUT/judge.txt"
-  part "judge self-check on cuda (every chapter: reference green, each stub red on exactly its tests, variants caught)"
+  part "whole suite and the judge's self-check on cuda, side by side"
   # Several test processes share the GPU here, as they share a laptop's cores: that load once
   # exposed a stream race that one process alone never hit.
-  timeout ${SELFCHECK_TIMEOUT:-400} $py judge.py --selfcheck --device cuda --workers ${SELFCHECK_WORKERS:-6} 2>&1 \
-    | grep -v "^ok " | tail -60 | tee "$OUT/selfcheck.txt"
+  timeout ${SUITE_TIMEOUT:-400} $py -m pytest -q -rfE --device cuda --timeout 120 tests --ignore=tests/torture \
+    > "$OUT/suite_full.txt" 2>&1 &
+  timeout ${SELFCHECK_TIMEOUT:-400} $py judge.py --selfcheck --device cuda --workers ${SELFCHECK_WORKERS:-6} \
+    > "$OUT/selfcheck_full.txt" 2>&1 &
+  wait
+  tail -40 "$OUT/suite_full.txt" | tee "$OUT/suite.txt"
+  grep -v "^ok " "$OUT/selfcheck_full.txt" | tail -60 | tee "$OUT/selfcheck.txt"
+  part "judge ch11 on cuda"
+  timeout 120 $py judge.py ch11 --solution --device cuda 2>&1 | tail -40 | tee "$OUT/judge.txt"
 fi
