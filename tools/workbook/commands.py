@@ -268,6 +268,37 @@ def students(ids: Iterable[str] = ()) -> int:
     return 1 if failed else 0
 
 
+def learner(ids: Iterable[str] = ()) -> int:
+    """A learner's path through each chapter: for every exercise whose try-out checks, the learner
+    notebook with that one exercise written (the reference) and the others still stubs, run top to
+    bottom. Nothing may raise; that try-out must show only ✔ lines where it said "not written yet";
+    a try-out that needs another exercise written first, or cannot go green, is caught here."""
+    from minisgl.viz.tryout import FAIL, NOT_WRITTEN, PASS
+
+    failed = False
+    for ch in chapters(ids):
+        stubbed, written = notebook.render(ch, "learner"), notebook.render(ch, "solution")
+        for i, cell in enumerate(written.cells):
+            if notebook.cell_kind(cell) != "exercise" or not tryout_checks(cell):
+                continue
+            nb = nbformat.from_dict(stubbed)
+            nb.cells[i].source = cell.source
+            result = runner.run(nb, NOTEBOOKS, allow_errors=True)
+            name = cell.metadata.get("minisgl", {}).get("exercise", f"cell {i}")
+            text = _text(result.nb.cells[i])
+            problems = [p for p in student_errors(ch, result.nb) if cell.id not in p]
+            if NOT_WRITTEN in text or FAIL in text or PASS not in text:
+                lines = [ln for ln in text.splitlines() if ln.startswith((PASS, FAIL)) or NOT_WRITTEN in ln]
+                problems.append(f"{name}: with only this exercise written its try-out shows: "
+                                + ("; ".join(lines) or "no ✔ line"))
+            for p in problems:
+                print(f"FAIL {p}")
+            if not problems:
+                print(f"ok   {name}: its try-out turns ✔ with only it written ({result.seconds:.1f} s)")
+            failed |= bool(problems)
+    return 1 if failed else 0
+
+
 def timings(ids: Iterable[str] = ()) -> int:
     for ch in chapters(ids):
         p = solution_path(ch)
@@ -285,12 +316,13 @@ def main(argv: List[str]) -> int:
              "  check     fail if a generated notebook does not match its chapter source (what CI runs)\n"
              "  site      write the site's pages into build/site_docs/ (then: mkdocs build --strict)\n"
              "  students  run the learner notebooks: they must reach the end with no error, exercises as stubs\n"
+             "  learner   a learner's path: each checking try-out turns ✔ with only its exercise written\n"
              "  timings   the execution time recorded in each solution notebook")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
     commands = {"build": build, "execute": execute, "refresh": refresh, "check": check, "site": build_site,
-                "students": students, "timings": timings}
+                "students": students, "learner": learner, "timings": timings}
     cmd, ids = argv[0], argv[1:]
     if cmd not in commands:
         print(usage, file=sys.stderr)
