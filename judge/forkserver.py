@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -130,6 +131,8 @@ class ForkServer:
                 run.ended.wait(10)
             return run.code, killed
         finally:
+            if run.pid is not None and not run.ended.is_set():
+                _kill_group(run.pid)  # interrupted (Ctrl-C): the child is in a session of its own
             with self.lock:
                 self.runs.pop(rid, None)
 
@@ -149,6 +152,10 @@ def _kill_group(pid: int) -> None:
 
 
 def serve(preload: List[str]) -> None:
+    # Ctrl-C in the terminal reaches the whole foreground group, this server too; its children
+    # (sessions of their own) do not see it. The server must outlive it to kill them when its
+    # client closes stdin, so the client alone decides.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in preload:
         try:
             importlib.import_module(name)
@@ -200,6 +207,7 @@ def _child(request: Dict) -> None:
     code = 70
     try:
         os.setsid()  # its own process group, which the client kills on timeout
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh process
         out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(out, 1)
         os.dup2(out, 2)

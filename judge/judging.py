@@ -230,7 +230,7 @@ def _blame(verdict: Verdict, units: List[Dict], chapter: Chapter, options: RunOp
     Where some exercises are known to be wrong (those, stubs, code that did not load), the others
     are first rerun together, in one process, with the reference in place of the known ones: if
     all their failed tests pass, that settles them all. Otherwise each is rerun alone, stopping
-    at its first failed test, two (or as many as there are cores) at a time, forked from the
+    at its first failed test, as many at a time as there are cores, forked from the
     run's server when it has one. The reruns share what is left of the run's time limit; an
     exercise not rerun in time stays failing."""
     rerun = [ex for ex in verdict.exercises if ex.status == FAILING and _may_be_correct(ex, verdict)]
@@ -271,13 +271,18 @@ def _may_be_correct(ex: ExerciseVerdict, verdict: Verdict) -> bool:
     """Whether every failed test of `ex` may have failed because of another exercise."""
     suspects = [e for e in verdict.exercises if e is not ex and e.status in (FAILING, NOT_ATTEMPTED, ERROR)]
     for t in ex.tests:
-        if t.ok:
-            continue
+        if t.ok or _not_run(t):
+            continue  # a test not run after a timeout says nothing: the timeout decides
         if t.outcome == "timeout" and t.culprit == ex.id:
             return False  # its own code was running when the test ran out of time
         if not any(t.test == u.test for e in suspects for u in e.tests):
             return False
     return True
+
+
+def _not_run(t: TestResult) -> bool:
+    """Not run because an exercise it judges had already timed out (timer.py)."""
+    return t.outcome == "error" and (t.message or "").startswith("not run: ") and "already timed out" in t.message
 
 
 def _exercise_verdict(ex: Exercise, code: LearnerCode | None, run: RunResult, filtered: bool) -> ExerciseVerdict:

@@ -11,6 +11,8 @@ test that ends the process (`os._exit`, a crash, a kill on timeout):
     {"event": "start", "test": nodeid}
     {"event": "result", "test": nodeid, "outcome": "passed|failed|error|skipped|timeout", "duration": s,
      "message": ..., "sentinel": "chNN.name" | null, "standin": bool, "where": "cell 3, line 4: ..." | null}
+    {"event": "cpu_time", "test": nodeid, "seconds": s}       timer.py: the test's CPU time
+    {"event": "over_budget", "test": nodeid, "budget": s}     timer.py: a reference run passed a budget
     {"event": "finished"}
     {"event": "fatal", "message": ...}          nothing can be judged here (e.g. --device cuda, no GPU)
 """
@@ -170,7 +172,7 @@ def _describe(excinfo: pytest.ExceptionInfo) -> Dict[str, Any]:
                      for m in [SENTINEL.match(str(e))] if m), None)
     standin = any(isinstance(e, LearnerCodeError) for e in chain)
     if isinstance(exc, AssertionError):
-        message = _assertion_message(str(exc))
+        message = _assertion_message(str(exc)) or _bare_assert(exc)
     elif sentinel or standin:
         message = str(next(e for e in chain if isinstance(e, (NotImplementedError, LearnerCodeError))))
         message = f"{'NotImplementedError' if sentinel else 'LearnerCodeError'}: {message}"
@@ -195,13 +197,33 @@ def _assertion_message(text: str) -> str:
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if ln.startswith("assert ")), None)
     if start is None:
-        return text.strip() or "assert failed (the test gave no message)"
+        return text.strip()  # the message of an assert pytest did not rewrite ("": it had none)
     own = "\n".join(lines[:start]).strip()
     if own:
         return own
     explanation = [ln.strip() for ln in lines[start + 1:] if ln.strip() and not ln.lstrip().startswith("+")]
     detail = next((ln for ln in explanation if ln.startswith(DETAIL_PREFIX)), None)
     return lines[start] + (f" ({detail})" if detail else "")
+
+
+def _bare_assert(exc: AssertionError) -> str:
+    """An assert without a message that pytest did not rewrite: in the engine, the learner's code or
+    a test helper. Its line says what was expected."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "AssertionError (without a message)"
+    f = frames[-1]
+    learners = _judge is not None and f.filename in _judge.labels  # its "in your code" line says where
+    where = "" if learners else f" ({_short_path(f.filename)}, line {f.lineno})"
+    return f"an assert without a message failed{where}: {(f.line or '').strip()[:100]}"
+
+
+def _short_path(filename: str) -> str:
+    path = Path(filename)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return path.name
 
 
 DETAIL_PREFIX = "first difference:"

@@ -86,7 +86,7 @@ def _table_note(verdict: Verdict, not_in_file: List[str]) -> str:
     whole engine; so the column need not add up to the run's total, and the note says so."""
     listed = [t for e in verdict.exercises if e.status != REFERENCE or verdict.mode != "learner" for t in e.tests]
     shared = len(listed) > len({t.test for t in listed})
-    note = f"tests: each exercise's own tests, of the {len(verdict.tests)} that ran"
+    note = f"tests: each exercise's own tests, of the {len(verdict.tests)} in this run"
     if shared:
         note += " (a test that runs the engine judges several exercises, so it counts in each of their rows)"
     if not_in_file:
@@ -188,11 +188,15 @@ def _other_tests(verdict: Verdict, console: Console, verbose: bool) -> None:
 
 
 def _summary(verdict: Verdict, console: Console) -> None:
-    c = verdict.counts
+    c = dict(verdict.counts)
     total = len(verdict.tests)
     passed = c.get("passed", 0)
     parts = [f"{passed}/{total} tests passed"]
-    for outcome in ("failed", "error", "timeout", "crashed", "skipped"):
+    # Tests not run (after a timeout, or once the process had stopped) are errors to pytest, but
+    # the lines above say "not run": so does the summary.
+    c["not run"] = sum(t.outcome == "error" and (t.message or "").startswith("not run: ") for t in verdict.tests)
+    c["error"] = c.get("error", 0) - c["not run"]
+    for outcome in ("failed", "error", "timeout", "crashed", "not run", "skipped"):
         if c.get(outcome):
             parts.append(f"{c[outcome]} {outcome}")
     judged = [e for e in verdict.exercises if e.status not in (REFERENCE, NO_TESTS)]

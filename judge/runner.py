@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,8 @@ from . import budgets as budgets_file
 from .registry import REPO
 
 OUTPUT_KEEP = 16_000  # bytes of the subprocess's output kept (its end)
+# What pytest-timeout's thread method prints before it ends the process with os._exit(1).
+_PYTEST_TIMEOUT_EXIT = re.compile(r"\+{3,} Timeout \+{3,}\s*$")
 MAX_RESTARTS = 3
 
 
@@ -38,7 +41,7 @@ class RunOptions:
     keyword: str | None = None  # pytest -k
     threads: int | None = None  # torch/OpenMP threads in the subprocess (None: its default)
     env: Dict[str, str] = field(default_factory=dict)
-    launcher: Any = None  # a forkserver.ForkServer to fork the test process from (self-check)
+    launcher: Any = None  # a forkserver.ForkServer to fork the test process from (judging._fork_server)
     stop_at_first_failure: bool = False  # pytest -x: mutation testing needs one failing test, not all
     budgets: Dict | None = None  # the budgets file's content; None: read budgets.json (budgets.py)
     packages: Tuple[str, ...] = ()  # whose running time counts against a budget; (): the targets' packages
@@ -214,8 +217,13 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
     else:
         why = f"the test process ended abruptly ({_exit_reason(returncode)})"
     if started is not None:
-        outcome = "timeout" if killed else "crashed"
-        result.tests.append(TestResult(started, outcome, message=why + " during this test"))
+        if not killed and _PYTEST_TIMEOUT_EXIT.search(result.output_tail[-4000:]):
+            # pytest-timeout's thread method (no signals: Windows) ends the process on a hang
+            outcome, message = "timeout", (f"the test did not finish in {options.test_timeout:g} s "
+                                           "(an endless loop, or far too slow)")
+        else:
+            outcome, message = ("timeout" if killed else "crashed"), why + " during this test"
+        result.tests.append(TestResult(started, outcome, message=message))
         done.append(started)
         return killed  # after a kill, the time is up; after a crash, go on with the rest
     if not any(ev.get("event") == "swapped" for ev in events):

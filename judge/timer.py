@@ -10,7 +10,8 @@ learner's line.
 
 Once a test has timed out in an exercise's code, that exercise's other tests are not run: each is
 reported as "not run: <exercise> already timed out in <test>". A timeout with no learner code on the
-stack is put on every swapped exercise the test judges.
+stack, or with the code of several exercises on it (one calling the other), is put on every swapped
+exercise the test judges.
 
 In a reference run (nothing swapped) nothing is stopped at its budget; a test whose engine time
 passes it is reported as an `over_budget` event: the budgets file is stale.
@@ -87,18 +88,19 @@ class _Timer:
         return False
 
     def culprit(self, frame) -> str | None:
-        """The swapped exercise whose code is innermost on the stack: an exercise function, else
-        the exercise of the notebook cell holding the innermost learner function (a helper)."""
-        cell = None
+        """The swapped exercise whose code was running: the one exercise with code on the stack (an
+        exercise function, or a helper in its notebook cell). None when there is none, or when
+        several are: one stack cannot tell whether the callee spins or the caller calls it
+        endlessly, so the timeout counts for all of them and the blame reruns decide."""
+        found = set()
         while frame is not None:
             code = frame.f_code
             if code.co_filename in self.labels:
-                if code.co_name in self.attrs:
-                    return self.attrs[code.co_name]
-                if cell is None:
-                    cell = self.names.get(self.labels[code.co_filename] or "")
+                owner = self.attrs.get(code.co_name) or self.names.get(self.labels[code.co_filename] or "")
+                if owner is not None:
+                    found.add(owner)
             frame = frame.f_back
-        return cell
+        return found.pop() if len(found) == 1 else None
 
     # -- one test
 

@@ -118,6 +118,9 @@ def _names(ref: str, nodeid: str) -> bool:
 
 
 def _classify(mutant: Mutant, verdict) -> Result:
+    broken = next((g for g in verdict.general if g.startswith("the tests could not be collected")), None)
+    if broken:  # the reference's tests collect (reference_durations): the mutant broke a module's import
+        return Result(mutant, KILLED, broken.splitlines()[0][:160])
     if not verdict.tests and not any("time limit" in g for g in verdict.general):
         why = "; ".join(g.splitlines()[0] for g in verdict.general) or "no test ran"
         raise ReferenceFails(f"{mutant.id} could not be judged: {why}")
