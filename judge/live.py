@@ -142,7 +142,11 @@ def _decorator_names(source: str) -> Set[str]:
 
 
 def _global_names(code: types.CodeType) -> Set[str]:
-    names = set(code.co_names)
+    """The global names `code` reads. Not `co_names`: it holds attribute names too, and a notebook
+    helper that happens to share one (`wait_stream`) must not be carried along."""
+    import dis
+
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _global_names(const)

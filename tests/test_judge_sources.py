@@ -179,3 +179,17 @@ def test_learner_kernels_keep_the_plain_torch_path_on_a_gpu():
     assert env_for("ch05", "decode_attention") == {"MINISGL_ATTENTION_BACKEND": "torch"}
     assert env_for("ch04", "store_kv") == {"MINISGL_FUSED_KERNELS": "0"}  # the fused kernel stores K/V
     assert env_for("ch01", "complete_one") == {}
+
+
+def test_live_sources_leave_out_a_helper_that_only_shares_an_attributes_name(project, ch42):
+    """`self.n` reads attribute `n`: a notebook function called `n` is not a helper of is_big."""
+    import linecache
+
+    from judge.live import collect_sources
+
+    src = ("def n():\n    return mine.x\n\ndef is_big(self):\n    return self.n > 10\n")
+    namespace = {"__name__": "__main__"}
+    linecache.cache["<cell-2>"] = (len(src), None, src.splitlines(True), "<cell-2>")
+    exec(compile(src, "<cell-2>", "exec"), namespace)
+    sources = collect_sources(ch42, namespace)
+    assert "def n()" not in sources.get(None, ""), "an attribute's name was taken for a notebook helper"
