@@ -90,9 +90,9 @@ def test_file_name_and_front_matter_must_agree(tmp_path):
 
 
 def test_listing_reads_real_code_without_importing():
-    code = listing.resolve("minisgl.scheduler.scheduler:Scheduler.run_forever")
+    code = listing.resolve("minisgl.scheduler.scheduler:Scheduler.step")
     assert code.path == "minisgl/scheduler/scheduler.py"
-    assert code.source.startswith("@torch.inference_mode()\ndef run_forever(self)")
+    assert code.source.startswith("@torch.inference_mode()\ndef step(self)")  # decorators kept
     assert listing.resolve("tests/test_ch11_overlap.py::watch_slot_reuse").source.startswith("def watch_slot_reuse(")
     with pytest.raises(listing.ListingError, match="not defined"):
         listing.resolve("minisgl.core:Req.no_such_method")

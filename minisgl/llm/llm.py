@@ -15,10 +15,9 @@ from typing import Dict, List, Sequence
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.env import ENV
 from minisgl.message import AbortBackendMsg, DetokenizeMsg, UserMsg
 from minisgl.models import BUNDLED_MODEL
-from minisgl.scheduler import ForwardData, QueueIO, Scheduler, SchedulerConfig
+from minisgl.scheduler import QueueIO, Scheduler, SchedulerConfig
 
 from . import inputs
 
@@ -44,7 +43,6 @@ class LLM(Scheduler):
         self.tokenizer = _load_tokenizer(model_dir)
         self.results: Dict[int, RequestResult] = {}
         self._next_uid = 0
-        self._last_data: ForwardData | None = None
 
     # ------------------------------------------------------------------ requests
 
@@ -100,35 +98,14 @@ class LLM(Scheduler):
     @property
     def busy(self) -> bool:
         """Work remains: queued messages, unfinished requests, or a batch in flight."""
-        return self._last_data is not None or self.has_work or bool(self._queue._inbox)
-
-    @torch.inference_mode()
-    def step(self) -> None:
-        """One iteration of the loop ENV selects (overlap unless MINISGL_DISABLE_OVERLAP_SCHEDULING)."""
-        with self.stream.context():
-            if ENV.DISABLE_OVERLAP_SCHEDULING:
-                if self._last_data is not None:  # switched loops mid-run: finish the batch in flight
-                    self._process_last_data(self._last_data)
-                    self._last_data = None
-                    # Slots freed while handling it were deferred (rule 3). Nothing is in flight now,
-                    # and the normal loop would release them only when it handles its next step,
-                    # after scheduling that step without them: release them here.
-                    self._release_deferred_slots()
-                self.normal_loop()
-            else:
-                self._last_data = self.overlap_loop(self._last_data)
-            if not self.busy:
-                # Idle: let the scheduler stream's last work (caching the prefixes just finished)
-                # land before anyone on the host looks at the pools. On CUDA the streams are
-                # non-blocking, so reading a pool from the default stream would not wait for it.
-                self.stream.synchronize()
+        return self.in_flight or self.has_work or self._queue.pending > 0
 
     def run_until_idle(self, max_idle_steps: int = 3) -> None:
         idle = 0
         while self.busy:
-            launched = self._step
+            launched = self.steps_launched
             self.step()
-            idle = idle + 1 if self._step == launched and self._last_data is None else 0
+            idle = idle + 1 if self.steps_launched == launched and not self.in_flight else 0
             if idle > max_idle_steps:
                 raise RuntimeError("the scheduler made no progress: requests are stuck waiting "
                                    f"({len(self.prefill_manager.pending)} queued)")
@@ -173,7 +150,7 @@ class LLM(Scheduler):
 
     def shutdown(self) -> None:
         """Handle the batch still in flight (overlap loop) and wait for the engine stream."""
-        while self._last_data is not None:
+        while self.in_flight:
             self.step()
         self.engine.synchronize()
 

@@ -25,6 +25,11 @@ class QueueIO:
     def put(self, msg: BackendMsg) -> None:
         self._inbox.append(msg)
 
+    @property
+    def pending(self) -> int:
+        """Messages put but not yet received by the scheduler."""
+        return len(self._inbox)
+
     def receive(self, blocking: bool) -> List[BackendMsg]:
         # Offline there is nobody to wait for: a blocking receive with an empty inbox returns nothing.
         msgs = list(self._inbox)

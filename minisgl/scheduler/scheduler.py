@@ -58,6 +58,7 @@ class Scheduler:
         self.stream = engine.kit.new_stream()  # the scheduler's own stream (metadata, table writes)
         self.finished_reqs: Set[Req] = set()  # finished at the step handled last
         self._live: Dict[int, Req] = {}  # uid -> launched request whose end has not been handled
+        self._last_data: ForwardData | None = None  # the overlap loop's batch in flight (step())
         self._defer_slot_free = False
         self._deferred_slots: List[Tuple[int, int]] = []  # (table_idx, uid)
         self._step = 0
@@ -395,13 +396,38 @@ class Scheduler:
             self._release_deferred_slots()
         return ongoing
 
+    @property
+    def in_flight(self) -> bool:
+        """A launched batch whose results have not been handled yet (overlap loop)."""
+        return self._last_data is not None
+
+    @property
+    def steps_launched(self) -> int:
+        return self._step
+
     @torch.inference_mode()
-    def run_forever(self) -> None:
-        """The online server's loop (the offline LLM steps the loops itself)."""
+    def step(self) -> None:
+        """One turn of the loop ENV selects (overlap unless MINISGL_DISABLE_OVERLAP_SCHEDULING),
+        on the scheduler's stream. The overlap loop's batch in flight is kept here between turns."""
         with self.stream.context():
             if ENV.DISABLE_OVERLAP_SCHEDULING:
-                while True:
-                    self.normal_loop()
-            data = None
-            while True:
-                data = self.overlap_loop(data)
+                if self._last_data is not None:  # switched loops mid-run: finish the batch in flight
+                    self._process_last_data(self._last_data)
+                    self._last_data = None
+                    # Slots freed while handling it were deferred (rule 3). Nothing is in flight now,
+                    # and the normal loop would release them only when it handles its next step,
+                    # after scheduling that step without them: release them here.
+                    self._release_deferred_slots()
+                self.normal_loop()
+            else:
+                self._last_data = self.overlap_loop(self._last_data)
+            if not self.in_flight and not self.has_work:
+                # Idle: let the scheduler stream's last work (caching the prefixes just finished)
+                # land before anyone on the host looks at the pools. On CUDA the streams are
+                # non-blocking, so reading a pool from the default stream would not wait for it.
+                self.stream.synchronize()
+
+    def run_forever(self) -> None:
+        """The online server's loop (the offline LLM calls `step` itself)."""
+        while True:
+            self.step()

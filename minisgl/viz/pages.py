@@ -42,7 +42,7 @@ def census(llm) -> Census:
     evictable = cache.evictable_size // cm.page_size
     locked = cache.protected_size // cm.page_size
     held = cm.num_pages - cm.num_free_pages - evictable - locked
-    return Census(llm._step, cm.num_free_pages, evictable, locked, held,
+    return Census(llm.steps_launched, cm.num_free_pages, evictable, locked, held,
                   len(llm.decode_manager.running), len(llm.prefill_manager.pending))
 
 
