@@ -259,12 +259,8 @@ def students(ids: Iterable[str] = ()) -> int:
         kept = REPO / "build" / "students" / path.name  # the run, for a look at what a learner sees
         kept.parent.mkdir(parents=True, exist_ok=True)
         kept.write_text(notebook.dumps(result.nb), encoding="utf-8")
-        problems = student_errors(ch, result.nb)
-        for p in problems:
-            print(f"FAIL {p}")
-        if not problems:
-            print(f"ok   {_rel(path)} runs to the end ({result.seconds:.1f} s); run kept in {_rel(kept)}")
-        failed |= bool(problems)
+        failed |= _report(student_errors(ch, result.nb),
+                          f"{_rel(path)} runs to the end ({result.seconds:.1f} s); run kept in {_rel(kept)}")
     return 1 if failed else 0
 
 
@@ -291,12 +287,17 @@ def learner(ids: Iterable[str] = ()) -> int:
                 lines = [ln for ln in text.splitlines() if ln.startswith((PASS, FAIL)) or NOT_WRITTEN in ln]
                 problems.append(f"{name}: with only this exercise written its try-out shows: "
                                 + ("; ".join(lines) or "no ✔ line"))
-            for p in problems:
-                print(f"FAIL {p}")
-            if not problems:
-                print(f"ok   {name}: its try-out turns ✔ with only it written ({result.seconds:.1f} s)")
-            failed |= bool(problems)
+            failed |= _report(problems, f"{name}: its try-out turns ✔ with only it written ({result.seconds:.1f} s)")
     return 1 if failed else 0
+
+
+def _report(problems: List[str], ok: str) -> bool:
+    """Print each problem as a FAIL line, or the ok line; True when something failed."""
+    for p in problems:
+        print(f"FAIL {p}")
+    if not problems:
+        print(f"ok   {ok}")
+    return bool(problems)
 
 
 def timings(ids: Iterable[str] = ()) -> int:
