@@ -331,7 +331,7 @@ def test_integrity_check_detects_a_page_freed_twice():
 
 def test_integrity_check_detects_more_pages_than_the_pool_has():
     cm = _used_llm().cache_manager
-    extra = torch.tensor([cm.num_pages], dtype=cm.free_pages.dtype)  # not a page of this pool
+    extra = torch.tensor([cm.num_pages], dtype=cm.free_pages.dtype, device=cm.free_pages.device)  # not in the pool
     cm.free_pages = torch.cat([cm.free_pages, extra])  # no duplicate, nothing both free and cached
     _assert_caught(cm, "free + cached pages adding up to more than num_pages")
 
