@@ -37,6 +37,26 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self.validate()
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in _SAMPLING_FIELDS:  # __init__ assigns every field; SamplingParams.__init__ below resets
+            self.__dict__.setdefault("_fields_set", set()).add(name)
+
+    @property
+    def fields_set(self) -> frozenset:
+        """The fields given to the constructor or assigned since; the others hold their defaults,
+        which a model's generation_config.json may replace (`with_defaults`)."""
+        return frozenset(self.__dict__.get("_fields_set", ()))
+
+    def with_defaults(self, defaults: "dict[str, Any]") -> "SamplingParams":
+        """A copy in which each field not set here takes its value from `defaults` (a model's
+        generation defaults), if `defaults` has one; set fields are kept."""
+        values = {f: getattr(self, f) for f in _SAMPLING_FIELDS}
+        values.update({k: v for k, v in defaults.items() if k not in self.fields_set})
+        out = SamplingParams(**values)
+        out.__dict__["_fields_set"] = set(self.fields_set)
+        return out
+
     def validate(self) -> None:
         """Raise TypeError (wrong type; a bool is not a number here) or ValueError (NaN, infinite,
         out of range) naming the field. `generate` calls it again: fields can change after __init__."""
@@ -72,6 +92,19 @@ class SamplingParams:
         Checked: greedy detection over temperature, top_k and top_p combinations.
         """
         return self.temperature == 0.0 or self.top_k == 1
+
+
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "max_tokens", "ignore_eos")
+_dataclass_init = SamplingParams.__init__
+
+
+def _init_recording_given_fields(self: SamplingParams, *args: Any, **kwargs: Any) -> None:
+    # Which fields the caller gave: a model's generation defaults fill in only the others.
+    _dataclass_init(self, *args, **kwargs)
+    self.__dict__["_fields_set"] = set(_SAMPLING_FIELDS[: len(args)]) | set(kwargs)
+
+
+SamplingParams.__init__ = _init_recording_given_fields  # type: ignore[method-assign]
 
 
 @dataclass(eq=False)

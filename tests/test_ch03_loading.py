@@ -20,6 +20,7 @@ from minisgl.attention import TorchAttentionBackend, prepare_metadata
 from minisgl.core import Batch, Context, Req, SamplingParams
 from minisgl.kvcache import KVCache
 from minisgl.models import ModelConfig, create_model, load_weight
+from minisgl.models.config import RopeScaling
 
 CPU = torch.device("cpu")
 F32 = torch.float32
@@ -37,7 +38,7 @@ TRANSFORMERS_5 = {**BASE, "dtype": "float16", "rope_parameters": {"rope_theta": 
 BASE_CONFIG = ModelConfig(
     architecture="qwen3", vocab_size=1000, hidden_size=128, intermediate_size=256, num_layers=3, num_heads=8,
     num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5, rope_theta=1_000_000.0, max_position_embeddings=2048,
-    tie_word_embeddings=True, attention_bias=True, dtype=torch.float16, eos_token_id=7)
+    tie_word_embeddings=True, attention_bias=True, dtype=torch.float16, eos_token_ids=(7, 8))
 # only the fields without a default
 MINIMAL = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 1000, "hidden_size": 128,
            "intermediate_size": 256, "num_hidden_layers": 3, "num_attention_heads": 8}
@@ -73,7 +74,7 @@ def test_config_defaults():
     want = dataclasses.replace(
         BASE_CONFIG, num_kv_heads=8, head_dim=128 // 8, rms_norm_eps=1e-6, rope_theta=10000.0,
         max_position_embeddings=4096, tie_word_embeddings=False, attention_bias=False, dtype=torch.bfloat16,
-        eos_token_id=None)
+        eos_token_ids=())
     assert_config(ModelConfig.from_hf(MINIMAL), want, "a config.json with only the required fields")
 
 
@@ -141,9 +142,44 @@ def test_rope_scaling_raises_transformers_4(changes, name):
 
 
 def test_rope_scaling_raises_transformers_5():
-    rope = {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}
-    with pytest.raises(ValueError, match="llama3"):
+    rope = {"rope_theta": 500000.0, "rope_type": "yarn", "factor": 8.0}
+    with pytest.raises(ValueError, match="yarn"):
         ModelConfig.from_hf({**TRANSFORMERS_5, "rope_parameters": rope})
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("layout", ["transformers 4", "transformers 5"])
+def test_llama3_rope_scaling_is_read_from_either_layout(layout):
+    # Llama 3.1/3.2 checkpoints: transformers 4 writes rope_scaling next to a top-level rope_theta,
+    # transformers 5 puts both in rope_parameters.
+    if layout == "transformers 4":
+        raw = {**TRANSFORMERS_4, "architectures": ["LlamaForCausalLM"], "rope_theta": 5e5, "rope_scaling": LLAMA3_ROPE}
+    else:
+        raw = {**TRANSFORMERS_5, "architectures": ["LlamaForCausalLM"],
+               "rope_parameters": {**LLAMA3_ROPE, "rope_theta": 5e5}}
+    cfg = ModelConfig.from_hf(raw)
+    want = RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+    assert cfg.rope_scaling == want, f"{layout} with llama3 RoPE: expected rope_scaling={want}, got {cfg.rope_scaling!r}"
+    assert cfg.rope_theta == 5e5, f"{layout} with llama3 RoPE: expected rope_theta 500000.0, got {cfg.rope_theta!r}"
+
+
+@pytest.mark.parametrize("eos,want", [(7, (7,)), ([7, 8, 9], (7, 8, 9)), (None, ()), ([], ())],
+                         ids=["one", "list", "null", "empty-list"])
+def test_every_eos_id_of_a_list_is_kept(eos, want):
+    # Instruct checkpoints list several end ids (Llama-3.x: end of text, end of message, end of turn).
+    cfg = ModelConfig.from_hf({**MINIMAL, "eos_token_id": eos})
+    assert cfg.eos_token_ids == want, f"eos_token_id {eos!r}: expected eos_token_ids {want}, got {cfg.eos_token_ids!r}"
+
+
+def test_qwen2_and_null_kv_heads_are_read():
+    cfg = ModelConfig.from_hf({**MINIMAL, "architectures": ["Qwen2ForCausalLM"], "num_key_value_heads": None,
+                               "mlp_bias": True})
+    got = (cfg.architecture, cfg.num_kv_heads, cfg.mlp_bias)
+    assert got == ("qwen2", 8, True), \
+        f"Qwen2ForCausalLM, num_key_value_heads null, mlp_bias true: expected ('qwen2', 8, True), got {got}"
 
 
 @pytest.mark.parametrize("fields", [
@@ -184,7 +220,8 @@ def config_of(model_dir: Path) -> ModelConfig:
     heads = raw["num_attention_heads"]
     eos = raw.get("eos_token_id")
     return ModelConfig(
-        architecture={"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}[raw["architectures"][0]],
+        architecture={"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama",
+                      "Qwen2ForCausalLM": "qwen2"}[raw["architectures"][0]],
         vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
         intermediate_size=raw["intermediate_size"], num_layers=raw["num_hidden_layers"], num_heads=heads,
         num_kv_heads=raw.get("num_key_value_heads", heads),
@@ -194,7 +231,8 @@ def config_of(model_dir: Path) -> ModelConfig:
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=bool(raw.get("attention_bias", False)),
         dtype=getattr(torch, raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"),
-        eos_token_id=eos[0] if isinstance(eos, list) else eos)
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        mlp_bias=bool(raw.get("mlp_bias", False)))
 
 
 def empty_model(model_dir: Path = MODEL):
@@ -355,10 +393,11 @@ def test_extra_tensors_of_a_tied_checkpoint_are_skipped(tmp_path, extra):
 
 
 def test_biases_of_merged_projections_are_merged_too(tmp_path):
-    # With attention_bias, q/k/v have biases, merged into qkv_proj.bias like the weights.
+    # With attention_bias, q/k/v (and o) have biases; q/k/v's are merged into qkv_proj.bias like the weights.
     g = torch.Generator().manual_seed(0)
     cfg = config_of(MODEL)
-    sizes = {"q": cfg.num_heads * cfg.head_dim, "k": cfg.num_kv_heads * cfg.head_dim, "v": cfg.num_kv_heads * cfg.head_dim}
+    sizes = {"q": cfg.num_heads * cfg.head_dim, "k": cfg.num_kv_heads * cfg.head_dim,
+             "v": cfg.num_kv_heads * cfg.head_dim, "o": cfg.hidden_size}
 
     def add(t):
         for i in range(cfg.num_layers):
@@ -371,7 +410,7 @@ def test_biases_of_merged_projections_are_merged_too(tmp_path):
     try:
         state = load_weight(empty_model(ckpt), ckpt, CPU)
     except (KeyError, ValueError) as e:
-        pytest.fail(f"a checkpoint with q/k/v biases (attention_bias) must load, but: {e}")
+        pytest.fail(f"a checkpoint with q/k/v/o biases (attention_bias) must load, but: {e}")
     for i in range(cfg.num_layers):
         key = f"model.layers.{i}.self_attn.qkv_proj.bias"
         want = torch.cat([hf[f"model.layers.{i}.self_attn.{n}_proj.bias"] for n in "qkv"])

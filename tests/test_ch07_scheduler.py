@@ -204,7 +204,7 @@ def test_a_request_that_samples_end_of_text_stops_while_the_others_go_on():
     ref = hf_greedy([p[3]], 6)[0]
     k = next(k for k in range(1, len(ref)) if ref[k] not in ref[:k])  # its first time at index k
     llm = build_llm(max_running_req=2)
-    llm.eos_token_id = ref[k]
+    llm.eos_token_ids = {ref[k]}
     short = llm.add_request(p[0], greedy(1))
     long_ = llm.add_request(p[1], greedy(6))
     # arrives while both slots are taken; gets the short one's slot, so its uid differs from its slot

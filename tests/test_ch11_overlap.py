@@ -94,7 +94,7 @@ def check_no_message_after_eos(llm_class, overlap: bool) -> None:
     ref = hf_greedy([prompt], 8)[0]
     k, eos = eos_at(ref, 2)
     llm = build_llm(llm_class=llm_class)
-    llm.eos_token_id = eos
+    llm.eos_token_ids = {eos}
     sent = record_messages(llm)
     uid = llm.add_request(prompt, SamplingParams(max_tokens=8))
     llm.run_until_idle()
@@ -131,7 +131,7 @@ def check_slot_not_reused_in_flight(llm_class) -> None:
     ref = hf_greedy([prompts[3]], 6)[0]
     k, eos = eos_at(ref, 1)
     llm = build_llm(llm_class=llm_class, max_running_req=1)
-    llm.eos_token_id = eos
+    llm.eos_token_ids = {eos}
     violations = watch_slot_reuse(llm)
     first = llm.add_request(prompts[3], SamplingParams(max_tokens=6))
     second = llm.add_request(prompts[0], greedy(4))
@@ -162,7 +162,7 @@ def check_slot_race_gives_right_tokens_deferred(llm_class, device: str | None = 
     # naive cache: the long prompt is read from the token pool in full, never from the prefix cache
     options = dict(llm_class=llm_class, max_running_req=1, cache_type="naive")
     llm = cpu_streams_llm(**options) if device == "cpu" else build_llm(cpu_streams="deferred", **options)
-    llm.eos_token_id = eos
+    llm.eos_token_ids = {eos}
     a = llm.add_request(short, SamplingParams(max_tokens=6))
     b = llm.add_request(long_, greedy(6))
     llm.run_until_idle()
@@ -336,7 +336,7 @@ def test_the_overlap_loop_blocks_only_when_it_has_nothing_to_do():
     # one slot: the second request waits until the first one's slot is back, a turn with nothing
     # in flight and a request waiting
     llm = build_llm(max_running_req=1)
-    llm.eos_token_id = eos
+    llm.eos_token_ids = {eos}
     calls: List[Tuple[bool, bool, bool]] = []  # (blocking, a step in flight, requests waiting)
     receive = llm.receive_msg
 
@@ -427,7 +427,7 @@ def test_a_freed_slot_returns_once_the_step_that_held_it_is_handled():
     prompts = prompt_ids()
     k, eos = eos_at(hf_greedy([prompts[3]], 6)[0], 1)
     llm = build_llm(max_running_req=2)
-    llm.eos_token_id = eos
+    llm.eos_token_ids = {eos}
     log = llm.events.record()
     ending = llm.add_request(prompts[3], SamplingParams(max_tokens=6))
     llm.add_request(prompts[1], greedy(16))  # keeps a step in flight every turn
@@ -470,10 +470,10 @@ def test_eos_ends_only_requests_that_heed_it_and_only_if_the_model_has_one():
     ref = hf_greedy(prompts, 10)
     k, eos = eos_at(ref[0], 1)
     llm = build_llm()
-    llm.eos_token_id = eos  # a stand-in EOS: output token k of the first prompt
+    llm.eos_token_ids = {eos}  # a stand-in EOS: output token k of the first prompt
     got = llm.generate([prompts[0]], greedy(8))[0]["token_ids"]
     assert_tokens_equal([got], [ref[0][:8]], f"a request with ignore_eos=True (EOS {eos} is its output token {k})")
-    llm.eos_token_id = None
+    llm.eos_token_ids = set()
     got = [o["token_ids"] for o in llm.generate(prompts, SamplingParams(max_tokens=5))]
     assert_tokens_equal(got, [r[:5] for r in ref], "a model whose EOS id is None")
     assert_idle_and_clean(llm)

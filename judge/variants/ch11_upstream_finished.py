@@ -26,7 +26,7 @@ def _process_last_data(self, last_data):
             req.append_host(token)
             next_token = int(token.item())
             finished = not req.can_decode  # the bug: this already reflects the step in flight
-            if not req.sampling_params.ignore_eos and next_token == self.eos_token_id:
+            if not req.sampling_params.ignore_eos and next_token in self.eos_token_ids:
                 finished = True
             reply.append(DetokenizeMsg(uid=req.uid, next_token=next_token, finished=finished))
             if finished:

@@ -23,7 +23,7 @@ def _process_last_data(self, last_data):
             req.append_host(token)
             next_token = int(token.item())
             finished = len(req.input_ids) >= req.max_device_len
-            if not req.sampling_params.ignore_eos and next_token == self.eos_token_id:
+            if not req.sampling_params.ignore_eos and next_token in self.eos_token_ids:
                 finished = True
             reply.append(DetokenizeMsg(uid=req.uid, next_token=next_token, finished=finished))  # the bug
             if finished and req not in self.finished_reqs:  # only guards against a double free

@@ -123,6 +123,14 @@ class Engine:
         per_page = KVCache.bytes_per_page(cfg.num_layers, self.page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
         return max(1, int(free * self.config.memory_ratio) // per_page)
 
+    def empty_output(self) -> ForwardOutput:
+        """The output of a step that computed nothing (its batch failed): no tokens, done at once."""
+        out = ForwardOutput(next_tokens_gpu=torch.empty(0, dtype=torch.int32, device=self.device),
+                            next_tokens_cpu=torch.empty(0, dtype=torch.int32),
+                            copy_done=self.kit.new_event())
+        out.copy_done.record(self.stream)
+        return out
+
     def forward_batch(self, fi: ForwardInput) -> ForwardOutput:
         """Launch one step on the engine stream and return its output without waiting for it.
 

@@ -18,13 +18,13 @@ class AttentionLayer(BaseOP):
     one fused kernel does the norms, RoPE and the store, and the backend only attends."""
 
     def __init__(self, layer_id: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 qk_norm: bool, bias: bool, eps: float, rotary: RotaryEmbedding,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 qk_norm: bool, eps: float, rotary: RotaryEmbedding, dtype: torch.dtype,
+                 device: torch.device, qkv_bias: bool = False, o_bias: bool = False) -> None:
         self._layer_id = layer_id
         self._num_heads, self._num_kv_heads, self._head_dim = num_heads, num_kv_heads, head_dim
         self._q_size, self._kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        self.qkv_proj = Linear(hidden, self._q_size + 2 * self._kv_size, bias, dtype, device)
-        self.o_proj = Linear(self._q_size, hidden, False, dtype, device)
+        self.qkv_proj = Linear(hidden, self._q_size + 2 * self._kv_size, qkv_bias, dtype, device)
+        self.o_proj = Linear(self._q_size, hidden, o_bias, dtype, device)
         if qk_norm:
             self.q_norm = RMSNorm(head_dim, eps, dtype, device)
             self.k_norm = RMSNorm(head_dim, eps, dtype, device)

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
-from typing import Tuple
+import math
+from typing import TYPE_CHECKING, Tuple
 
 import torch
 
 from minisgl.kernel import apply_rope_neox
+
+if TYPE_CHECKING:  # the layers do not depend on the model package at run time
+    from minisgl.models.config import RopeScaling
 
 
 class RotaryEmbedding:
@@ -12,8 +16,11 @@ class RotaryEmbedding:
 
     Not a BaseOP: the table is derived from the config, never loaded from a checkpoint."""
 
-    def __init__(self, head_dim: int, max_position: int, base: float, device: torch.device) -> None:
+    def __init__(self, head_dim: int, max_position: int, base: float, device: torch.device,
+                 scaling: "RopeScaling | None" = None) -> None:
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+        if scaling is not None:
+            inv_freq = llama3_scaled(inv_freq, scaling)
         t = torch.arange(max_position, dtype=torch.float32, device=device)
         freqs = torch.outer(t, inv_freq)  # [max_position, head_dim // 2]
         self._cos = freqs.cos()
@@ -24,3 +31,16 @@ class RotaryEmbedding:
         cos = self._cos[positions].to(q.dtype)
         sin = self._sin[positions].to(q.dtype)
         return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
+
+
+def llama3_scaled(inv_freq: torch.Tensor, s: "RopeScaling") -> torch.Tensor:
+    """Llama 3.1's frequencies for long contexts: a frequency whose wavelength is longer than
+    original_max_position_embeddings / low_freq_factor turns `factor` times slower, one shorter than
+    .../ high_freq_factor stays, and the band between moves smoothly from one to the other."""
+    old_len = s.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    slow = torch.where(wavelen > old_len / s.low_freq_factor, inv_freq / s.factor, inv_freq)
+    smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - smooth) * slow / s.factor + smooth * slow
+    medium = (wavelen >= old_len / s.high_freq_factor) & (wavelen <= old_len / s.low_freq_factor)
+    return torch.where(medium, blended, slow)

@@ -56,8 +56,14 @@ class LLM(Scheduler):
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
         """Queue one request; returns its uid. Raises TypeError or ValueError (and queues nothing)
         if it can never run."""
-        params = inputs.sampling_list(params, 1)[0]
+        params = self._with_model_defaults(inputs.sampling_list(params, 1))[0]
         return self._enqueue(self._checked_ids(prompt, params), params)
+
+    def _with_model_defaults(self, params: List[SamplingParams]) -> List[SamplingParams]:
+        """Fields a request leaves unset take the model's generation_config.json defaults
+        (minisgl/models/generation.py says which)."""
+        defaults = self.generation_defaults.sampling
+        return [p.with_defaults(defaults) for p in params] if defaults else params
 
     def _checked_ids(self, prompt: Prompt, params: SamplingParams) -> torch.Tensor:
         ids = self.encode(prompt)
@@ -116,7 +122,7 @@ class LLM(Scheduler):
         """Run every prompt to completion; returns [{"text", "token_ids"}] in prompt order (plus
         "error" for a request the scheduler refused)."""
         prompts = inputs.prompt_list(prompts)
-        params = inputs.sampling_list(sampling_params, len(prompts))
+        params = self._with_model_defaults(inputs.sampling_list(sampling_params, len(prompts)))
         # Check every prompt before queueing any, so a bad one loses nothing.
         encoded = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):

@@ -10,10 +10,11 @@ import torch
 from .config import ModelConfig
 from .decoder import CausalLM
 from .llama import LlamaForCausalLM
+from .qwen2 import Qwen2ForCausalLM
 from .qwen3 import Qwen3ForCausalLM
 from .weight import load_weight
 
-_CLASSES = {"qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM}
+_CLASSES = {"qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "shakespeare-qwen3"
 
@@ -30,5 +31,5 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device) 
     return model
 
 
-__all__ = ["ModelConfig", "CausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "load_weight",
+__all__ = ["ModelConfig", "CausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "load_weight",
            "create_model", "load_model", "BUNDLED_MODEL"]

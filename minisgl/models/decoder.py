@@ -1,6 +1,7 @@
-"""The decoder-only transformer shared by Qwen3 and Llama: embeddings, N pre-norm blocks of
-(attention, SwiGLU MLP), a final norm and the LM head. The two families differ only in switches
-(Qwen3 normalizes q and k per head)."""
+"""The decoder-only transformer shared by Qwen3, Llama and Qwen2: embeddings, N pre-norm blocks of
+(attention, SwiGLU MLP), a final norm and the LM head. The families differ only in switches: Qwen3
+normalizes q and k per head, Qwen2 has biases on q, k and v; `attention_bias` puts biases on q, k, v
+and o, `mlp_bias` on the MLP's three projections."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from .config import ModelConfig
 
 
 class MLP(BaseOP):
-    def __init__(self, hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.gate_up_proj = Linear(hidden, 2 * intermediate, False, dtype, device)
-        self.down_proj = Linear(intermediate, hidden, False, dtype, device)
+    def __init__(self, hidden: int, intermediate: int, bias: bool, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias, dtype, device)
+        self.down_proj = Linear(intermediate, hidden, bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.gate_up_proj.forward(x)
@@ -33,10 +35,10 @@ class DecoderLayer(BaseOP):
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps, dtype, device)
         self.self_attn = AttentionLayer(
             layer_id, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-            qk_norm=cfg.architecture == "qwen3", bias=cfg.attention_bias, eps=eps,
-            rotary=rotary, dtype=dtype, device=device)
+            qk_norm=cfg.architecture == "qwen3", eps=eps, rotary=rotary, dtype=dtype, device=device,
+            qkv_bias=cfg.attention_bias or cfg.architecture == "qwen2", o_bias=cfg.attention_bias)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, dtype, device)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, dtype, device)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None):
         x, residual = self.input_layernorm.forward_fused(x, residual)
@@ -49,7 +51,8 @@ class DecoderBody(BaseOP):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         # The rotary table is computed for real even when the weights live on the meta device.
         rope_device = torch.device("cpu") if device.type == "meta" else device
-        self._rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, rope_device)
+        self._rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, rope_device,
+                                       cfg.rope_scaling)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
         self.layers = OPList([DecoderLayer(cfg, i, self._rotary, dtype, device) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)

@@ -41,14 +41,28 @@ def safetensors_files(model_dir: str | Path) -> List[Path]:
 
 
 def iter_hf_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Every (name, tensor) of the checkpoint, one at a time. A name in two files is an error: with
+    no index to say which copy is meant, keeping either one could load the wrong weights."""
     from safetensors import safe_open
 
+    seen: Dict[str, Path] = {}
     for path in safetensors_files(model_dir):
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
-                for key in f.keys():
-                    yield key, f.get_tensor(key)
+                keys = list(f.keys())
         except Exception as e:  # safetensors raises its own error types for a corrupt file
+            raise ValueError(f"cannot read checkpoint file {path}: {e}") from None
+        for key in keys:
+            if key in seen:
+                raise ValueError(f"weight {key} is in both {seen[key].name} and {path.name}: a checkpoint in several "
+                                 "*.safetensors files must split its weights between them (or name the file of each "
+                                 "in model.safetensors.index.json)")
+            seen[key] = path
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for key in keys:
+                    yield key, f.get_tensor(key)
+        except Exception as e:
             raise ValueError(f"cannot read checkpoint file {path}: {e}") from None
 
 
@@ -101,6 +115,9 @@ def load_weight(model: BaseOP, model_dir: str | Path, device: torch.device) -> D
         if all(p is not None for p in parts):
             target = expected.get(mkey)
             dtype = target.dtype if target is not None else tensor.dtype
+            if len({tuple(p.shape[1:]) for p in parts}) > 1:  # torch.cat's own error names no weight
+                raise ValueError(f"the parts of {mkey} do not fit together (is one transposed?): shapes "
+                                 f"{[tuple(p.shape) for p in parts]}, in the order q, k, v or gate, up")
             state[mkey] = torch.cat([p.to(device=device, dtype=dtype) for p in parts], dim=0)
             del pending[mkey]
     if pending:

@@ -207,6 +207,15 @@ class CacheManager:
         self.lock(new)
         req.cache_handle = new
 
+    def release_uncached(self, req: Req) -> None:
+        """Give back everything a request holds without caching what it computed (its step failed,
+        so the KV of its last positions may be half written): the pages of its positions past the
+        prefix its handle locks are freed, and the lock is dropped."""
+        handle: CacheHandle = req.cache_handle
+        self._free_locations(self.page_table[req.table_idx, handle.cached_len : req.device_len].clone())
+        self.unlock(handle)
+        req.cache_handle = CacheHandle(0)
+
     # ------------------------------------------------------------------ checks
 
     def held_pages(self, req: Req) -> torch.Tensor:

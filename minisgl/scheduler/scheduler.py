@@ -13,6 +13,9 @@ results right (each fixes a bug of upstream mini-sglang; see chapter 11):
 3. a freed request slot is reused only once no batch in flight can still write to it;
 4. an abort that arrives while the request's batch is in flight marks it finished, so that batch's
    results are dropped and its pages are not cached or freed twice.
+
+A step that raises (a forward or sampling error, out of memory) fails only the requests of its batch:
+each gets an error reply and gives back its slot and pages, and the loop goes on (`_forward`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from minisgl.core import Batch, Req
 from minisgl.engine import BatchSamplingArgs, Engine, ForwardInput, ForwardOutput
 from minisgl.env import ENV
 from minisgl.message import AbortBackendMsg, BackendMsg, DetokenizeMsg, UserMsg
+from minisgl.models.generation import GenerationDefaults
 from minisgl.utils import EventLog
 
 from .cache import CacheManager, pages_for
@@ -46,7 +50,11 @@ class Scheduler:
         self.engine = Engine(config)
         engine = self.engine
         self.device = engine.device
-        self.eos_token_id = engine.model_config.eos_token_id
+        # The model's own generation settings: its end ids (generation_config.json's list replaces
+        # config.json's, as in transformers) and sampling defaults for what a request leaves unset.
+        self.generation_defaults = GenerationDefaults.from_dir(config.model_path)
+        gen_eos = self.generation_defaults.eos_token_ids
+        self.eos_token_ids = frozenset(engine.model_config.eos_token_ids if gen_eos is None else gen_eos)
         self.vocab_size = engine.model_config.vocab_size
         self.token_pool, self.page_table = engine.token_pool, engine.page_table
         self.table_manager = TableManager(config.max_running_req, self.events)
@@ -96,7 +104,11 @@ class Scheduler:
 
     def _process_one_msg(self, msg: BackendMsg) -> None:
         if isinstance(msg, UserMsg):
-            reason = self.validate_request(msg.input_ids, msg.sampling_params.max_tokens)
+            try:  # a message may come from anywhere: nothing unchecked may reach a kernel
+                msg.sampling_params.validate()
+                reason = self.validate_request(msg.input_ids, msg.sampling_params.max_tokens)
+            except (TypeError, ValueError, AttributeError) as e:
+                reason = f"bad sampling parameters: {e}"
             if reason is not None:
                 self._reject(msg.uid, reason)
             else:
@@ -216,9 +228,41 @@ class Scheduler:
         for req in batch.reqs:
             if not isinstance(req, ChunkedReq):
                 self._live[req.uid] = req
-        output = self.engine.forward_batch(forward_input)
+        try:
+            output = self.engine.forward_batch(forward_input)
+        except Exception as e:  # noqa: BLE001 - whatever broke, only this batch's requests pay
+            return self._fail_batch(batch, e)
         self.decode_manager.filter_reqs(batch.reqs)
         return output
+
+    def _fail_batch(self, batch: Batch, error: Exception) -> ForwardOutput:
+        """A step raised before its work was queued: end its requests with an error reply and give
+        back their slots and pages, then hand the loop an empty batch to handle.
+
+        Nothing the failed step computed is kept: a request's pages past the prefix it locks in the
+        cache are freed, not cached (their KV may be half written). A batch still in flight may hold
+        the same requests, so they are marked finished (its results are dropped, as for an abort)
+        and their slots wait for the next handling under overlap (rule 3)."""
+        reason = f"the step failed: {type(error).__name__}: {error}"
+        self.events.emit("fail", step=batch.step, uids=[r.uid for r in batch.reqs], reason=reason)
+        replies = []
+        for req in batch.reqs:
+            if isinstance(req, ChunkedReq):
+                pending = self.prefill_manager.get(req.uid)
+                if pending is not None:
+                    self.prefill_manager.remove(pending)
+            self._live.pop(req.uid, None)
+            self.decode_manager.remove_req(req)
+            self.cache_manager.release_uncached(req)
+            if self._defer_slot_free:
+                self._deferred_slots.append((req.table_idx, req.uid))
+            else:
+                self.table_manager.free(req.table_idx, req.uid)
+            self.finished_reqs.add(req)
+            replies.append(DetokenizeMsg(uid=req.uid, next_token=-1, finished=True, error=reason))
+        batch.reqs = []  # handled like any step: nothing left to handle
+        self.send_result(replies)
+        return self.engine.empty_output()
 
     # ------------------------------------------------------------------ results
 
@@ -263,7 +307,7 @@ class Scheduler:
 
         Receives: `last_data`, a (ForwardInput, ForwardOutput) pair, or None (nothing to do). Its
             batch may hold chunks of a chunked prefill (`ChunkedReq`: no real token);
-            `self.eos_token_id` may be None (the model has no EOS).
+            `self.eos_token_ids`, the set of end ids, may be empty (the model has no EOS).
         Returns: nothing.
         Leaves: each other request's token appended on the host, one `DetokenizeMsg` each,
             `finished` True on its last token only; a finished request out of `self._live` (uid ->
@@ -277,7 +321,7 @@ class Scheduler:
             `self._free_req_resources`, `self._release_deferred_slots`, `self.finished_reqs` (ch11);
             `self.events.emit` (ch04), `self.send_result`.
         Checked: tokens equal Hugging Face's; max_tokens messages, only the last one finished;
-            nothing after EOS or an abort; ignore_eos and a None EOS id run to max_tokens; a prompt
+            nothing after any EOS id or an abort; ignore_eos and no EOS run to max_tokens; a prompt
             is cached as soon as its prefill is handled; every slot and page is back once all
             requests end.
         """
@@ -300,7 +344,7 @@ class Scheduler:
                 next_token = int(token.item())
                 # Rule 1: judge by what the CPU has received; can_decode already reflects step N+1.
                 finished = len(req.input_ids) >= req.max_device_len
-                if not req.sampling_params.ignore_eos and next_token == self.eos_token_id:
+                if not req.sampling_params.ignore_eos and next_token in self.eos_token_ids:
                     finished = True
                 reply.append(DetokenizeMsg(uid=req.uid, next_token=next_token, finished=finished))
                 if finished:

@@ -162,7 +162,7 @@ def message_after_eos(llm_class: type = LLM) -> ProblemRun:
     ref = reference_tokens(PROMPT, 8)
     k, eos = first_new_token(ref, 2)
     llm = _new(llm_class)
-    llm.eos_token_id = eos  # pretend this token is the model's end of sequence
+    llm.eos_token_ids = {eos}  # pretend this token is the model's end of sequence
     rec = Recorder(llm)
     uid = llm.add_request(PROMPT, SamplingParams(max_tokens=8))
     rec.run_until_idle()
@@ -183,7 +183,7 @@ def slot_reuse(llm_class: type = LLM, streams: str = "deferred") -> ProblemRun:
     want_long = reference_tokens(LONG_PROMPT, 6)
     # naive cache: request 1's prompt is read from the token pool in full, never from the prefix cache
     llm = _new(llm_class, max_running_req=1, cpu_streams=streams, cache_type="naive")
-    llm.eos_token_id = eos
+    llm.eos_token_ids = {eos}
     rec = Recorder(llm)
     a = llm.add_request(PROMPT, SamplingParams(max_tokens=6))
     b = llm.add_request(LONG_PROMPT, SamplingParams(max_tokens=6, ignore_eos=True))
