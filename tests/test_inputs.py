@@ -104,6 +104,16 @@ def test_dtype_by_name_and_a_bad_one():
         build_llm(dtype="int8")
 
 
+@pytest.mark.parametrize("device", ["tpu", "gpu", "meta", 3.5])
+def test_a_device_the_engine_cannot_run_on_is_named(device):
+    from minisgl.llm import LLM
+
+    with pytest.raises(ValueError) as e:
+        LLM(device=device)
+    assert "device" in str(e.value) and repr(device) in str(e.value), \
+        f"LLM(device={device!r}) should be refused naming the device, got: {e.value}"
+
+
 def test_a_context_longer_than_the_model_allows_is_refused():
     limit = ModelConfig.from_dir(MODEL).max_position_embeddings
     build_llm(max_seq_len_override=limit)

@@ -197,10 +197,18 @@ class DeviceKit:
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """'auto' (or None) picks CUDA when present; anything else is passed to torch.device."""
+    """'auto' (or None) picks CUDA when present; else "cpu", "cuda" or "cuda:N" (the engine runs
+    on nothing else)."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device 'cuda' was asked for, but torch sees no CUDA GPU")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
     return dev
