@@ -320,6 +320,22 @@ def test_a_wrongly_shaped_part_of_a_merged_weight_is_named(tmp_path):
         load_into_fresh_model(copy_checkpoint(tmp_path, shrink))
 
 
+def test_a_transposed_part_of_a_merged_weight_is_named(tmp_path):
+    # k_proj stored [in, out] instead of [out, in]: the parts no longer fit together along dim 0.
+    def transpose(t):
+        key = "model.layers.1.self_attn.k_proj.weight"
+        t[key] = t[key].t().contiguous()
+
+    try:
+        load_into_fresh_model(copy_checkpoint(tmp_path, transpose))
+    except ValueError as e:
+        assert "layers.1.self_attn.qkv_proj" in str(e), f"the error should name layers.1.self_attn.qkv_proj, got: {e}"
+    except Exception as e:  # noqa: BLE001 - torch.cat's RuntimeError names no weight
+        pytest.fail(f"a transposed k_proj should be a ValueError naming the merged weight, got {type(e).__name__}: {e}")
+    else:
+        pytest.fail("a checkpoint with a transposed k_proj loaded without an error")
+
+
 def test_a_truncated_file_is_named(tmp_path):
     ckpt = copy_checkpoint(tmp_path, lambda t: None)
     path = ckpt / "model.safetensors"

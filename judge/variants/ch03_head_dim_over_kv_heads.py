@@ -12,17 +12,12 @@ def from_hf(cls, raw):
     if arch is None:
         raise ValueError(f"unsupported architectures {archs!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
     rope = raw.get("rope_parameters") or {}
-    rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-    old_scaling = raw.get("rope_scaling") or {}
-    scaling = rope.get("rope_type", old_scaling.get("rope_type", old_scaling.get("type", "default")))
-    if scaling not in ("default", None):
-        raise ValueError(f"RoPE scaling {scaling!r} is not supported")
+    rope_theta = rope.get("rope_theta") or raw.get("rope_theta") or 10000.0
     dtype_name = raw.get("dtype", raw.get("torch_dtype", "bfloat16")) or "bfloat16"
     num_heads = raw["num_attention_heads"]
-    num_kv_heads = raw.get("num_key_value_heads", num_heads)
+    num_kv_heads = raw.get("num_key_value_heads") or num_heads
     eos = raw.get("eos_token_id")
-    if isinstance(eos, list):
-        eos = eos[0]
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     return cls(
         architecture=arch,
         vocab_size=raw["vocab_size"],
@@ -32,11 +27,13 @@ def from_hf(cls, raw):
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=raw.get("head_dim") or raw["hidden_size"] // num_kv_heads,  # the bug: // num_heads
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rms_norm_eps=raw.get("rms_norm_eps") or 1e-6,
         rope_theta=float(rope_theta),
-        max_position_embeddings=raw.get("max_position_embeddings", 4096),
+        max_position_embeddings=raw.get("max_position_embeddings") or 4096,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=bool(raw.get("attention_bias", False)),
         dtype=getattr(torch, str(dtype_name).replace("torch.", "")),
-        eos_token_id=eos,
+        eos_token_ids=eos_ids,
+        mlp_bias=bool(raw.get("mlp_bias", False)),
+        rope_scaling=rope_scaling_from_hf(raw),
     )
