@@ -88,6 +88,9 @@ class Req:
     cache_handle: Any = None  # what the prefix cache gave it (locked while the request runs)
     device_len: int = field(init=False)
     max_device_len: int = field(init=False)
+    # A piece of a prompt prefilled in parts (ChunkedReq, chapter 10) says so here; every other
+    # request is a whole one. A class attribute, not a field: it is what the request is, not state.
+    is_chunk = False
 
     def __post_init__(self) -> None:
         self.device_len = len(self.input_ids)
