@@ -191,10 +191,12 @@ class Context:
     """What a layer deep inside the model needs to know about the current forward pass (the batch and
     the attention backend) without every forward() passing it along."""
 
-    def __init__(self, page_size: int, kv_cache: Any = None, attn_backend: Any = None) -> None:
+    def __init__(self, page_size: int, kv_cache: Any = None, attn_backend: Any = None,
+                 fused_kernels: Any = None) -> None:
         self.page_size = page_size
         self.kv_cache = kv_cache
         self.attn_backend = attn_backend
+        self.fused_kernels = fused_kernels  # this engine's Triton kernel module, or None (kernel/dispatch.py)
         self._batch: Batch | None = None
 
     @property
@@ -230,4 +232,9 @@ def set_global_ctx(ctx: Context | None) -> None:
 def get_global_ctx() -> Context:
     if _GLOBAL_CTX is None:
         raise RuntimeError("no engine context: build an Engine first")
+    return _GLOBAL_CTX
+
+
+def current_ctx() -> Context | None:
+    """The context of the engine running now (or built last), or None before any engine."""
     return _GLOBAL_CTX

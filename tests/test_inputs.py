@@ -111,11 +111,13 @@ def test_a_context_longer_than_the_model_allows_is_refused():
         build_llm(max_seq_len_override=limit + 1)
 
 
-@pytest.mark.parametrize("name,value", [("MINISGL_DISABLE_OVERLAP_SCHEDULING", "garbage"),
-                                        ("MINISGL_CPU_STREAMS", "lazy")])
-def test_an_env_switch_accepts_only_its_documented_values(name, value):
+@pytest.mark.parametrize("name,value,good", [("MINISGL_DISABLE_OVERLAP_SCHEDULING", "garbage", "off"),
+                                             ("MINISGL_CPU_STREAMS", "lazy", "deferred"),
+                                             ("MINISGL_ATTENTION_BACKEND", "cuda", "torch"),
+                                             ("MINISGL_FUSED_KERNELS", "none", "0")])
+def test_an_env_switch_accepts_only_its_documented_values(name, value, good):
     env = {**os.environ, name: value}
     proc = subprocess.run([sys.executable, "-c", "import minisgl.env"], env=env, capture_output=True, text=True)
     assert proc.returncode != 0 and f"{name}={value!r}: use one of" in proc.stderr, proc.stderr[-300:]
-    env[name] = "off" if "OVERLAP" in name else "deferred"
+    env[name] = good
     assert subprocess.run([sys.executable, "-c", "import minisgl.env"], env=env).returncode == 0

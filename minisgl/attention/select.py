@@ -4,7 +4,6 @@ for), the Triton paged-decode backend on a CUDA GPU when Triton is installed."""
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import torch
 
@@ -18,8 +17,8 @@ def triton_available() -> bool:
 
 
 def resolve_backend_name(name: str, device: torch.device) -> str:
-    """'auto' (or MINISGL_ATTENTION_BACKEND when set) -> 'torch' or 'triton'."""
-    name = os.environ.get("MINISGL_ATTENTION_BACKEND", name) if name == "auto" else name
+    """'auto' -> 'torch' or 'triton' for `device`; 'torch' and 'triton' as asked, if possible there.
+    (The engine's default, MINISGL_ATTENTION_BACKEND, is applied by the caller: minisgl.env.)"""
     if name not in BACKENDS:
         raise ValueError(f"attention backend must be one of {BACKENDS}, got {name!r}")
     if name == "auto":
