@@ -110,6 +110,13 @@ class _Env:
         self.ATTENTION_BACKEND = Switch(ATTENTION_BACKEND.name, ATTENTION_BACKEND.read())
         self.FUSED_KERNELS = Switch(FUSED_KERNELS.name, FUSED_KERNELS.read())
 
+    def reload(self) -> None:
+        """Read every switch again: a process forked after the import with another environment (the
+        judge's fork server) must see its own."""
+        by_name = {s.name: s for s in ENGINE_SETTINGS}
+        for switch in vars(self).values():
+            switch.value = by_name[switch.name].read()
+
 
 ENV = _Env()
 
