@@ -23,7 +23,8 @@ class DecodeManager:
         Leaves: `self.running` (uid -> request, in the order requests first joined): every request
             that can decode is in it (a new one at the end, a known one where it was), every one
             that cannot is out of it; chunks are left alone.
-        Uses: `req.can_decode` (ch01), `req.is_chunk` (ch10: True on a `ChunkedReq`), `self.running` (ch07).
+        Uses: `req.can_decode` (ch01), `req.is_chunk` (ch10: True on a `ChunkedReq`),
+            `self.running` (ch07).
         Checked: requests that can decode join in batch order, a finished one never does and leaves
             once it reaches max_tokens; a chunked prefill is not decoding; batches compose over time
             as continuous batching says, with Hugging Face's tokens; every slot and page is back at
