@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
-from .registry import DEFAULT_REGISTRY, REGISTRY_ENV
+from .protocol import BudgetSpec
+from .registry import DEFAULT_REGISTRY
+from .settings import REGISTRY
 
 # Used where the file does not say otherwise (the file may set "floor", "factor", "default").
 FLOOR = {"cpu": 5.0, "cuda": 10.0}  # seconds: even a test the reference runs in 20 ms gets this much
@@ -44,7 +45,7 @@ NOT_COUNTED = ["triton", "transformers"]
 
 def path() -> Path:
     """The budgets file that goes with the registry in use."""
-    registry = Path(os.environ.get(REGISTRY_ENV) or DEFAULT_REGISTRY)
+    registry = Path(REGISTRY.read() or DEFAULT_REGISTRY)
     return registry.with_name("budgets.json")
 
 
@@ -78,17 +79,10 @@ class Budgets:
         self.default = float(data.get("default", {}).get(key, DEFAULT[key]))
         self.hard = hard
 
-    def spec(self) -> Dict:
-        """What the test process needs (timer.py)."""
-        return {"measured": self.measured, "floor": self.floor, "factor": self.factor,
-                "default": self.default, "hard": self.hard, "not_counted": NOT_COUNTED}
-
-
-def limit_from_spec(spec: Dict, nodeid: str) -> float:
-    """A test's budget in seconds (from Budgets.spec(), in the test process)."""
-    measured = spec["measured"].get(test_key(nodeid))
-    budget = spec["default"] if measured is None else max(spec["floor"], spec["factor"] * measured)
-    return min(budget, spec["hard"])
+    def spec(self, packages: Sequence[str]) -> BudgetSpec:
+        """What the test process needs (timer.py); the running time of `packages` counts."""
+        return BudgetSpec(measured=self.measured, floor=self.floor, factor=self.factor, default=self.default,
+                          hard=self.hard, not_counted=list(NOT_COUNTED), packages=list(packages))
 
 
 # ---------------------------------------------------------------------- measuring

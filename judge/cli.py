@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import traceback
 from pathlib import Path
 from typing import List, Sequence
 
+from . import settings
+from .settings import SettingError
 from .registry import REPO, Chapter, RegistryError, UnknownChapter, load_registry, variant_files
 
-NOTEBOOKS_ENV = "MINISGL_JUDGE_NOTEBOOKS"
+NOTEBOOKS_ENV = settings.NOTEBOOKS.name
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 
@@ -28,7 +29,7 @@ class UsageError(Exception):
 
 
 def notebooks_dir() -> Path:
-    return Path(os.environ.get(NOTEBOOKS_ENV) or REPO / "notebooks")
+    return Path(settings.NOTEBOOKS.read() or REPO / "notebooks")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,9 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(_normalize_hint(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:  # argparse has printed its message
         return EXIT_OK if e.code == 0 else EXIT_USAGE
+    debug = False
     try:
+        debug = settings.DEBUG.read()  # read first: a bad value is the user's mistake, said as such
         return _main(args, console)
-    except (UsageError, UnknownChapter, RegistryError) as e:
+    except (UsageError, UnknownChapter, RegistryError, SettingError) as e:
         if args.json:
             print(json.dumps({"passed": False, "error": str(e)}))
         else:
@@ -104,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print("judge: interrupted")
         return EXIT_FAILED
     except Exception as e:  # the judge's own bug: say so briefly, never a wall of traceback
-        if os.environ.get("MINISGL_JUDGE_DEBUG"):
+        if debug:
             traceback.print_exc()
         err.print(f"[bold red]judge: internal error:[/] {_escape(type(e).__name__ + ': ' + str(e))}\n"
                   "(this is a bug in the judge, not in your code; MINISGL_JUDGE_DEBUG=1 shows where)")

@@ -222,6 +222,8 @@ def _child(request: Dict) -> None:
                 sys.path.insert(0, path)
         if request.get("threads") and "torch" in sys.modules:  # preloaded: the env var is read too late
             sys.modules["torch"].set_num_threads(int(request["threads"]))
+        if "minisgl.env" in sys.modules:  # preloaded: its switches were read with the server's environment
+            sys.modules["minisgl.env"].ENV.reload()
         import pytest
 
         code = int(pytest.main(request["args"]))

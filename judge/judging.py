@@ -12,6 +12,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence
 
+from .protocol import ExerciseSpec, SnippetSpec, UnitSpec
 from .registry import Chapter, Exercise
 from .runner import RunOptions, RunResult, TestResult, run_pytest
 from .sources import LearnerCode
@@ -104,36 +105,28 @@ class Verdict:
 
 
 
-# On a GPU the engine has fast paths (Triton kernels) that skip some of the plain-torch functions a
-# learner replaces. When learner code replaces a function of one of these modules, the test process
-# gets the environment that keeps the plain-torch path, so the learner's code is what runs.
-KEEP_REFERENCE_PATH = {
-    "minisgl.kernel.ops": {"MINISGL_FUSED_KERNELS": "0"},
-    "minisgl.kvcache.pool": {"MINISGL_FUSED_KERNELS": "0"},  # the fused kernel stores K/V itself
-    "minisgl.attention.torch_backend": {"MINISGL_ATTENTION_BACKEND": "torch"},
-}
-
-
-def path_env(units: Sequence[Dict]) -> Dict[str, str]:
+def path_env(units: Sequence[UnitSpec], chapters: Sequence[Chapter]) -> Dict[str, str]:
+    """The environment the test process needs for the learner's code to be what runs: on a GPU the
+    engine has fast paths (Triton kernels) that skip some plain-torch functions a learner replaces,
+    so an exercise swapped in brings its registry `engine_env` (e.g. MINISGL_FUSED_KERNELS = "0")."""
+    by_id = {ex.id: ex for c in chapters for ex in c.exercises}
     env: Dict[str, str] = {}
     for unit in units:
-        for ex in unit["exercises"]:
-            if ex["swap"]:
-                env.update(KEEP_REFERENCE_PATH.get(ex["target"].split(":")[0], {}))
+        for ex in unit.exercises:
+            if ex.swap and ex.id in by_id:
+                env.update(dict(by_id[ex.id].engine_env))
     return env
 
 
-def spec_unit(code: LearnerCode, chapter: Chapter) -> Dict:
-    """The JSON the subprocess swaps from: the snippets and, per exercise, whether to swap it and
+def spec_unit(code: LearnerCode, chapter: Chapter) -> UnitSpec:
+    """What the test process swaps from: the snippets and, per exercise, whether to swap it and
     what is already known to be wrong with it."""
-    exercises = []
-    for ex in chapter.exercises:
-        exercises.append({"id": ex.id, "name": ex.name, "target": ex.target, "swap": code.swaps(ex.name),
-                          "problem": code.problems.get(ex.name), "tests": list(ex.tests),
-                          "attempted": code.attempted.get(ex.name, True)})
-    snippets = [{"label": s.label, "source": s.source, "exercise": s.exercise} for s in code.snippets]
-    return {"chapter": chapter.key, "origin": code.origin, "missing": code.missing,
-            "snippets": snippets, "exercises": exercises}
+    exercises = [ExerciseSpec(id=ex.id, name=ex.name, target=ex.target, swap=code.swaps(ex.name),
+                              problem=code.problems.get(ex.name), tests=list(ex.tests),
+                              attempted=code.attempted.get(ex.name, True))
+                 for ex in chapter.exercises]
+    snippets = [SnippetSpec(s.label, s.source, s.exercise) for s in code.snippets]
+    return UnitSpec(chapter.key, code.origin, code.missing, snippets, exercises)
 
 
 def judge(chapters: Sequence[Chapter], codes: Dict[str, LearnerCode | None], options: RunOptions,
@@ -151,7 +144,7 @@ def judge(chapters: Sequence[Chapter], codes: Dict[str, LearnerCode | None], opt
             general += [f"{c.key}: {g}" if len(chapters) > 1 else g for g in code.general_problems]
         if not c.test_files:
             general.append(f"{c.key} has no test files in the registry")
-    extra_env = path_env(units)
+    extra_env = path_env(units, chapters)
     if extra_env:
         options = dataclasses.replace(options, env={**options.env, **extra_env})
     if not options.packages:  # the time a test spends in these counts against its budget
@@ -178,7 +171,7 @@ def judge(chapters: Sequence[Chapter], codes: Dict[str, LearnerCode | None], opt
     return verdict
 
 
-def _fork_server(units: List[Dict], chapters: Sequence[Chapter], options: RunOptions):
+def _fork_server(units: List[UnitSpec], chapters: Sequence[Chapter], options: RunOptions):
     """A learner's run whose failing exercises may be rerun alone (_blame) forks the run and the
     reruns from one server that has imported torch and the engine once (forkserver.py): each
     rerun then starts in a fraction of a second. None where that cannot happen (fewer than two
@@ -186,8 +179,8 @@ def _fork_server(units: List[Dict], chapters: Sequence[Chapter], options: RunOpt
     GPU: CUDA does not survive a fork)."""
     from . import forkserver
 
-    swapped = [e for u in units for e in u["exercises"] if e["swap"]]
-    attempted = [e for e in swapped if e.get("attempted", True) and not e.get("problem")]
+    swapped = [e for u in units for e in u.exercises if e.swap]
+    attempted = [e for e in swapped if e.attempted and not e.problem]
     if options.launcher is not None or options.device != "cpu" or not forkserver.available() \
             or len(swapped) < 2 or not attempted:
         return None
@@ -204,13 +197,6 @@ def _stale_budgets(run: RunResult) -> List[str]:
             "the budgets are stale; measure them again with `python -m judge.budgets`"]
 
 
-def _only(unit: Dict, exercise_ids: str | Sequence[str]) -> Dict:
-    """The swap spec with these exercises swapped in and every other one left to the reference."""
-    keep = {exercise_ids} if isinstance(exercise_ids, str) else set(exercise_ids)
-    exercises = [{**e, "swap": e["swap"] and e["id"] in keep} for e in unit["exercises"]]
-    return {**unit, "exercises": exercises}
-
-
 def _selector(nodeid: str, chapter: Chapter) -> str:
     """A test's node id as a path pytest finds from anywhere: the chapter's test file, absolute."""
     file, _, rest = nodeid.partition("::")
@@ -218,7 +204,7 @@ def _selector(nodeid: str, chapter: Chapter) -> str:
     return f"{path}::{rest}"
 
 
-def _blame(verdict: Verdict, units: List[Dict], chapter: Chapter, options: RunOptions, deadline: float) -> None:
+def _blame(verdict: Verdict, units: List[UnitSpec], chapter: Chapter, options: RunOptions, deadline: float) -> None:
     """A test that goes through the whole engine judges several exercises at once, so one wrong
     function fails the tests of its neighbours too. An exercise whose failed tests all judge
     another of the learner's exercises that is not passing (failing, still a stub, or not loaded)
@@ -243,7 +229,7 @@ def _blame(verdict: Verdict, units: List[Dict], chapter: Chapter, options: RunOp
         if left < 1:
             return False
         failed = sorted({_selector(t.test, chapter) for ex in exercises for t in ex.tests if not t.ok})
-        run = run_pytest([_only(u, [ex.id for ex in exercises]) for u in units], failed,
+        run = run_pytest([u.only([ex.id for ex in exercises]) for u in units], failed,
                          dataclasses.replace(options, time_limit=left, stop_at_first_failure=stop))
         return bool(run.tests) and not run.general and all(t.ok for t in run.tests)
 

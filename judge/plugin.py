@@ -1,26 +1,14 @@
 """The judge's pytest plugin (`pytest -p judge.plugin`), active only when MINISGL_JUDGE_SPEC names a
-spec file (written by runner.py).
+spec file (a `protocol.RunSpec`, written by runner.py).
 
 At `pytest_configure` it swaps the learner's functions in (swap.py). As the tests run it appends one
-JSON line per event to the spec's results file, flushed at once, so that what happened survives a
-test that ends the process (`os._exit`, a crash, a kill on timeout):
-
-    {"event": "swapped", "problems": {...}, "general": [...]}
-    {"event": "collected", "tests": [nodeid, ...]}
-    {"event": "collect_error", "where": ..., "message": ...}
-    {"event": "start", "test": nodeid}
-    {"event": "result", "test": nodeid, "outcome": "passed|failed|error|skipped|timeout", "duration": s,
-     "message": ..., "sentinel": "chNN.name" | null, "standin": bool, "where": "cell 3, line 4: ..." | null}
-    {"event": "cpu_time", "test": nodeid, "seconds": s}       timer.py: the test's CPU time
-    {"event": "over_budget", "test": nodeid, "budget": s}     timer.py: a reference run passed a budget
-    {"event": "finished"}
-    {"event": "fatal", "message": ...}          nothing can be judged here (e.g. --device cuda, no GPU)
+event (protocol.py: swapped, collected, collect_error, start, result, finished, fatal; timer.py adds
+cpu_time and over_budget) per line to the spec's results file, flushed at once, so that what
+happened survives a test that ends the process (`os._exit`, a crash, a kill on timeout).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import sys
 import traceback
@@ -29,7 +17,10 @@ from typing import Any, Dict, List
 
 import pytest
 
-SPEC_ENV = "MINISGL_JUDGE_SPEC"
+from . import settings
+from .protocol import Collected, CollectError, Event, Fatal, Finished, Result, RunSpec, Start, Swapped
+
+SPEC_ENV = settings.SPEC.name
 SENTINEL = re.compile(r"^(ch\d\d\.\w+):")
 MAX_MESSAGE = 1500
 MAX_LINES = 10
@@ -39,15 +30,16 @@ MESSAGE_CHARS = 400
 
 class _Judge:
     def __init__(self, spec_path: str) -> None:
-        self.spec: Dict[str, Any] = json.loads(Path(spec_path).read_text())
-        self.results = open(self.spec["results"], "a", encoding="utf-8")
-        self.labels = {s["label"] for u in self.spec.get("units", []) for s in u["snippets"]}
-        self.test_dirs = [str(Path(d)) for d in self.spec.get("test_dirs", [])]
-        self.skip = set(self.spec.get("done", []))  # tests of an earlier, interrupted run
+        self.spec = RunSpec.read(spec_path)
+        self.results = open(self.spec.results, "a", encoding="utf-8")
+        self.labels = {s.label for s in self.spec.snippets}
+        self.test_dirs = [str(Path(d)) for d in self.spec.test_dirs]
+        self.skip = set(self.spec.done)  # tests of an earlier, interrupted run
         self.reports: Dict[str, List[pytest.TestReport]] = {}
+        self.swapped = None  # swap.SwapState: what was replaced, for rescans after collection
 
-    def write(self, record: Dict[str, Any]) -> None:
-        self.results.write(json.dumps(record) + "\n")
+    def write(self, event: Event) -> None:
+        self.results.write(event.to_json() + "\n")
         self.results.flush()
 
 
@@ -56,18 +48,18 @@ _judge: _Judge | None = None
 
 def pytest_configure(config: pytest.Config) -> None:
     global _judge
-    path = os.environ.get(SPEC_ENV)
+    path = settings.SPEC.read()
     if not path or _judge is not None:
         return
     _judge = _Judge(path)
-    if _judge.spec.get("device") == "cuda" and not _cuda_available():
-        _judge.write({"event": "fatal", "message": "--device cuda, but there is no usable CUDA GPU here "
-                                                   "(use --device cpu, or auto)"})
+    if _judge.spec.device == "cuda" and not _cuda_available():
+        _judge.write(Fatal("--device cuda, but there is no usable CUDA GPU here (use --device cpu, or auto)"))
         pytest.exit("no CUDA GPU", returncode=4)
     from . import swap
 
-    report = swap.apply_spec(_judge.spec, _judge.test_dirs)
-    _judge.write({"event": "swapped", "problems": report.problems, "general": report.general})
+    _judge.swapped = swap.apply(_judge.spec.units, _judge.test_dirs)
+    report = _judge.swapped.report
+    _judge.write(Swapped(report.problems, report.general))
 
 
 def _cuda_available() -> bool:
@@ -94,20 +86,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     from . import swap
 
-    swap.rescan(_judge.spec, _judge.test_dirs)  # test modules hold module-level functions too
-    _judge.write({"event": "collected", "tests": [item.nodeid for item in session.items]})
+    if _judge.swapped is not None:
+        swap.rescan(_judge.swapped, _judge.test_dirs)  # test modules hold module-level functions too
+    _judge.write(Collected([item.nodeid for item in session.items]))
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     if _judge is not None and report.failed:
         text = str(report.longrepr)
-        _judge.write({"event": "collect_error", "where": report.nodeid or "(collection)",
-                      "message": _shorten(text, keep_end=True)})
+        _judge.write(CollectError(report.nodeid or "(collection)", _shorten(text, keep_end=True)))
 
 
 def pytest_runtest_logstart(nodeid: str, location) -> None:
     if _judge is not None:
-        _judge.write({"event": "start", "test": nodeid})
+        _judge.write(Start(nodeid))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -133,33 +125,32 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session) -> None:
     if _judge is not None:
-        _judge.write({"event": "finished"})
+        _judge.write(Finished())
 
 
 # ---------------------------------------------------------------------- describing outcomes
 
 
-def _final_record(nodeid: str, phases: List[pytest.TestReport]) -> Dict[str, Any]:
-    record: Dict[str, Any] = {"event": "result", "test": nodeid, "outcome": "passed",
-                              "duration": round(sum(p.duration for p in phases), 3),
-                              "message": None, "sentinel": None, "standin": False, "where": None}
+def _final_record(nodeid: str, phases: List[pytest.TestReport]) -> Result:
+    record = Result(nodeid, "passed", duration=round(sum(p.duration for p in phases), 3))
     bad = next((p for p in phases if p.failed), None)
     if bad is None:
         if any(p.skipped for p in phases):
             skip = next(p for p in phases if p.skipped)
-            record["outcome"] = "skipped"
+            record.outcome = "skipped"
             if isinstance(skip.longrepr, tuple) and len(skip.longrepr) == 3:
-                record["message"] = str(skip.longrepr[2]).removeprefix("Skipped: ")
+                record.message = str(skip.longrepr[2]).removeprefix("Skipped: ")
         return record
     info = getattr(bad, "_judge_info", None) or {"message": _shorten(str(bad.longrepr), keep_end=True)}
-    record.update(info)
+    for name in ("message", "sentinel", "standin", "where", "culprit"):
+        if name in info:
+            setattr(record, name, info[name])
     if info.get("timeout"):
-        record["outcome"] = "timeout"
+        record.outcome = "timeout"
     elif bad.when == "call":
-        record["outcome"] = "failed"
+        record.outcome = "failed"
     else:
-        record["outcome"] = "error"  # a fixture (setup/teardown) failed
-    record.pop("timeout", None)
+        record.outcome = "error"  # a fixture (setup/teardown) failed
     return record
 
 
@@ -329,8 +320,7 @@ def _learner_frame(chain: List[BaseException]) -> str | None:
     (judging.where_owner reads it back)."""
     if _judge is None:
         return None
-    attrs = {e["target"].rsplit(".", 1)[-1].rsplit(":", 1)[-1]
-             for u in _judge.spec.get("units", []) for e in u["exercises"]}
+    attrs = {e.attr for u in _judge.spec.units for e in u.exercises}
     for exc in chain:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename in _judge.labels]
         if frames:

@@ -9,7 +9,6 @@ import ast
 import datetime as _dt
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Dict, Sequence, Set
 
@@ -18,15 +17,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from . import settings
 from .judging import NO_TESTS, PASSING, Verdict
 from .registry import REPO, Chapter, Registry
 from .sources import LearnerCode, SourceError, find_notebook, from_notebook
 
-PROGRESS_ENV = "MINISGL_JUDGE_PROGRESS"  # tests point this elsewhere
+PROGRESS_ENV = settings.PROGRESS.name  # tests point this elsewhere
 
 
 def progress_path() -> Path:
-    return Path(os.environ.get(PROGRESS_ENV) or REPO / ".judge_progress.json")
+    return Path(settings.PROGRESS.read() or REPO / ".judge_progress.json")
 
 
 def load() -> Dict:

@@ -6,11 +6,12 @@ kernel and the notebook generator all read the registry without importing torch 
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Tuple
+
+from . import settings
 
 try:
     import tomllib
@@ -20,8 +21,7 @@ except ModuleNotFoundError:  # Python 3.10
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_REGISTRY = Path(__file__).resolve().parent / "exercises.toml"
 # Tests of the judge point it at a registry (tiny fake chapters) and variants of their own.
-REGISTRY_ENV = "MINISGL_JUDGE_REGISTRY"
-VARIANTS_ENV = "MINISGL_JUDGE_VARIANTS"
+REGISTRY_ENV, VARIANTS_ENV = settings.REGISTRY.name, settings.VARIANTS.name
 
 
 class RegistryError(ValueError):
@@ -44,6 +44,10 @@ class Exercise:
     # Mutants of the reference that no test can kill because they compute the same thing:
     # (mutant id, the one-line reason), reviewed one by one (python -m tools.mutants).
     equivalent_mutants: Tuple[Tuple[str, str], ...] = ()
+    # Environment the test process gets while this exercise is swapped in, so that the engine runs
+    # the learner's code (on a GPU the Triton fast paths would skip some plain-torch functions):
+    # (variable, value) pairs, each a setting of minisgl/env.py with one of its allowed values.
+    engine_env: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:
@@ -125,7 +129,7 @@ test_matches.__test__ = False  # type: ignore[attr-defined]  # a helper, not a p
 
 
 def load_registry(path: str | Path | None = None) -> Registry:
-    path = Path(path or os.environ.get(REGISTRY_ENV) or DEFAULT_REGISTRY)
+    path = Path(path or settings.REGISTRY.read() or DEFAULT_REGISTRY)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -173,11 +177,32 @@ def _exercise(path: Path, chapter: str, i: int, e: object) -> Exercise:
         equivalents.append((m["id"], m["why"].strip()))
     return Exercise(chapter=chapter, name=e["name"], target=e["target"], tests=tuple(e.get("tests", [])),
                     hints=tuple(e.get("hints", [])), todo=str(e.get("todo", "")),
-                    equivalent_mutants=tuple(equivalents))
+                    equivalent_mutants=tuple(equivalents), engine_env=_engine_env(where, e.get("engine_env", {})))
+
+
+def _engine_env(where: str, table: object) -> Tuple[Tuple[str, str], ...]:
+    """An exercise's `engine_env`, checked against the engine's settings (minisgl/env.py, which
+    imports nothing but the standard library)."""
+    from minisgl.env import SETTINGS
+
+    if not isinstance(table, dict):
+        raise RegistryError(f"{where}: `engine_env` must be a table like {{ MINISGL_FUSED_KERNELS = \"0\" }}")
+    known = {s.name: s for s in SETTINGS}
+    for name, value in table.items():
+        if name not in known:
+            raise RegistryError(f"{where}: engine_env names {name}, which is not a setting of minisgl/env.py "
+                                f"(they are {', '.join(known)})")
+        if not isinstance(value, str):
+            raise RegistryError(f"{where}: engine_env {name} must be a string, got {value!r}")
+        try:
+            known[name].parse(value)
+        except ValueError as e:
+            raise RegistryError(f"{where}: engine_env {e}") from None
+    return tuple(sorted(table.items()))
 
 
 def variants_dir() -> Path:
-    return Path(os.environ.get(VARIANTS_ENV) or Path(__file__).resolve().parent / "variants")
+    return Path(settings.VARIANTS.read() or Path(__file__).resolve().parent / "variants")
 
 
 def variant_files(chapter: Chapter, name: str | None = None) -> List[Path]:

@@ -1,5 +1,9 @@
 """Running pytest in a fresh subprocess with the learner's code swapped in (plugin.py does the swap).
 
+One process is three steps: `_build` writes the spec (protocol.RunSpec) and puts together the command
+and environment, `_launch` starts it (forked from a server when the run has one), `_replay` reads
+the events it wrote (protocol.py) into the run's result.
+
 The subprocess gets its own process group, a wall-clock limit (the whole group is killed when it
 runs out), and its output is drained by a thread that keeps only the end of it. Each test has a
 time budget from the reference's measured time (budgets.py; timer.py stops it), under the hard
@@ -10,7 +14,7 @@ at most.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import re
 import shutil
@@ -25,7 +29,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
 from . import budgets as budgets_file
+from . import settings
+from .protocol import (Collected, CollectError, CpuTime, Event, Fatal, Finished, OverBudget, Result, RunSpec,
+                       Start, Swapped, UnitSpec, read_events)
 from .registry import REPO
+
+SPEC_ENV = settings.SPEC.name  # the spec file's path, for the test process (plugin.py)
 
 OUTPUT_KEEP = 16_000  # bytes of the subprocess's output kept (its end)
 # What pytest-timeout's thread method prints before it ends the process with os._exit(1).
@@ -82,7 +91,7 @@ class RunResult:
     over_budget: Dict[str, float] = field(default_factory=dict)  # a reference run: test -> budget it passed
 
 
-def run_pytest(spec_units: List[Dict[str, Any]], test_files: Sequence[str | Path], options: RunOptions) -> RunResult:
+def run_pytest(units: List[UnitSpec], test_files: Sequence[str | Path], options: RunOptions) -> RunResult:
     """Run the tests (files, or 'file::test' node ids) with the units' code swapped in; never raises
     for anything learner code does."""
     start = time.monotonic()
@@ -99,7 +108,7 @@ def run_pytest(spec_units: List[Dict[str, Any]], test_files: Sequence[str | Path
             if left <= 1:
                 result.general.append(f"the run was stopped after its time limit of {options.time_limit:.0f} s")
                 break
-            finished = _one_process(spec_units, test_files, options, tmp, attempt, done, left, result)
+            finished = _one_process(units, test_files, options, tmp, attempt, done, left, result)
             if finished:
                 break
         else:
@@ -112,21 +121,39 @@ def run_pytest(spec_units: List[Dict[str, Any]], test_files: Sequence[str | Path
     return result
 
 
-def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt: int, done: List[str],
-                 time_left: float, result: RunResult) -> bool:
+@dataclass
+class _Launch:
+    """One pytest process, ready to start: its command line, environment and files."""
+
+    cmd: List[str]
+    env: Dict[str, str]
+    results: Path  # where the process appends its events (protocol.py)
+    output: Path  # where a forked process's output goes
+
+
+def _one_process(units: List[UnitSpec], test_files, options: RunOptions, tmp: Path, attempt: int,
+                 done: List[str], time_left: float, result: RunResult) -> bool:
     """One pytest process. Returns True when no further attempt is needed."""
+    launch = _build(units, test_files, options, tmp, attempt, done, result)
+    returncode, killed, result.output_tail = _launch(launch, options, time_left)
+    return _replay(read_events(launch.results), returncode, killed, options, done, result)
+
+
+def _build(units: List[UnitSpec], test_files, options: RunOptions, tmp: Path, attempt: int, done: List[str],
+           result: RunResult) -> _Launch:
+    """Write the spec (what to swap, which tests are already done, the budgets) and put together the
+    command line and environment of one pytest process."""
     results_path = tmp / f"results{attempt}.jsonl"
     spec_path = tmp / f"spec{attempt}.json"
     test_dirs = sorted({str(Path(_file_of(f)).resolve().parent) for f in test_files})
-    spec = {"results": str(results_path), "units": spec_units, "test_dirs": test_dirs, "done": done,
-            "device": options.device, "timed_out": _timed_out(result.tests, spec_units)}
+    spec = RunSpec(results=str(results_path), units=units, test_dirs=test_dirs, done=list(done),
+                   device=options.device, timed_out=_timed_out(result.tests, units))
     if _timer_usable():
         data = options.budgets if options.budgets is not None else budgets_file.load()
-        packages = options.packages or sorted({e["target"].split(".")[0] for u in spec_units
-                                               for e in u["exercises"]}) or ["minisgl"]
-        spec["budget"] = {**budgets_file.Budgets(data, options.device, options.test_timeout).spec(),
-                          "packages": list(packages)}
-    spec_path.write_text(json.dumps(spec))
+        packages = options.packages or sorted({e.target.split(".")[0] for u in units
+                                               for e in u.exercises}) or ["minisgl"]
+        spec.budget = budgets_file.Budgets(data, options.device, options.test_timeout).spec(packages)
+    spec.write(spec_path)
     results_path.touch()
 
     files = [Path(_file_of(f)).resolve() for f in test_files]
@@ -158,57 +185,62 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
     env["PYTHONUNBUFFERED"] = "1"
     # Installed pytest plugins (nbval, benchmark, ...) cost seconds to import and judge nothing.
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    env["MINISGL_JUDGE_SPEC"] = str(spec_path)
+    env[SPEC_ENV] = str(spec_path)
     env.setdefault("MINISGL_TEST_DEVICE", options.device)
     if options.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(options.threads)
+    return _Launch(cmd, env, results_path, tmp / f"output{attempt}.txt")
 
-    forked = False
+
+def _launch(launch: _Launch, options: RunOptions, time_left: float):
+    """(exit code, killed on time, output tail): forked from the run's server when it has one, else
+    a fresh subprocess."""
     if options.launcher is not None and options.launcher.ready:
-        output = tmp / f"output{attempt}.txt"
         try:
-            returncode, killed = options.launcher.run(cmd[3:], env, str(REPO), str(output), time_left,
-                                                      options.threads)
-            result.output_tail, forked = _file_tail(output), True
+            returncode, killed = options.launcher.run(launch.cmd[3:], launch.env, str(REPO), str(launch.output),
+                                                      time_left, options.threads)
+            return returncode, killed, _file_tail(launch.output)
         except RuntimeError:
-            forked = False
-    if not forked:
-        returncode, killed, result.output_tail = _popen(cmd, env, time_left)
+            pass  # the server is gone: start the process afresh
+    return _popen(launch.cmd, launch.env, time_left)
 
-    events = _read_events(results_path)
+
+def _replay(events: List[Event], returncode: int | None, killed: bool, options: RunOptions, done: List[str],
+            result: RunResult) -> bool:
+    """Fold one process's events into `result`; after a process that did not finish, report the test
+    it was in. Returns True when no further attempt is needed."""
     started: str | None = None
     finished = False
     for ev in events:
-        kind = ev.get("event")
-        if kind == "swapped":
-            result.problems.update(ev.get("problems", {}))
-            for g in ev.get("general", []):
+        if isinstance(ev, Swapped):
+            result.problems.update(ev.problems)
+            for g in ev.general:
                 if g not in result.general:
                     result.general.append(g)
-        elif kind == "collected":
-            result.collected += [t for t in ev["tests"] if t not in result.collected]
-        elif kind == "collect_error":
-            msg = f"the tests could not be collected ({ev['where']}): {ev['message']}"
+        elif isinstance(ev, Collected):
+            result.collected += [t for t in ev.tests if t not in result.collected]
+        elif isinstance(ev, CollectError):
+            msg = f"the tests could not be collected ({ev.where}): {ev.message}"
             if msg not in result.general:
                 result.general.append(msg)
-        elif kind == "start":
-            started = ev["test"]
-        elif kind == "result":
+        elif isinstance(ev, Start):
+            started = ev.test
+        elif isinstance(ev, Result):
             started = None
-            ev.pop("event")
-            result.tests.append(TestResult(**ev))
-            done.append(ev["test"])
-        elif kind == "cpu_time":
+            fields = {f.name: getattr(ev, f.name) for f in dataclasses.fields(ev)}
+            result.tests.append(TestResult(**fields))
+            done.append(ev.test)
+        elif isinstance(ev, CpuTime):
             for t in reversed(result.tests):
-                if t.test == ev["test"]:
-                    t.cpu = ev["seconds"]
+                if t.test == ev.test:
+                    t.cpu = ev.seconds
                     break
-        elif kind == "over_budget":
-            result.over_budget[ev["test"]] = ev["budget"]
-        elif kind == "finished":
+        elif isinstance(ev, OverBudget):
+            result.over_budget[ev.test] = ev.budget
+        elif isinstance(ev, Finished):
             finished = True
-        elif kind == "fatal":
-            result.general.append(ev["message"])
+        elif isinstance(ev, Fatal):
+            result.general.append(ev.message)
             return True
     if finished:
         return True
@@ -226,7 +258,7 @@ def _one_process(spec_units, test_files, options: RunOptions, tmp: Path, attempt
         result.tests.append(TestResult(started, outcome, message=message))
         done.append(started)
         return killed  # after a kill, the time is up; after a crash, go on with the rest
-    if not any(ev.get("event") == "swapped" for ev in events):
+    if not any(isinstance(ev, Swapped) for ev in events):
         why += " while loading your code"
     result.general.append(why + _output_hint(result.output_tail, events))
     return True
@@ -273,7 +305,7 @@ def _timer_usable() -> bool:
     return hasattr(signal, "pthread_kill") and hasattr(signal, "SIGALRM")
 
 
-def _timed_out(tests: List[TestResult], units: List[Dict[str, Any]]) -> Dict[str, str]:
+def _timed_out(tests: List[TestResult], units: List[UnitSpec]) -> Dict[str, str]:
     """Exercise id -> the test it timed out in, from an earlier attempt (timer.py's rule: the
     exercise whose code was running, else every swapped exercise the test judges)."""
     from .registry import test_matches
@@ -282,8 +314,8 @@ def _timed_out(tests: List[TestResult], units: List[Dict[str, Any]]) -> Dict[str
     for t in tests:
         if t.outcome != "timeout":
             continue
-        ids = [t.culprit] if t.culprit else [e["id"] for u in units for e in u["exercises"] if e["swap"]
-                                             and any(test_matches(r, t.test) for r in e.get("tests", []))]
+        ids = [t.culprit] if t.culprit else [e.id for u in units for e in u.exercises if e.swap
+                                             and any(test_matches(r, t.test) for r in e.tests)]
         for i in ids:
             out.setdefault(i, t.test)
     return out
@@ -302,20 +334,6 @@ def _file_of(selector: str | Path) -> str:
 def _timeout_method() -> str:
     # signal: the timed-out test fails and the others still run; threads where there are no signals.
     return "signal" if hasattr(signal, "SIGALRM") else "thread"
-
-
-def _read_events(path: Path) -> List[Dict[str, Any]]:
-    events = []
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return events
-    for line in text.splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a line cut short by a kill
-    return events
 
 
 def _exit_reason(code: int | None) -> str:

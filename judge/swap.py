@@ -29,7 +29,9 @@ import inspect
 import linecache
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Set
+
+from .protocol import ExerciseSpec, SnippetSpec, UnitSpec
 
 ANNOTATIONS_FLAG = __future__.annotations.compiler_flag  # stubs' annotations may name TYPE_CHECKING-only types
 
@@ -44,70 +46,77 @@ class SwapReport:
     general: List[str] = field(default_factory=list)
 
 
-def apply_spec(spec: Dict[str, Any], test_dirs: List[str] | None = None) -> SwapReport:
-    report = SwapReport()
-    replacements: Dict[int, Any] = {}  # id(original module-level function) -> replacement
-    originals: Dict[int, Any] = {}  # keep the originals alive so their ids stay unique
-    namespaces: List[Dict[str, Any]] = []
-    packages = set()
-    for unit in spec.get("units", []):
-        _apply_unit(unit, report, replacements, originals, namespaces, packages)
-    if replacements:
-        _replace_everywhere(replacements, packages, test_dirs or [], namespaces)
-    spec["_replacements"] = (replacements, originals, packages, namespaces)  # for later rescans
-    return report
+@dataclass
+class SwapState:
+    """What a swap did, kept (in the test process) so that modules loaded later can be rescanned."""
+
+    report: SwapReport = field(default_factory=SwapReport)
+    replacements: Dict[int, Any] = field(default_factory=dict)  # id(original module-level function) -> replacement
+    originals: Dict[int, Any] = field(default_factory=dict)  # keep the originals alive so their ids stay unique
+    namespaces: List[Dict[str, Any]] = field(default_factory=list)  # the learners' namespaces
+    packages: Set[str] = field(default_factory=set)  # the targets' top-level packages
 
 
-def rescan(spec: Dict[str, Any], test_dirs: List[str]) -> None:
+def apply(units: List[UnitSpec], test_dirs: List[str] | None = None) -> SwapState:
+    state = SwapState()
+    for unit in units:
+        _apply_unit(unit, state)
+    if state.replacements:
+        _replace_everywhere(state, test_dirs or [])
+    return state
+
+
+def rescan(state: SwapState, test_dirs: List[str]) -> None:
     """Replace module-level originals in modules loaded since the swap (e.g. test modules)."""
-    replacements, _, packages, namespaces = spec.get("_replacements", ({}, {}, set(), []))
-    if replacements:
-        _replace_everywhere(replacements, packages, test_dirs, namespaces)
+    if state.replacements:
+        _replace_everywhere(state, test_dirs)
 
 
 # ---------------------------------------------------------------------- one chapter's code
 
 
-def _apply_unit(unit, report, replacements, originals, namespaces, packages) -> None:
-    exercises = [e for e in unit["exercises"] if e["swap"]]
-    by_module: Dict[str, List[dict]] = {}
-    for ex in exercises:
-        by_module.setdefault(ex["target"].split(":")[0], []).append(ex)
+def _apply_unit(unit: UnitSpec, state: SwapState) -> None:
+    report = state.report
+    by_module: Dict[str, List[ExerciseSpec]] = {}
+    for ex in unit.exercises:
+        if ex.swap:
+            by_module.setdefault(ex.module, []).append(ex)
     for module_name, exs in by_module.items():
-        packages.add(module_name.split(".")[0])
+        state.packages.add(module_name.split(".")[0])
         try:
             module = importlib.import_module(module_name)
         except Exception as e:  # the engine itself is broken: nothing to judge against
             for ex in exs:
-                report.problems[ex["id"]] = f"cannot import the reference module {module_name}: {_one_line(e)}"
+                report.problems[ex.id] = f"cannot import the reference module {module_name}: {_one_line(e)}"
             continue
-        problems = {ex["name"]: ex["problem"] for ex in exs if ex.get("problem")}
-        namespace = _run_snippets(module, unit["snippets"], exs, problems, report)
-        namespaces.append(namespace)
+        problems = {ex.name: ex.problem for ex in exs if ex.problem}
+        namespace = _run_snippets(module, unit.snippets, exs, problems, report)
+        state.namespaces.append(namespace)
         for ex in exs:
-            problem = problems.get(ex["name"])
+            problem = problems.get(ex.name)
             try:
-                owner, attr, raw = _resolve(module, ex["target"])
+                owner, attr, raw = _resolve(module, ex.target)
             except AttributeError as e:
-                report.problems[ex["id"]] = f"the registry's target {ex['target']} does not exist: {e}"
+                report.problems[ex.id] = f"the registry's target {ex.target} does not exist: {e}"
                 continue
             fn = None
             if problem is None:
-                fn, problem = _learner_function(namespace, module, attr, raw, unit.get("missing", "error"))
+                fn, problem = _learner_function(namespace, module, attr, raw, unit.missing)
                 if fn is None and problem is None:
                     continue  # not defined, and the reference stays (variants, stubs)
             if problem is not None:
-                report.problems[ex["id"]] = problem
-                fn = _standin(ex["id"], problem, raw)
-            _install(owner, attr, raw, fn, replacements, originals)
+                report.problems[ex.id] = problem
+                fn = _standin(ex.id, problem, raw)
+            _install(owner, attr, raw, fn, state)
 
 
-def _run_snippets(module, snippets, exs, problems: Dict[str, str], report: SwapReport) -> Dict[str, Any]:
+def _run_snippets(module, snippets: List[SnippetSpec], exs: List[ExerciseSpec], problems: Dict[str, str],
+                  report: SwapReport) -> Dict[str, Any]:
     namespace = dict(vars(module))
     namespace["__builtins__"] = builtins
-    here = {ex["name"] for ex in exs}
+    here = {ex.name for ex in exs}
     for snip in snippets:
-        source, label = snip["source"], snip["label"]
+        source, label = snip.source, snip.label
         linecache.cache[label] = (len(source), None, source.splitlines(True), label)  # tracebacks show lines
         try:
             code = compile(source, label, "exec", flags=ANNOTATIONS_FLAG, dont_inherit=True)
@@ -116,7 +125,7 @@ def _run_snippets(module, snippets, exs, problems: Dict[str, str], report: SwapR
             raise
         except BaseException as e:  # SystemExit too: a learner's sys.exit() must not end the judge
             msg = f"loading {label} raised {_one_line(e)}{_where(e, label)}"
-            owner = snip.get("exercise")
+            owner = snip.exercise
             if owner is not None:
                 if owner in here:
                     problems.setdefault(owner, msg)
@@ -239,27 +248,29 @@ def _rewrap(raw, fn):
     return fn
 
 
-def _install(owner, attr, raw, fn, replacements, originals) -> None:
+def _install(owner, attr, raw, fn, state: SwapState) -> None:
     new = _rewrap(raw, fn)
     if isinstance(owner, type):
         if not isinstance(new, (property, classmethod, staticmethod)):
             new.__qualname__ = f"{owner.__qualname__}.{attr}"
         setattr(owner, attr, new)
     else:
-        replacements[id(raw)] = new
-        originals[id(raw)] = raw
+        state.replacements[id(raw)] = new
+        state.originals[id(raw)] = raw
         setattr(owner, attr, new)
 
 
-def _replace_everywhere(replacements, packages, test_dirs: List[str], namespaces) -> None:
+def _replace_everywhere(state: SwapState, test_dirs: List[str]) -> None:
+    replacements = state.replacements
+
     def holds(module) -> bool:
         name = getattr(module, "__name__", "") or ""
-        if name.split(".")[0] in packages:
+        if name.split(".")[0] in state.packages:
             return True
         path = getattr(module, "__file__", None) or ""
         return any(path.startswith(d) for d in test_dirs)
 
-    dicts = [vars(m) for m in list(sys.modules.values()) if m is not None and holds(m)] + namespaces
+    dicts = [vars(m) for m in list(sys.modules.values()) if m is not None and holds(m)] + state.namespaces
     for d in dicts:
         for key, value in list(d.items()):
             new = replacements.get(id(value))

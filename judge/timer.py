@@ -31,7 +31,8 @@ from typing import Any, Dict, List
 import pytest
 
 from . import plugin
-from .budgets import limit_from_spec, test_key
+from .budgets import test_key
+from .protocol import CpuTime, ExerciseSpec, OverBudget, RunSpec
 from .registry import test_matches
 
 SAMPLE = 0.05  # seconds between two looks at the stack
@@ -48,17 +49,18 @@ class NotRun(Exception):
 
 
 class _Timer:
-    def __init__(self, spec: Dict[str, Any]) -> None:
-        self.budget = spec["budget"]
-        self.labels = {s["label"]: s.get("exercise") for u in spec.get("units", []) for s in u["snippets"]}
-        swapped = [e for u in spec.get("units", []) for e in u["exercises"] if e["swap"]]
-        self.exercises = {e["id"]: e for e in swapped}
-        self.attrs = {e["target"].rsplit(":", 1)[-1].rsplit(".", 1)[-1]: e["id"] for e in swapped}
-        self.names = {e["name"]: e["id"] for e in swapped}
+    def __init__(self, spec: RunSpec) -> None:
+        assert spec.budget is not None
+        self.budget = spec.budget
+        self.labels = {s.label: s.exercise for s in spec.snippets}
+        swapped = spec.swapped
+        self.exercises: Dict[str, ExerciseSpec] = {e.id: e for e in swapped}
+        self.attrs = {e.attr: e.id for e in swapped}
+        self.names = {e.name: e.id for e in swapped}
         self.reference_run = not swapped
-        self.dirs = tuple(_package_dirs(self.budget.get("packages", [])))
-        self.not_counted = tuple(_package_dirs(self.budget.get("not_counted", [])))
-        self.timed_out: Dict[str, str] = dict(spec.get("timed_out", {}))  # exercise id -> test
+        self.dirs = tuple(_package_dirs(self.budget.packages))
+        self.not_counted = tuple(_package_dirs(self.budget.not_counted))
+        self.timed_out: Dict[str, str] = dict(spec.timed_out)  # exercise id -> test
         self.main = threading.get_ident()
         self.item: pytest.Item | None = None
         self.pending: Dict[str, Any] | None = None  # why the next SIGALRM raises
@@ -105,10 +107,10 @@ class _Timer:
     # -- one test
 
     def run(self, item: pytest.Item):
-        limit = limit_from_spec(self.budget, item.nodeid)
+        limit = self.budget.limit(test_key(item.nodeid))
         self.item, self.pending, self.over, self.raised = item, None, None, False
         done = threading.Event()
-        thread = threading.Thread(target=self._watch, args=(item, limit, self.budget["hard"], done), daemon=True)
+        thread = threading.Thread(target=self._watch, args=(item, limit, self.budget.hard, done), daemon=True)
         cpu = time.process_time()
         thread.start()
         try:
@@ -119,9 +121,9 @@ class _Timer:
             self.item = None
             # Written here, by the main thread (the results file is its): the test's CPU time, which
             # budgets.py measures the reference by (a busy machine stretches wall time, not CPU time).
-            plugin._judge.write({"event": "cpu_time", "test": item.nodeid, "seconds": round(time.process_time() - cpu, 3)})
+            plugin._judge.write(CpuTime(item.nodeid, round(time.process_time() - cpu, 3)))
             if self.over is not None:
-                plugin._judge.write({"event": "over_budget", "test": item.nodeid, "budget": round(self.over, 2)})
+                plugin._judge.write(OverBudget(item.nodeid, round(self.over, 2)))
 
     def _watch(self, item: pytest.Item, limit: float, hard: float, done: threading.Event) -> None:
         start = last = time.monotonic()
@@ -162,9 +164,9 @@ class _Timer:
         p = self.pending
         self.raised = True
         if p["hard"]:
-            raise BudgetTimeout(f"the test did not finish in {self.budget['hard']:g} s (an endless loop, "
+            raise BudgetTimeout(f"the test did not finish in {self.budget.hard:g} s (an endless loop, "
                                 "or far too slow)")
-        measured = self.budget["measured"].get(test_key(self.item.nodeid))
+        measured = self.budget.measured.get(test_key(self.item.nodeid))
         base = f"; the reference takes {measured:.2g} s" if measured is not None else ""
         raise BudgetTimeout(f"the test did not finish within its time budget of {p['limit']:.3g} s{base} "
                             "(an endless loop, or far too slow)")
@@ -182,12 +184,12 @@ class _Timer:
         for ex_id, test in self.timed_out.items():
             ex = self.exercises.get(ex_id)
             if ex is not None and _judges(ex, item.nodeid):
-                return f"not run: {ex['name']} already timed out in {test.split('::', 1)[-1]}"
+                return f"not run: {ex.name} already timed out in {test.split('::', 1)[-1]}"
         return None
 
 
-def _judges(exercise: Dict, nodeid: str) -> bool:
-    return any(test_matches(ref, nodeid) for ref in exercise.get("tests", []))
+def _judges(exercise: ExerciseSpec, nodeid: str) -> bool:
+    return any(test_matches(ref, nodeid) for ref in exercise.tests)
 
 
 def _inside_a_test_phase(frame) -> bool:
@@ -234,7 +236,7 @@ _timer: _Timer | None = None
 def pytest_configure(config: pytest.Config) -> None:
     global _timer
     judge = plugin._judge
-    if judge is None or "budget" not in judge.spec or not hasattr(signal, "pthread_kill"):
+    if judge is None or judge.spec.budget is None or not hasattr(signal, "pthread_kill"):
         return
     _timer = _Timer(judge.spec)
     signal.signal(signal.SIGALRM, _timer.on_alarm)

@@ -5,15 +5,18 @@
     print(llm.generate(["ROMEO:"], SamplingParams(max_tokens=30))[0]["text"])
 """
 
-from .core import SamplingParams
-
 __all__ = ["LLM", "SamplingParams"]
 
 
 def __getattr__(name: str):
-    # LLM pulls in the whole engine; import it only when asked for, so `import minisgl.core` stays light.
+    # Imported only when asked for: LLM pulls in the whole engine and SamplingParams torch, while
+    # `import minisgl.env` must stay light (the judge reads its settings without torch).
     if name == "LLM":
         from .llm import LLM
 
         return LLM
+    if name == "SamplingParams":
+        from .core import SamplingParams
+
+        return SamplingParams
     raise AttributeError(name)

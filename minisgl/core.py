@@ -121,6 +121,9 @@ class Req:
     cache_handle: Any = None  # what the prefix cache gave it (locked while the request runs)
     device_len: int = field(init=False)
     max_device_len: int = field(init=False)
+    # A piece of a prompt prefilled in parts (ChunkedReq, chapter 10) says so here; every other
+    # request is a whole one. A class attribute, not a field: it is what the request is, not state.
+    is_chunk = False
 
     def __post_init__(self) -> None:
         self.device_len = len(self.input_ids)
@@ -221,10 +224,12 @@ class Context:
     """What a layer deep inside the model needs to know about the current forward pass (the batch and
     the attention backend) without every forward() passing it along."""
 
-    def __init__(self, page_size: int, kv_cache: Any = None, attn_backend: Any = None) -> None:
+    def __init__(self, page_size: int, kv_cache: Any = None, attn_backend: Any = None,
+                 fused_kernels: Any = None) -> None:
         self.page_size = page_size
         self.kv_cache = kv_cache
         self.attn_backend = attn_backend
+        self.fused_kernels = fused_kernels  # this engine's Triton kernel module, or None (kernel/dispatch.py)
         self._batch: Batch | None = None
 
     @property
@@ -260,4 +265,9 @@ def set_global_ctx(ctx: Context | None) -> None:
 def get_global_ctx() -> Context:
     if _GLOBAL_CTX is None:
         raise RuntimeError("no engine context: build an Engine first")
+    return _GLOBAL_CTX
+
+
+def current_ctx() -> Context | None:
+    """The context of the engine running now (or built last), or None before any engine."""
     return _GLOBAL_CTX

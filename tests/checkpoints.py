@@ -50,6 +50,8 @@ RECIPES: Dict[str, tuple] = {
     # head_dim is not hidden / heads, one KV head for all four query heads, biases on q/k/v/o
     "qwen3-head32-kv1-bias": ("Qwen3Config", dict(SMALL, head_dim=32, num_key_value_heads=1,
                                                   attention_bias=True), {}, None),
+    # a head size the Triton kernels do not take: on a GPU the engine falls back to torch attention
+    "qwen3-head24": ("Qwen3Config", dict(SMALL, head_dim=24), {}, None),
     "qwen3-sharded-tf4": ("Qwen3Config", dict(SMALL, head_dim=16, num_key_value_heads=4),
                           {"max_shard_size": "100KB"}, _to_transformers_4_layout),
     "llama": ("LlamaConfig", dict(SMALL, tie_word_embeddings=False), {}, None),

@@ -9,6 +9,7 @@ from typing import List
 import pytest
 import torch
 
+from minisgl import env
 from minisgl.env import ENV
 
 
@@ -24,11 +25,11 @@ def pytest_configure(config: pytest.Config) -> None:
     dev = config.getoption("--device")
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
-    os.environ["MINISGL_TEST_DEVICE"] = dev
+    os.environ[env.TEST_DEVICE.name] = dev
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
-    if os.environ["MINISGL_TEST_DEVICE"] != "cuda":
+    if env.TEST_DEVICE.read() != "cuda":
         skip = pytest.mark.skip(reason="needs --device cuda")
         for item in items:
             if "gpu" in item.keywords:
@@ -37,10 +38,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _restore_env():
-    """Tests flip the overlap switch and the CPU stream mode; put them back afterwards."""
-    saved = (ENV.DISABLE_OVERLAP_SCHEDULING.value, ENV.CPU_STREAMS.value)
+    """Tests flip the engine's switches; put them back afterwards."""
+    saved = {name: switch.value for name, switch in vars(ENV).items()}
     yield
-    ENV.DISABLE_OVERLAP_SCHEDULING.value, ENV.CPU_STREAMS.value = saved
+    for name, value in saved.items():
+        getattr(ENV, name).value = value
 
 
 

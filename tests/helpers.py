@@ -18,11 +18,12 @@ from typing import Dict, List, Sequence
 
 import torch
 
+from minisgl import env
 from minisgl.models import BUNDLED_MODEL
 
-MODEL = Path(os.environ.get("MINISGL_TEST_MODEL", BUNDLED_MODEL))
+MODEL = Path(env.TEST_MODEL.read() or BUNDLED_MODEL)
 REPO = Path(__file__).resolve().parent.parent
-CACHE_DIR = Path(os.environ.get("MINISGL_CACHE_DIR", REPO / ".cache")) / "hf_ref"
+CACHE_DIR = Path(env.CACHE_DIR.read() or REPO / ".cache") / "hf_ref"
 
 # Prompts in the bundled model's style; their token ids depend on the tokenizer, so tests that need
 # ids use `prompt_ids()`.
@@ -36,7 +37,7 @@ PROMPT_TEXTS = [
 
 def test_device() -> str:
     """The device the engine runs on in this test session (set by conftest from --device)."""
-    return os.environ.get("MINISGL_TEST_DEVICE", "cpu")
+    return env.TEST_DEVICE.read()
 
 
 test_device.__test__ = False  # a helper, not a test

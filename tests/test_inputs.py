@@ -121,11 +121,30 @@ def test_a_context_longer_than_the_model_allows_is_refused():
         build_llm(max_seq_len_override=limit + 1)
 
 
-@pytest.mark.parametrize("name,value", [("MINISGL_DISABLE_OVERLAP_SCHEDULING", "garbage"),
-                                        ("MINISGL_CPU_STREAMS", "lazy")])
-def test_an_env_switch_accepts_only_its_documented_values(name, value):
+@pytest.mark.parametrize("name,value,good", [("MINISGL_DISABLE_OVERLAP_SCHEDULING", "garbage", "off"),
+                                             ("MINISGL_CPU_STREAMS", "lazy", "deferred"),
+                                             ("MINISGL_ATTENTION_BACKEND", "cuda", "torch"),
+                                             ("MINISGL_FUSED_KERNELS", "none", "0")])
+def test_an_env_switch_accepts_only_its_documented_values(name, value, good):
     env = {**os.environ, name: value}
     proc = subprocess.run([sys.executable, "-c", "import minisgl.env"], env=env, capture_output=True, text=True)
     assert proc.returncode != 0 and f"{name}={value!r}: use one of" in proc.stderr, proc.stderr[-300:]
-    env[name] = "off" if "OVERLAP" in name else "deferred"
+    env[name] = good
     assert subprocess.run([sys.executable, "-c", "import minisgl.env"], env=env).returncode == 0
+
+
+@pytest.mark.parametrize("shape,why", [((8, 4, 80), "head_dim 80"), ((8, 8, 12), "head_dim 12"),
+                                       ((64, 2, 64), "32 query heads share a KV head")])
+def test_a_shape_the_triton_kernels_cannot_run_falls_back_or_is_refused(monkeypatch, capsys, shape, why):
+    # Decided before anything runs: on a GPU, 'auto' takes the torch backend with a one-line notice,
+    # and 'triton' asked for explicitly is refused naming the reason (not an assert deep in a kernel).
+    from minisgl.attention import select
+
+    monkeypatch.setattr(select, "triton_available", lambda: True)
+    cuda = torch.device("cuda")
+    assert select.resolve_backend_name("auto", cuda, (8, 2, 128)) == "triton", "a shape Triton runs keeps Triton"
+    assert select.resolve_backend_name("auto", cuda, shape) == "torch", f"{shape}: 'auto' should fall back to torch"
+    notice = capsys.readouterr().err
+    assert why in notice and notice.count("\n") == 1, f"{shape}: expected a one-line notice naming {why!r}, got {notice!r}"
+    with pytest.raises(ValueError, match=why):
+        select.resolve_backend_name("triton", cuda, shape)

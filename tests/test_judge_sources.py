@@ -173,7 +173,7 @@ def test_learner_kernels_keep_the_plain_torch_path_on_a_gpu():
     def env_for(chapter: str, exercise: str):
         ch = registry.chapter(chapter)
         code = from_sources(ch, {exercise: stubs.stub_source(chapter, exercise)}, "stub", missing="reference")
-        return path_env([spec_unit(code, ch)])
+        return path_env([spec_unit(code, ch)], [ch])
 
     assert env_for("ch02", "rms_norm") == {"MINISGL_FUSED_KERNELS": "0"}
     assert env_for("ch05", "decode_attention") == {"MINISGL_ATTENTION_BACKEND": "torch"}

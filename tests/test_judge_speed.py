@@ -257,3 +257,26 @@ def test_exercises_that_only_failed_through_a_hang_are_cleared_by_one_rerun(proj
     for name in ("run", "twice"):
         assert ex[name]["status"] == "passing" and "in place of step" in (ex[name]["note"] or ""), f"{name}: {ex[name]}"
     assert len(runs) == 2, f"expected the run and one rerun, got {len(runs)} runs"
+
+
+def test_a_forked_run_sees_the_engine_switches_of_its_own_environment(tmp_path):
+    """The server imports the engine (and minisgl.env) once; a run forked from it with
+    MINISGL_ATTENTION_BACKEND=torch (an exercise's engine_env) must get that, not the server's value."""
+    from judge import forkserver
+    from judge.registry import REPO
+
+    if not forkserver.available():
+        pytest.skip("no fork on this platform")
+    (tmp_path / "test_env.py").write_text(
+        "from minisgl.env import ENV\n\ndef test_env():\n"
+        "    assert ENV.ATTENTION_BACKEND.value == 'torch', ENV.ATTENTION_BACKEND.value\n")
+    server = forkserver.ForkServer(str(REPO), ["pytest", "minisgl.env"])
+    env = {"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": str(REPO),
+           "MINISGL_ATTENTION_BACKEND": "torch"}
+    try:
+        assert server.ready, "the fork server did not start"
+        code, _ = server.run(["-q", "-p", "no:cacheprovider", str(tmp_path / "test_env.py")], env, str(tmp_path),
+                             str(tmp_path / "env.out"), 60, None)
+        assert code == 0, f"the forked run saw another attention backend: {(tmp_path / 'env.out').read_text()[-200:]}"
+    finally:
+        server.close()

@@ -8,7 +8,7 @@ stays in the decode set and goes on generating.
 
 def filter_reqs(self, reqs):
     for req in reqs:
-        if getattr(req, "is_chunk", False):
+        if req.is_chunk:
             continue
         if req.can_decode:
             self.running[req.table_idx] = req

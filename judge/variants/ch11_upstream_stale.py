@@ -17,7 +17,7 @@ def _process_last_data(self, last_data):
     tokens = output.next_tokens_cpu
     with self.cache_manager.lazy_free_region():
         for i, req in enumerate(batch.reqs):
-            if isinstance(req, ChunkedReq):
+            if req.is_chunk:
                 continue
             token = tokens[i : i + 1]
             req.append_host(token)

@@ -20,10 +20,13 @@ class EngineConfig:
     max_seq_len_override: int | None = None  # longest request (prompt + output); else the model's limit
     memory_ratio: float = 0.85  # share of free GPU memory the KV pool may take
     cpu_kv_tokens: int = 65536  # KV pool size in tokens on a CPU when not overridden
-    cpu_streams: str | None = None  # "eager" / "deferred"; None: from MINISGL_CPU_STREAMS
+    cpu_streams: str | None = None  # "eager" / "deferred"; None: MINISGL_CPU_STREAMS (default eager)
     seed: int | None = 0
-    attention_backend: str = "auto"  # "auto" (triton on a CUDA GPU if installed, else torch), "torch", "triton"
-    fused_kernels: bool | None = None  # None: fused Triton norm/RoPE/SiLU kernels with the triton backend
+    # "auto" (triton on a CUDA GPU if installed, else torch), "torch", "triton"; None: MINISGL_ATTENTION_BACKEND
+    # (default auto)
+    attention_backend: str | None = None
+    # fused Triton norm/RoPE/SiLU kernels, with the triton backend only; None: MINISGL_FUSED_KERNELS (default on)
+    fused_kernels: bool | None = None
     use_cuda_graph: bool | None = None  # None: on when the device and the backend allow it (CUDA + triton)
     cuda_graph_max_bs: int = 64  # largest decode batch replayed from a graph; larger ones run eagerly
 

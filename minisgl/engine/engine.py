@@ -17,7 +17,7 @@ from minisgl.attention import create_attention_backend
 from minisgl.attention.select import resolve_backend_name
 from minisgl.core import Batch, Context, set_global_ctx
 from minisgl.env import ENV
-from minisgl.kernel.dispatch import use_fused_kernels
+from minisgl.kernel.dispatch import fused_kernels
 from minisgl.kvcache import KVCache
 from minisgl.models import ModelConfig, load_model
 from minisgl.utils import DeviceKit, Event, resolve_device
@@ -66,7 +66,9 @@ class Engine:
         self.max_seq_len = config.max_seq_len_override or cfg.max_position_embeddings
         self.page_size = config.page_size
         self.num_pages = config.num_page_override or self._auto_num_pages()
-        self.backend_name = resolve_backend_name(config.attention_backend, self.device)
+        # Per engine: the config's choice, else the environment's default (minisgl/env.py).
+        self.backend_name = resolve_backend_name(config.attention_backend or str(ENV.ATTENTION_BACKEND.value),
+                                                 self.device, (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
         self.use_cuda_graph = self._want_cuda_graph()
         # CUDA graphs pad batches with dummy requests, whose KV goes to one scratch page past the
         # pool: the cache manager never hands it out.
@@ -80,11 +82,12 @@ class Engine:
         self.token_pool = torch.zeros(rows, self.max_seq_len, dtype=torch.int32, device=self.device)
         self.dummy_row = rows - 1
 
-        # fused element-wise kernels go with the Triton backend (a process-wide switch: see dispatch.py)
-        use_fused_kernels(self.backend_name == "triton" and config.fused_kernels is not False)
+        # fused element-wise kernels go with the Triton backend, for this engine only (see dispatch.py)
+        want_fused = config.fused_kernels if config.fused_kernels is not None else bool(ENV.FUSED_KERNELS.value)
         self.attn_backend = create_attention_backend(self.backend_name, self.kv_cache, cfg.num_heads,
                                                      cfg.num_kv_heads, cfg.head_dim, self.page_table)
-        self.ctx = Context(self.page_size, self.kv_cache, self.attn_backend)
+        self.ctx = Context(self.page_size, self.kv_cache, self.attn_backend,
+                           fused_kernels(self.backend_name == "triton" and want_fused))
         set_global_ctx(self.ctx)
         self.sampler = Sampler(self.device, config.seed)
         self.stream = self.kit.new_stream()

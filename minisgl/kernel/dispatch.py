@@ -1,28 +1,30 @@
 """Which kernels the layers call: ops.py (plain torch, the reference, what the exercises replace) and
-F.linear everywhere, or the Triton kernels of triton_ops.py for tensors on a GPU, once an engine
-turns them on (it does with the Triton attention backend unless `fused_kernels=False` or
-MINISGL_FUSED_KERNELS=0)."""
+F.linear everywhere, or the Triton kernels of triton_ops.py for tensors on a GPU. Each engine
+decides for itself (`Context.fused_kernels`, set from `EngineConfig.fused_kernels` or
+MINISGL_FUSED_KERNELS, with the Triton attention backend only); a layer asks the context of the
+engine running it, so two engines in one process may differ."""
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 
 import torch
 
-_fused: ModuleType | None = None
+from minisgl.core import current_ctx
 
 
-def use_fused_kernels(on: bool) -> None:
-    global _fused
-    if on and os.environ.get("MINISGL_FUSED_KERNELS", "1") != "0":
-        from . import triton_ops  # imports triton: GPU machines only
+def fused_kernels(on: bool) -> ModuleType | None:
+    """The fused-kernel module for an engine that wants it (`on`), else None."""
+    if not on:
+        return None
+    from . import triton_ops  # imports triton: GPU machines only
 
-        _fused = triton_ops
-    else:
-        _fused = None
+    return triton_ops
 
 
 def fused_for(x: torch.Tensor) -> ModuleType | None:
-    """The fused-kernel module if it is on and `x` lives on a GPU, else None."""
-    return _fused if _fused is not None and x.is_cuda else None
+    """The fused-kernel module if the running engine uses it and `x` lives on a GPU, else None."""
+    if not x.is_cuda:
+        return None
+    ctx = current_ctx()
+    return ctx.fused_kernels if ctx is not None else None

@@ -18,19 +18,20 @@ class DecodeManager:
         being sampled: `can_decode` says whether one more decode step may follow.
 
         Receives: `reqs`, the requests of the batch just launched, prefill or decode; chunks of a
-            chunked prefill among them have `is_chunk` set.
+            chunked prefill among them have `is_chunk` True (every other request False).
         Returns: nothing.
         Leaves: `self.running` (uid -> request, in the order requests first joined): every request
             that can decode is in it (a new one at the end, a known one where it was), every one
             that cannot is out of it; chunks are left alone.
-        Uses: `req.can_decode` (ch01), `ChunkedReq.is_chunk` (ch07), `self.running` (ch07).
+        Uses: `req.can_decode` (ch01), `req.is_chunk` (ch10: True on a `ChunkedReq`),
+            `self.running` (ch07).
         Checked: requests that can decode join in batch order, a finished one never does and leaves
             once it reaches max_tokens; a chunked prefill is not decoding; batches compose over time
             as continuous batching says, with Hugging Face's tokens; every slot and page is back at
             the end.
         """
         for req in reqs:
-            if getattr(req, "is_chunk", False):
+            if req.is_chunk:
                 continue
             if req.can_decode:
                 self.running[req.uid] = req

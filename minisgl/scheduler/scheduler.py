@@ -36,7 +36,9 @@ from .cache import CacheManager, pages_for
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .io import SchedulerIO
-from .prefill import ChunkedReq, PrefillManager
+# The engine asks `req.is_chunk`; ChunkedReq stays in this namespace because the judge runs a
+# learner's methods here, and `isinstance(req, ChunkedReq)` is as right an answer.
+from .prefill import ChunkedReq, PrefillManager  # noqa: F401
 from .table import TableManager
 
 ForwardData = Tuple[ForwardInput, ForwardOutput]
@@ -175,7 +177,7 @@ class Scheduler:
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
         """Allocate KV locations and build the index tensors of one step (on the scheduler stream).
 
-        Receives: `batch`, a prefill batch (requests and `ChunkedReq` chunks) or a decode batch, in
+        Receives: `batch`, a prefill batch (requests and chunks, `req.is_chunk`) or a decode batch, in
             order; each request processes positions [cached_len, device_len) of its slot's row
             (`req.table_idx`); the lengths are not yet advanced (that happens at launch).
         Returns: `ForwardInput(batch, sample_args, input_tuple, write_tuple)`. input_tuple = (rows,
@@ -189,7 +191,7 @@ class Scheduler:
             `batch.attn_metadata` filled in.
         Uses: `self.cache_manager.allocate_paged` (ch08), `self.page_table` (ch04),
             `self.engine.kit.to_device`, `self.engine.dummy_row`, `ForwardInput` (ch06),
-            `prepare_metadata` (ch05), `BatchSamplingArgs.from_params` (ch06), `ChunkedReq` (ch07).
+            `prepare_metadata` (ch05), `BatchSamplingArgs.from_params` (ch06), `req.is_chunk` (ch10).
         Checked: prefill and decode indices point at each token's row and position; out_loc is the
             page-table entry of every token, no location twice; a chunk's sample goes to the scratch
             row; each request gets its own sampling arguments; outputs equal Hugging Face's.
@@ -208,8 +210,8 @@ class Scheduler:
         # Each sample goes to the position after the request's last token; a chunk's sample is junk
         # and goes to the scratch row.
         dummy = self.engine.dummy_row
-        write_rows = [dummy if isinstance(r, ChunkedReq) else r.table_idx for r in batch.reqs]
-        write_cols = [0 if isinstance(r, ChunkedReq) else r.device_len for r in batch.reqs]
+        write_rows = [dummy if r.is_chunk else r.table_idx for r in batch.reqs]
+        write_cols = [0 if r.is_chunk else r.device_len for r in batch.reqs]
         write_tuple = (kit.to_device(torch.tensor(write_rows, dtype=torch.int64)),
                        kit.to_device(torch.tensor(write_cols, dtype=torch.int64)))
         batch.positions = input_tuple[1]
@@ -226,7 +228,7 @@ class Scheduler:
                          table_idxs=[r.table_idx for r in batch.reqs],
                          extend_lens=[r.extend_len for r in batch.reqs])
         for req in batch.reqs:
-            if not isinstance(req, ChunkedReq):
+            if not req.is_chunk:
                 self._live[req.uid] = req
         try:
             output = self.engine.forward_batch(forward_input)
@@ -247,7 +249,7 @@ class Scheduler:
         self.events.emit("fail", step=batch.step, uids=[r.uid for r in batch.reqs], reason=reason)
         replies = []
         for req in batch.reqs:
-            if isinstance(req, ChunkedReq):
+            if req.is_chunk:
                 pending = self.prefill_manager.get(req.uid)
                 if pending is not None:
                     self.prefill_manager.remove(pending)
@@ -306,7 +308,7 @@ class Scheduler:
         finished or was aborted after step N was launched gets nothing from step N (rules 2 and 4).
 
         Receives: `last_data`, a (ForwardInput, ForwardOutput) pair, or None (nothing to do). Its
-            batch may hold chunks of a chunked prefill (`ChunkedReq`: no real token);
+            batch may hold chunks of a chunked prefill (`req.is_chunk`: no real token);
             `self.eos_token_ids`, the set of end ids, may be empty (the model has no EOS).
         Returns: nothing.
         Leaves: each other request's token appended on the host, one `DetokenizeMsg` each,
@@ -335,7 +337,7 @@ class Scheduler:
         tokens = output.next_tokens_cpu
         with self.cache_manager.lazy_free_region():
             for i, req in enumerate(batch.reqs):
-                if isinstance(req, ChunkedReq):
+                if req.is_chunk:
                     continue  # a chunk samples nothing real
                 if req in self.finished_reqs:
                     continue  # rule 2/4: it finished (or was aborted) after this batch was launched

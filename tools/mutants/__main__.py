@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
@@ -38,6 +37,7 @@ from rich.table import Table
 from rich.text import Text
 
 from judge.registry import REPO, Chapter, Exercise, UnknownChapter, load_registry
+from judge.settings import MUTANTS_RESULTS
 from judge.stubs import reference_source
 
 from .operators import mutants
@@ -46,7 +46,7 @@ from .run import (EQUIVALENT, INVALID, KILLED, SURVIVED, TIMEOUT, Pool, Referenc
 
 def results_dir() -> Path:
     """Where each exercise's last full run is kept (for --markdown); tests point it elsewhere."""
-    return Path(os.environ.get("MINISGL_MUTANTS_RESULTS") or REPO / "build" / "mutants")
+    return Path(MUTANTS_RESULTS.read() or REPO / "build" / "mutants")
 
 
 def main(argv: List[str] | None = None) -> int:
