@@ -61,7 +61,8 @@ def flag(name: str, default: bool, doc: str) -> Setting:
 
 DISABLE_OVERLAP_SCHEDULING = flag(
     "MINISGL_DISABLE_OVERLAP_SCHEDULING", False,
-    "on: the scheduler runs the normal (synchronous) loop instead of the overlap loop (chapter 11)")
+    "on: the scheduler runs the normal (synchronous) loop instead of the overlap loop (chapter 11); read at "
+    "every step by an engine whose `SchedulerConfig.overlap_scheduling` is None (the default)")
 CPU_STREAMS = Setting(
     "MINISGL_CPU_STREAMS",
     "on a CPU, `deferred` runs work launched on the engine stream only when someone synchronizes on it, "

@@ -17,6 +17,20 @@ def test_two_llms_in_one_process_interleaved():
         assert_tokens_equal(got, want, "an LLM used after another one was built")
 
 
+def test_the_loop_is_each_engines_own_with_the_environment_as_default(monkeypatch):
+    monkeypatch.setattr(ENV.DISABLE_OVERLAP_SCHEDULING, "value", True)  # the environment says: normal loop
+    overlap, default = build_llm(overlap_scheduling=True), build_llm()
+    prompts = prompt_ids()
+    for llm in (overlap, default):
+        llm.add_request(prompts[0], greedy(4))
+        llm.step()  # launches the prefill; only the overlap loop leaves it in flight
+    assert (overlap.in_flight, default.in_flight) == (True, False), \
+        f"after one step, an engine built with overlap_scheduling=True should have its batch in flight and one " \
+        f"following the environment (normal loop) should not; got {overlap.in_flight} and {default.in_flight}"
+    for llm in (overlap, default):
+        llm.run_until_idle()
+
+
 def test_the_attention_backend_is_each_engines_own_with_the_environment_as_default(monkeypatch):
     """MINISGL_ATTENTION_BACKEND is the default of `attention_backend`; an engine that names one
     keeps it. On a CPU the triton default cannot be honoured, and saying so is the proof it was read."""

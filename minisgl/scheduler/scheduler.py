@@ -453,10 +453,14 @@ class Scheduler:
 
     @torch.inference_mode()
     def step(self) -> None:
-        """One turn of the loop ENV selects (overlap unless MINISGL_DISABLE_OVERLAP_SCHEDULING),
-        on the scheduler's stream. The overlap loop's batch in flight is kept here between turns."""
+        """One turn of the selected loop (`config.overlap_scheduling`, else overlap unless
+        MINISGL_DISABLE_OVERLAP_SCHEDULING), on the scheduler's stream. The overlap loop's batch in
+        flight is kept here between turns."""
+        overlap = self.config.overlap_scheduling
+        if overlap is None:
+            overlap = not ENV.DISABLE_OVERLAP_SCHEDULING
         with self.stream.context():
-            if ENV.DISABLE_OVERLAP_SCHEDULING:
+            if not overlap:
                 if self._last_data is not None:  # switched loops mid-run: finish the batch in flight
                     self._process_last_data(self._last_data)
                     self._last_data = None
