@@ -3,8 +3,6 @@ the judge's fake chapter (judge_fixtures.py), where a run takes a fraction of a 
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
 from judge_fixtures import fake_project
