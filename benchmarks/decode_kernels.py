@@ -81,7 +81,8 @@ def attention(quick: bool) -> None:
         results.sort(key=lambda r: r[0])
         base = bench_us(lambda: paged_decode_attention(q, k_cache, v_cache, page_table, rows, seqlens,
                                                        1 / math.sqrt(HEAD_DIM)))
-        print(f"\nattention, batch {batch}, lengths U[{lo}, {ctx_len}] ({kv_bytes / 1e6:.0f} MB of KV): "
+        print(f"\nattention, batch {batch}, lengths U[{lo}, {ctx_len}] ({kv_bytes / 1e6:.0f} MB "
+            "of KV): "
               f"the code's settings {base:.1f} us = {kv_bytes / base / 1e6:.2f} TB/s; the best ones:")
         for us, tune in results[:6]:
             print(f"    {us:8.1f} us  {kv_bytes / us / 1e6:5.2f} TB/s  {base / us:4.2f}x  {tune}")
@@ -103,10 +104,13 @@ def linears() -> None:
             if m == 1:
                 total["torch"] += t_torch * PER_STEP[name]
                 total["triton"] += t_triton * PER_STEP[name]
-            print(f"  M={m} {name:13s} {n:6d}x{k:4d}  torch {t_torch:7.1f} us {gb / t_torch * 1e3:5.2f} TB/s   "
-                  f"triton {t_triton:7.1f} us {gb / t_triton * 1e3:5.2f} TB/s  ({t_torch / t_triton:4.2f}x, "
+            print(f"  M={m} {name:13s} {n:6d}x{k:4d}  torch {t_torch:7.1f} us "
+                f"{gb / t_torch * 1e3:5.2f} TB/s   "
+                  f"triton {t_triton:7.1f} us {gb / t_triton * 1e3:5.2f} TB/s  "
+                  f"({t_torch / t_triton:4.2f}x, "
                   f"max diff {err:.3f})")
-    print(f"  a batch-1 step's products: torch {total['torch']:.0f} us, triton {total['triton']:.0f} us")
+    print(f"  a batch-1 step's products: torch {total['torch']:.0f} us, triton "
+        f"{total['triton']:.0f} us")
     print("  Triton settings at M=1, best first:")
     for name, (n, k) in LINEARS.items():
         w = torch.randn(n, k, device="cuda").bfloat16()

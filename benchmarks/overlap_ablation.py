@@ -224,7 +224,8 @@ def decode_step_times(llm: TimedLLM, vocab: int, batch: int, prompt_len: int, st
             torch.cuda.synchronize()
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         frac, window_ms, top = kernel_union_busy(prof)
-        print(f"    profile of {profile_steps} steps at batch {batch}: {len(kernels) / profile_steps:.0f} kernels "
+        print(f"    profile of {profile_steps} steps at batch {batch}: "
+            f"{len(kernels) / profile_steps:.0f} kernels "
               f"a step, GPU busy {100 * frac:.1f}% of {window_ms:.2f} ms")
         for name, ms in top[:6]:
             print(f"    {ms / profile_steps * 1000:8.1f} us/step  {name[:90]}")
@@ -293,17 +294,21 @@ def main() -> None:
     res["engine_tok_s"] = {bs: engine_generate_tok_s(llm, vocab, bs, 256, 128) for bs in (1, 64)}
     for bs in (1, 64):
         ratio = res["engine_tok_s"][bs] / res["hf_tok_s"][bs]
-        print(f"engine generate        batch {bs:3d}: {res['engine_tok_s'][bs]:9.1f} tok/s  ({ratio:.1f}x transformers)",
+        print(f"engine generate        batch {bs:3d}: {res['engine_tok_s'][bs]:9.1f} tok/s  "
+            f"({ratio:.1f}x transformers)",
               flush=True)
     res["workload"] = {}
     for overlap in (True, False):
         ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
         r = run_workload(llm, prompts, params)
         res["workload"]["on" if overlap else "off"] = r
-        print(f"overlap {'on ' if overlap else 'off'}: {r['wall_s']:6.2f}s  {r['out_tok_s']:8.0f} output tok/s  "
-              f"{r['total_tok_s']:8.0f} total tok/s  {r['steps']} steps  GPU busy (events) {100 * r['gpu_busy']:.1f}%",
+        print(f"overlap {'on ' if overlap else 'off'}: {r['wall_s']:6.2f}s  "
+            f"{r['out_tok_s']:8.0f} output tok/s  "
+              f"{r['total_tok_s']:8.0f} total tok/s  {r['steps']} steps  GPU busy (events) "
+              f"{100 * r['gpu_busy']:.1f}%",
               flush=True)
-        print("    " + ";  ".join(f"{name}: {ph['steps']} steps, {ph['wall_s']:.2f} s wall, {ph['gpu_s']:.2f} s in steps "
+        print("    " + ";  ".join(f"{name}: {ph['steps']} steps, {ph['wall_s']:.2f} s wall, {ph['gpu_s']:.2f} s "
+            "in steps "
                                    f"on the engine stream" for name, ph in r["phases"].items()), flush=True)
     on, off = res["workload"]["on"], res["workload"]["off"]
     res["overlap_speedup"] = on["out_tok_s"] / off["out_tok_s"]
@@ -315,7 +320,8 @@ def main() -> None:
         frac, window_ms, top = profile_window(llm, prompts, params, skip=40, steps=30)
         key = "on" if overlap else "off"
         res["profile"][key] = dict(busy=frac, window_ms=window_ms, top=top)
-        print(f"profiled 30 decode-heavy steps, overlap {key}: GPU busy (kernel union) {100 * frac:.1f}% "
+        print(f"profiled 30 decode-heavy steps, overlap {key}: GPU busy (kernel union) "
+            f"{100 * frac:.1f}% "
               f"of {window_ms:.1f} ms", flush=True)
         for name, ms in top:
             print(f"    {ms:8.2f} ms  {name[:100]}")
@@ -330,7 +336,8 @@ def main() -> None:
         for bs in (1, 64):
             wall_ms, gpu_ms = decode_step_times(llm, vocab, bs, 512, 64, profile_steps=10 if graphs else 0)
             res["decode_step"][f"graphs={'on' if graphs else 'off'},bs={bs}"] = dict(wall_ms=wall_ms, gpu_ms=gpu_ms)
-            print(f"decode step, batch {bs:2d}, graphs {'on ' if graphs else 'off'}: {wall_ms:7.3f} ms wall/step "
+            print(f"decode step, batch {bs:2d}, graphs {'on ' if graphs else 'off'}: "
+                f"{wall_ms:7.3f} ms wall/step "
                   f"(overlap loop), {gpu_ms:7.3f} ms GPU/step", flush=True)
         release(llm)
 

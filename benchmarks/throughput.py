@@ -77,9 +77,11 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(args.model / "tokenizer.json"))
-    print(f"model {args.model.name}, device {args.device}, dtype {dtype}, {args.new_tokens} new tokens per request, "
+    print(f"model {args.model.name}, device {args.device}, dtype {dtype}, {args.new_tokens} new "
+        "tokens per request, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'requests':>8} {'minisgl overlap':>16} {'minisgl normal':>15} {'transformers':>13} {'best/HF':>8}")
+    print(f"{'requests':>8} {'minisgl overlap':>16} {'minisgl normal':>15} {'transformers':>13} "
+        f"{'best/HF':>8}")
     for n in args.batches:
         prompts = make_prompts(tok, n)
         on = bench_minisgl(args.model, prompts, args.new_tokens, True, args.device, dtype)

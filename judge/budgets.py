@@ -108,7 +108,8 @@ def measure(chapter_keys: List[str], device: str, repeat: int) -> int:
             verdict = judge([chapter], {}, RunOptions(device=device, budgets={}), mode="measure")
             bad = [t.test for t in verdict.tests if not t.ok]
             if verdict.general or bad or not verdict.tests:
-                print(f"{chapter.key}: the reference does not pass ({'; '.join(verdict.general + bad)[:300]}); "
+                print(f"{chapter.key}: the reference does not pass "
+                    f"({'; '.join(verdict.general + bad)[:300]}); "
                       "its times are left as they were", file=sys.stderr)
                 failed = True
                 break

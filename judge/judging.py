@@ -193,7 +193,8 @@ def _stale_budgets(run: RunResult) -> List[str]:
     if not run.over_budget:
         return []
     tests = ", ".join(t.split("::", 1)[-1] for t in list(run.over_budget)[:3]) + (" ..." if len(run.over_budget) > 3 else "")
-    return [f"the reference spent more than its time budget in {len(run.over_budget)} test(s) ({tests}): "
+    return [f"the reference spent more than its time budget in {len(run.over_budget)} test(s) "
+        f"({tests}): "
             "the budgets are stale; measure them again with `python -m judge.budgets`"]
 
 

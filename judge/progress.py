@@ -118,7 +118,9 @@ def show(registry: Registry, notebooks_dir: Path, console: Console) -> None:
             passing, last, tests = Text("-"), "never", "-"
         table.add_row(chapter.key, chapter.title, attempted, passing, last, tests)
     console.print(table)
-    console.print(Text("tried: exercises no longer a stub in the saved notebook; passing: at its last judged run\n"
-                       "(python judge.py chNN, or judge.check in the notebook; --file runs are not recorded).\n"
+    console.print(Text("tried: exercises no longer a stub in the saved notebook; passing: at its last "
+        "judged run\n"
+                       "(python judge.py chNN, or judge.check in the notebook; --file runs are not "
+                       "recorded).\n"
                        "Judge a chapter: python judge.py ch03   ·   all options: python judge.py --help",
                        style="dim"))

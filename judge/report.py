@@ -90,7 +90,8 @@ def _table_note(verdict: Verdict, not_in_file: List[str]) -> str:
     if shared:
         note += " (a test that runs the engine judges several exercises, so it counts in each of their rows)"
     if not_in_file:
-        note += (f"\nnot in your {_kind(verdict)}, so the reference stayed in place: {', '.join(not_in_file)}"
+        note += (f"\nnot in your {_kind(verdict)}, so the reference stayed in place: "
+            f"{', '.join(not_in_file)}"
                  " (their tests still ran, with your code around them)")
     return note
 
@@ -114,7 +115,8 @@ def _exercise_details(ex: ExerciseVerdict, verdict: Verdict, console: Console, v
     elif ex.status == NOT_ATTEMPTED:
         failed = len(ex.tests) - ex.passed_count
         console.print(Text(f"· {name}: ", style="yellow") + Text(
-            f"not attempted yet (still the stub): {failed} of its {len(ex.tests)} test(s) fail until you write it"
+            f"not attempted yet (still the stub): {failed} of its {len(ex.tests)} test(s) "
+            "fail until you write it"
             if ex.tests else "not attempted yet (still the stub)"))
         return
     bad = [t for t in ex.tests if not t.ok and not _stub_failure(t, verdict)]
@@ -136,7 +138,8 @@ def _exercise_details(ex: ExerciseVerdict, verdict: Verdict, console: Console, v
     _test_lines([t for t in shown], console, verbose, lambda t: ex.where(t) if ex.status != REFERENCE else None)
     if stopped and ex.status == FAILING and not verbose:
         stubs = sorted({t.sentinel.split(".", 1)[1] for t in stopped})
-        console.print(Text(f"   {len(stopped)} more of its failed test(s) stopped first at {', '.join(stubs)}, "
+        console.print(Text(f"   {len(stopped)} more of its failed test(s) stopped first at "
+            f"{', '.join(stubs)}, "
                            "still a stub: they judge this exercise once that is written"))
     console.print()
 
@@ -231,10 +234,12 @@ def render_hints(exercises: Sequence[Exercise], console: Console, level: int, in
             console.print(Text(f"   {i}. ") + Text(h))
         if ex.hints and level < len(ex.hints):
             more = min(level + 1, len(ex.hints))
-            console.print(Text(f"   ({len(ex.hints) - level} more: {f'hint={more}' if in_notebook else f'--hint {more}'})",
+            console.print(Text(f"   ({len(ex.hints) - level} more: "
+                f"{f'hint={more}' if in_notebook else f'--hint {more}'})",
                                style="dim"))
     if not exercises:
-        console.print(Text("Every exercise here passed when your notebook was last judged, and none has changed "
+        console.print(Text("Every exercise here passed when your notebook was last judged, and none has "
+            "changed "
                            "since: no hints needed (--exercise NAME shows one exercise's hints anyway).",
                            style="green"))
 

@@ -276,10 +276,12 @@ def main(argv: List[str] | None = None) -> None:
     decode_s = max(time.perf_counter() - start - prefill_s, 1e-9)
     text = tokenizer.decode(new_ids) if tokenizer else str(new_ids)
     print(prompt + text if tokenizer else f"{prompt_ids} -> {text}")
-    print(f"\nprefill: {len(prompt_ids)} tokens in {prefill_s * 1e3:.1f} ms ({len(prompt_ids) / prefill_s:.0f} tokens/s)")
+    print(f"\nprefill: {len(prompt_ids)} tokens in {prefill_s * 1e3:.1f} ms "
+        f"({len(prompt_ids) / prefill_s:.0f} tokens/s)")
     decoded = len(new_ids) - 1  # the first new token came out of the prefill
     if decoded > 0:
-        print(f"decode:  {decoded} tokens in {decode_s * 1e3:.1f} ms ({decoded / decode_s:.0f} tokens/s)")
+        print(f"decode:  {decoded} tokens in {decode_s * 1e3:.1f} ms ({decoded / decode_s:.0f} "
+            "tokens/s)")
 
 
 if __name__ == "__main__":

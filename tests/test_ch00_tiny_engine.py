@@ -239,7 +239,8 @@ def test_generate_prefills_once_then_one_token_per_step(model):
     assert len(out) == 5, f"generate(..., 5) returned {len(out)} tokens"
     assert added[0] == len(prompt), "the first forward must run the whole prompt"
     assert added[1:] in ([1] * 4, [1] * 5), \
-        f"after the prefill, each step must run exactly one new token; got steps of {added[1:]} tokens"
+        "after the prefill, each step must run exactly one new token; got steps of " \
+        f"{added[1:]} tokens"
 
 
 def test_generate_stops_after_eos(model):
@@ -249,7 +250,8 @@ def test_generate_stops_after_eos(model):
         eos = full[2]
         cut = te.generate(model, prompt, 6, eos_token_id=eos)
     assert cut == full[: full.index(eos) + 1], \
-        f"with eos_token_id={eos}: expected {full[: full.index(eos) + 1]} (up to and with the EOS), got {cut}"
+        f"with eos_token_id={eos}: expected {full[: full.index(eos) + 1]} (up to and with the " \
+        f"EOS), got {cut}"
 
 
 def test_generate_stops_when_the_first_token_is_eos(model):

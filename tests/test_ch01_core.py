@@ -29,14 +29,16 @@ def test_extend_len_counts_the_uncached_tokens(cached_len, expected):
     # A prefix-cache hit of `cached_len` tokens leaves only the rest for the model to run.
     req = make_req(prompt_len=5, cached_len=cached_len)
     assert req.extend_len == expected, \
-        f"5-token prompt with {cached_len} cached: extend_len should be {expected}, got {req.extend_len}"
+        f"5-token prompt with {cached_len} cached: extend_len should be {expected}, got " \
+        f"{req.extend_len}"
 
 
 def test_extend_len_follows_device_len():
     req = make_req(prompt_len=5)
     req.cached_len, req.device_len = 6, 7
     assert req.extend_len == 1, \
-        f"cached_len 6, device_len 7 (input_ids still 5 long): extend_len should be 1, got {req.extend_len}"
+        "cached_len 6, device_len 7 (input_ids still 5 long): extend_len should be 1, got " \
+        f"{req.extend_len}"
 
 
 def test_complete_one_moves_everything_into_the_cache_and_adds_one_token():
@@ -55,7 +57,8 @@ def test_can_decode_until_max_tokens(device_len, expected):
     req = make_req(prompt_len=5, max_tokens=3)
     req.device_len = device_len
     assert req.can_decode is expected, \
-        f"device_len {device_len} of max_device_len 8: can_decode should be {expected}, got {req.can_decode}"
+        f"device_len {device_len} of max_device_len 8: can_decode should be {expected}, got " \
+        f"{req.can_decode}"
 
 
 def test_lengths_through_prefill_and_decode():

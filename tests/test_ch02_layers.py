@@ -248,4 +248,5 @@ def test_rope_rotates_pairs_of_first_and_second_half():
     want = torch.zeros(8)
     want[0], want[4] = angle.cos(), angle.sin()
     torch.testing.assert_close(q[1, 0], want, msg=f"unit vector in dim 0 at position 1: expected "
-                               f"cos 1 in dim 0 and sin 1 in dim 4 (NeoX pairs i with i + 4), got {[round(v, 3) for v in q[1, 0].tolist()]}")
+                               "cos 1 in dim 0 and sin 1 in dim 4 (NeoX pairs i with i + 4), got "
+                               f"{[round(v, 3) for v in q[1, 0].tolist()]}")

@@ -86,7 +86,8 @@ def test_head_dim_defaults_to_hidden_size_over_query_heads(head_dim):
         raw["head_dim"] = None  # some files write it so
     cfg = ModelConfig.from_hf(raw)
     assert cfg.head_dim == 128 // 8, \
-        f"head_dim {head_dim}, hidden 128, 8 query heads, 2 KV heads: expected head_dim 16, got {cfg.head_dim!r}"
+        f"head_dim {head_dim}, hidden 128, 8 query heads, 2 KV heads: expected head_dim 16, " \
+        f"got {cfg.head_dim!r}"
 
 
 @pytest.mark.parametrize("fields,want", [
@@ -179,7 +180,8 @@ def test_qwen2_and_null_kv_heads_are_read():
                                "mlp_bias": True})
     got = (cfg.architecture, cfg.num_kv_heads, cfg.mlp_bias)
     assert got == ("qwen2", 8, True), \
-        f"Qwen2ForCausalLM, num_key_value_heads null, mlp_bias true: expected ('qwen2', 8, True), got {got}"
+        "Qwen2ForCausalLM, num_key_value_heads null, mlp_bias true: expected ('qwen2', 8, " \
+        f"True), got {got}"
 
 
 @pytest.mark.parametrize("fields", [
@@ -245,14 +247,16 @@ def test_load_weight_produces_exactly_the_model_keys_with_merges():
     state = load_weight(model, MODEL, CPU)
     missing, extra = sorted(set(model.state_dict()) - set(state)), sorted(set(state) - set(model.state_dict()))
     assert not missing and not extra, \
-        f"the state dict should have exactly the model's keys: missing {missing[:3]}, extra {extra[:3]}"
+        f"the state dict should have exactly the model's keys: missing {missing[:3]}, extra " \
+        f"{extra[:3]}"
     hf = hf_tensors()
     for i in range(model.config.num_layers):
         p = f"model.layers.{i}."
         qkv = torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]).float()
         gate_up = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]]).float()
         assert torch.equal(state[p + "self_attn.qkv_proj.weight"], qkv), \
-            f"{p}self_attn.qkv_proj.weight should be q_proj, k_proj and v_proj stacked in that order"
+            f"{p}self_attn.qkv_proj.weight should be q_proj, k_proj and v_proj stacked in that " \
+            "order"
         assert torch.equal(state[p + "mlp.gate_up_proj.weight"], gate_up), \
             f"{p}mlp.gate_up_proj.weight should be gate_proj and up_proj stacked in that order"
         assert torch.equal(state[p + "input_layernorm.weight"], hf[p + "input_layernorm.weight"].float()), \
@@ -331,7 +335,8 @@ def test_a_transposed_part_of_a_merged_weight_is_named(tmp_path):
     except ValueError as e:
         assert "layers.1.self_attn.qkv_proj" in str(e), f"the error should name layers.1.self_attn.qkv_proj, got: {e}"
     except Exception as e:  # noqa: BLE001 - torch.cat's RuntimeError names no weight
-        pytest.fail(f"a transposed k_proj should be a ValueError naming the merged weight, got {type(e).__name__}: {e}")
+        pytest.fail("a transposed k_proj should be a ValueError naming the merged weight, got "
+            f"{type(e).__name__}: {e}")
     else:
         pytest.fail("a checkpoint with a transposed k_proj loaded without an error")
 

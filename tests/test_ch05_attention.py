@@ -42,7 +42,8 @@ def assert_metadata(meta: AttentionMetadata, page_table: torch.Tensor, rows: Lis
         assert got == value, f"{what}: expected {name} {value}, got {got}"
     want_table = page_table[rows, : want["max_seqlen_k"]].tolist()
     assert meta.page_table.tolist() == want_table, \
-        f"{what}: page_table should be rows {rows} of the engine's, cut to {want['max_seqlen_k']} columns"
+        f"{what}: page_table should be rows {rows} of the engine's, cut to " \
+        f"{want['max_seqlen_k']} columns"
     for name, dtype in (("cu_seqlens_q", torch.int32), ("cache_seqlens", torch.int32), ("last_indices", torch.int64)):
         t = getattr(meta, name)
         assert t.dtype == dtype and t.device.type == dev().type, \
@@ -169,7 +170,8 @@ def run_backend(s: Scenario, phase: str, use_prepare_metadata: bool = False,
             r.complete_one()
     out = s.backend.forward(q, k, v, layer_id=0, batch=batch)
     assert out.shape == (tokens, HEADS, HEAD_DIM), \
-        f"the output should be [{tokens} tokens, {HEADS} heads, {HEAD_DIM}] like q, got {list(out.shape)}"
+        f"the output should be [{tokens} tokens, {HEADS} heads, {HEAD_DIM}] like q, got " \
+        f"{list(out.shape)}"
     cu = batch.attn_metadata.cu_seqlens_q.tolist()
     return [out[cu[i]: cu[i + 1]].cpu() for i in range(len(s.reqs))]
 

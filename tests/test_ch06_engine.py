@@ -61,7 +61,8 @@ class Harness:
     def step(self, reqs: List[Req], phase: str) -> List[int]:
         out = self.launch(reqs, phase)
         assert out.next_tokens_gpu.device.type == self.device.type, \
-            f"next_tokens_gpu is on {out.next_tokens_gpu.device}: it should be on the engine's device ({self.device})"
+            f"next_tokens_gpu is on {out.next_tokens_gpu.device}: it should be on the engine's " \
+            f"device ({self.device})"
         out.copy_done.synchronize()
         for i, r in enumerate(reqs):
             r.append_host(out.next_tokens_cpu[i: i + 1])
@@ -96,7 +97,8 @@ def test_prefill_and_decode_logits_match_hf(harness):
     try:
         got = harness.logits(reqs, "prefill")  # one mixed batch of three prompts
         assert got.shape == (3, harness.vocab_size), \
-            f"expected logits of shape (3, vocab): one row per request, at its last position; got {tuple(got.shape)}"
+            "expected logits of shape (3, vocab): one row per request, at its last position; " \
+            f"got {tuple(got.shape)}"
         for i, p in enumerate(prompts):
             torch.testing.assert_close(got[i], hf_logits(p)[-1], atol=1e-4, rtol=1e-4)
         # decode: append each request's argmax and run one token per request against the cache
@@ -129,7 +131,8 @@ def test_forward_batch_launches_and_advances_requests_without_waiting():
     out = h.launch([req], "prefill")
     # The CPU side moved on at once ...
     assert (req.cached_len, req.device_len) == (len(prompt), len(prompt) + 1), \
-        f"right after the launch the request should count the token being sampled: (cached_len, device_len) " \
+        "right after the launch the request should count the token being sampled: " \
+        "(cached_len, device_len) " \
         f"= {(req.cached_len, req.device_len)}, expected {(len(prompt), len(prompt) + 1)}"
     # ... while the work itself waits on the engine stream.
     assert not out.copy_done.query(), "forward_batch waited for the step (or copy_done was not recorded after it)"
@@ -142,7 +145,8 @@ def test_forward_batch_launches_and_advances_requests_without_waiting():
     assert int(out.next_tokens_gpu[0]) == token, "next_tokens_gpu does not hold the sampled token"
     # The sample was written where the next step reads its input: the request's row, next column.
     assert int(h.engine.token_pool[req.table_idx, len(prompt)]) == token, \
-        "after copy_done the sample is not in the token pool at (the request's row, column len(prompt))"
+        "after copy_done the sample is not in the token pool at (the request's row, column " \
+        "len(prompt))"
 
 
 @pytest.mark.gpu

@@ -36,7 +36,8 @@ def launches_with_lens(log) -> List[List[int]]:
 def assert_all_returned(llm) -> None:
     """After a run: every request slot is free again and every KV page is free or cached, once."""
     assert llm.table_manager.available_size == llm.table_manager.capacity, \
-        f"{llm.table_manager.capacity - llm.table_manager.available_size} request slot(s) never came back"
+        f"{llm.table_manager.capacity - llm.table_manager.available_size} request slot(s) " \
+        "never came back"
     llm.cache_manager.check_integrity()
 
 
@@ -98,7 +99,8 @@ def test_one_step_processes_messages_and_runs_one_batch():
     llm.step()
     got = llm.results[uid]
     assert got.finished and len(got.token_ids) == 3, \
-        f"after three steps: {len(got.token_ids)} tokens, finished={got.finished}; expected 3 tokens, finished"
+        f"after three steps: {len(got.token_ids)} tokens, finished={got.finished}; expected 3 " \
+        "tokens, finished"
     assert not llm.busy, "the only request is done, yet the LLM still has work"
     llm.step()  # nothing to do: no batch, no error
     assert len(launches(log)) == 3, "a step with nothing to do launched a batch"
@@ -192,7 +194,8 @@ def test_a_slot_freed_in_the_normal_loop_is_reused_at_once_even_after_overlap_st
         llm.step()
     got = llm.results[second].token_ids
     assert llm.results[second].finished, \
-        f"after the first request {ending}, the second waited for its slot (got {len(got)} of 2 tokens)"
+        f"after the first request {ending}, the second waited for its slot (got {len(got)} of " \
+        "2 tokens)"
     assert_tokens_equal([got], hf_greedy([p[1]], 2), "the request that took over the slot")
     if ending == "finishes":
         assert_tokens_equal([llm.results[first].token_ids], hf_greedy([p[0]], 2), "the first request")
@@ -212,7 +215,8 @@ def test_a_request_that_samples_end_of_text_stops_while_the_others_go_on():
     llm.run_until_idle()
     got = llm.results[stops].token_ids
     assert got == ref[: k + 1], \
-        f"the request whose token {k} is end-of-text got {len(got)} tokens, expected {k + 1} (it stops there)"
+        f"the request whose token {k} is end-of-text got {len(got)} tokens, expected {k + 1} " \
+        "(it stops there)"
     assert llm.results[stops].finished, "the request that sampled end-of-text is not finished"
     assert_tokens_equal([llm.results[short].token_ids, llm.results[long_].token_ids],
                         [hf_greedy([p[0]], 1)[0], hf_greedy([p[1]], 6)[0]], "the two requests that ignore end-of-text")
@@ -287,11 +291,13 @@ def test_prepare_batch_builds_prefill_and_decode_indices():
     assert_int64_indices(fi)
     assert fi.input_tuple[0].tolist() == rows_of, "decode input_tuple rows: one per request, its slot"
     assert fi.input_tuple[1].tolist() == lens, \
-        f"decode input_tuple columns: {fi.input_tuple[1].tolist()}, expected {lens} (where the prefill wrote them)"
+        f"decode input_tuple columns: {fi.input_tuple[1].tolist()}, expected {lens} (where the " \
+        "prefill wrote them)"
     assert batch.positions.tolist() == lens, f"decode positions: {batch.positions.tolist()}, expected {lens}"
     assert fi.write_tuple[0].tolist() == rows_of, "decode write_tuple rows: each request's slot"
     assert fi.write_tuple[1].tolist() == [n + 1 for n in lens], \
-        f"decode write_tuple columns: {fi.write_tuple[1].tolist()}, expected {[n + 1 for n in lens]} (device_len)"
+        f"decode write_tuple columns: {fi.write_tuple[1].tolist()}, expected " \
+        f"{[n + 1 for n in lens]} (device_len)"
     new_loc = batch.out_loc.tolist()
     assert new_loc == [int(llm.page_table[row, n]) for row, n in zip(rows_of, lens)], \
         "decode out_loc: the page-table entry of each request's new position"
@@ -366,7 +372,8 @@ def test_prepare_batch_gives_each_request_its_sampling_arguments_in_batch_order(
         g, w = getattr(got, field), getattr(want, field)
         shown = None if g is None else [round(x, 3) for x in g.tolist()]
         assert g is not None and g.tolist() == w.tolist(), \
-            f"sampling arguments, {field}: {shown}, expected {[round(x, 3) for x in w.tolist()]} (one per request)"
+            f"sampling arguments, {field}: {shown}, expected " \
+            f"{[round(x, 3) for x in w.tolist()]} (one per request)"
 
 
 # ---------------------------------------------------------------- DecodeManager.filter_reqs
@@ -387,7 +394,8 @@ def test_filter_reqs_keeps_decodable_requests_and_drops_finished_ones():
     short = _req_after(2, 6, 2, steps=1)
     dm.filter_reqs([going, one_token, short])
     assert list(dm.running) == [0, 2], \
-        f"running should hold uids [0, 2] (can decode, in batch order; uid 1 is finished), got {list(dm.running)}"
+        "running should hold uids [0, 2] (can decode, in batch order; uid 1 is finished), got " \
+        f"{list(dm.running)}"
 
     chunk = ChunkedReq(torch.arange(3, dtype=torch.int32), 5, 0, 4, 3, greedy(4))
     chunk.complete_one()
@@ -398,7 +406,8 @@ def test_filter_reqs_keeps_decodable_requests_and_drops_finished_ones():
     short.complete_one()  # short reaches its max_tokens on this step
     dm.filter_reqs([going, short])
     assert list(dm.running) == [0], \
-        f"a request that reached max_tokens must leave the decode set: running is {list(dm.running)}, expected [0]"
+        "a request that reached max_tokens must leave the decode set: running is " \
+        f"{list(dm.running)}, expected [0]"
     assert dm.running[0] is going, "running[uid] should be the request itself"
     batch = dm.schedule_next_batch()
     assert batch is not None and batch.reqs == [going] and batch.is_decode, \

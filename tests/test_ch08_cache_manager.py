@@ -95,7 +95,8 @@ def test_allocate_paged_writes_only_this_steps_positions_and_reports_the_pages_i
     a, b = _req(0, list(range(7))), _req(2, list(range(2)))  # prefills of 2 pages and 1 page
     cm.allocate_paged([a, b])
     assert _pages_alloc(log) == [(0, 2), (2, 1)], \
-        f"one pages_alloc event per request that took pages, as (uid, pages): expected [(0, 2), (2, 1)], got {_pages_alloc(log)}"
+        "one pages_alloc event per request that took pages, as (uid, pages): expected [(0, " \
+        f"2), (2, 1)], got {_pages_alloc(log)}"
     _advance(a, 10)  # a: positions 7..9 fill its last page and open a third
     _advance(b, 3)  # b: position 2 fits in its last page; it comes last in the batch
     a_before = cm.page_table[0, :7].tolist()
@@ -106,9 +107,11 @@ def test_allocate_paged_writes_only_this_steps_positions_and_reports_the_pages_i
     assert cm.page_table[0, :7].tolist() == a_before, "positions below cached_len were written again"
     for row, end in ((0, 10), (2, 3), (1, 0)):
         assert (cm.page_table[row, end:] == -1).all(), \
-            f"row {row}: columns from {end} on were written, but only [cached_len, device_len) belong to this step"
+            f"row {row}: columns from {end} on were written, but only [cached_len, device_len) " \
+            "belong to this step"
     assert _pages_alloc(log) == [(0, 1)], \
-        f"pages_alloc events as (uid, pages): only a took a page, expected [(0, 1)], got {_pages_alloc(log)}"
+        "pages_alloc events as (uid, pages): only a took a page, expected [(0, 1)], got " \
+        f"{_pages_alloc(log)}"
     assert cm.num_free_pages == 12, f"4 pages were needed, {16 - cm.num_free_pages} were taken"
 
 
@@ -158,7 +161,8 @@ def test_cache_req_shares_duplicates_and_frees_what_the_cache_does_not_take():
     assert cm.page_table[1, :8].tolist() == cm.page_table[0, :8].tolist(), "b must now use the cache's copy"
     assert cm.page_table[1, 8:10].tolist() == b_row_before[8:10].tolist(), "b's own last page stays"
     assert b.cache_handle.cached_len == 8 and cache.protected_size == 8, \
-        f"b's handle covers the 8 shared tokens, locked once: handle {b.cache_handle.cached_len}, locked {cache.protected_size}"
+        "b's handle covers the 8 shared tokens, locked once: handle " \
+        f"{b.cache_handle.cached_len}, locked {cache.protected_size}"
 
     cm.cache_req(a, finished=True)
     assert cm.num_free_pages == 13, "a's partial last page goes back"
@@ -167,7 +171,8 @@ def test_cache_req_shares_duplicates_and_frees_what_the_cache_does_not_take():
     cm.cache_req(b, finished=True)
     assert cm.num_free_pages == 14, f"b's partial last page goes back: expected 14 free pages, got {cm.num_free_pages}"
     assert (cache.protected_size, cache.evictable_size) == (0, 8), \
-        f"both finished: 8 cached tokens, none locked (protected {cache.protected_size}, evictable {cache.evictable_size})"
+        f"both finished: 8 cached tokens, none locked (protected {cache.protected_size}, " \
+        f"evictable {cache.evictable_size})"
     cm.check_integrity()
 
 
@@ -196,16 +201,19 @@ def test_cache_req_shares_the_cached_part_and_adds_the_rest_of_a_longer_prompt()
     b_own = cm.page_table[1, 8:14].tolist()
     cm.cache_req(b, finished=False)
     assert cm.num_free_pages == 11, \
-        f"only b's copies of a's 2 pages are duplicates: expected 11 free pages, got {cm.num_free_pages}"
+        "only b's copies of a's 2 pages are duplicates: expected 11 free pages, got " \
+        f"{cm.num_free_pages}"
     assert cm.page_table[1, :8].tolist() == cm.page_table[0, :8].tolist(), \
         "b must now use the cache's copy of a's pages"
     assert cm.page_table[1, 8:14].tolist() == b_own, "b's own pages stay where they are"
     assert b.cache_handle.cached_len == 12 and cache.protected_size == 12, \
-        f"b's 3 whole pages are cached and locked: handle {b.cache_handle.cached_len}, locked {cache.protected_size}"
+        f"b's 3 whole pages are cached and locked: handle {b.cache_handle.cached_len}, locked " \
+        f"{cache.protected_size}"
     cm.cache_req(a, finished=True)
     cm.cache_req(b, finished=True)
     assert cm.num_free_pages == 13, \
-        f"each request's partial last page goes back: expected 13 free pages, got {cm.num_free_pages}"
+        "each request's partial last page goes back: expected 13 free pages, got " \
+        f"{cm.num_free_pages}"
     cm.check_integrity()
 
 
@@ -225,7 +233,8 @@ def test_cache_req_marks_only_the_requests_own_prefix_as_used():
     # b uses [1, 2, 3]; the rest of a's sequence, [4, 5, 6], was last used when a finished, before c
     got = sorted(cm.prefix_cache.evict(3).tolist())
     assert got == sorted(a_tail), \
-        f"a's tokens 4, 5, 6 (locations {sorted(a_tail)}) are the least recently used: evicted {got} instead"
+        f"a's tokens 4, 5, 6 (locations {sorted(a_tail)}) are the least recently used: evicted " \
+        f"{got} instead"
 
 
 def test_cache_req_moves_the_lock_of_a_request_that_started_on_a_cached_prefix():
@@ -237,7 +246,8 @@ def test_cache_req_moves_the_lock_of_a_request_that_started_on_a_cached_prefix()
     a.complete_one()
     cm.cache_req(a, finished=True)  # leaves 2 whole pages (8 tokens) in the cache
     assert cm.num_free_pages == 14, \
-        f"a leaves 2 pages in the cache and frees 1: expected 14 free pages, got {cm.num_free_pages}"
+        "a leaves 2 pages in the cache and frees 1: expected 14 free pages, got " \
+        f"{cm.num_free_pages}"
 
     # c starts with a's 8 cached tokens, as the prefill adder admits it (chapter 10): matched and locked
     c_ids = prompt[:8] + [40, 41, 42, 43, 44]
@@ -252,7 +262,8 @@ def test_cache_req_moves_the_lock_of_a_request_that_started_on_a_cached_prefix()
 
     cm.cache_req(c, finished=False)
     assert cm.num_free_pages == 12, \
-        f"c's first 8 tokens are the cache's own copy, not duplicates: {cm.num_free_pages - 12} page(s) freed"
+        "c's first 8 tokens are the cache's own copy, not duplicates: " \
+        f"{cm.num_free_pages - 12} page(s) freed"
     assert cm.page_table[1, :8].tolist() == cached.tolist(), "c's cached prefix must stay where it is"
     assert c.cache_handle.cached_len == 12, "c's new handle covers its 3 whole pages"
     assert cache.protected_size == 12, \
@@ -262,7 +273,8 @@ def test_cache_req_moves_the_lock_of_a_request_that_started_on_a_cached_prefix()
     assert cm.num_free_pages == 13, \
         f"only c's partial last page goes back: expected 13 free pages, got {cm.num_free_pages}"
     assert (cache.protected_size, cache.evictable_size) == (0, 12), \
-        f"c finished: all its locks must go (protected {cache.protected_size}, evictable {cache.evictable_size})"
+        f"c finished: all its locks must go (protected {cache.protected_size}, evictable " \
+        f"{cache.evictable_size})"
     cm.check_integrity()
 
 
@@ -276,7 +288,8 @@ def test_finished_requests_leave_their_whole_sequence_in_the_cache():
         handle, _ = cache.match_prefix(torch.tensor(ids + o["token_ids"]))
         # every token whose KV was computed: all but the last sampled one
         assert handle.cached_len == len(ids) + 5, \
-            f"{len(ids)} + 6 tokens finished: {len(ids) + 5} should be cached, found {handle.cached_len}"
+            f"{len(ids)} + 6 tokens finished: {len(ids) + 5} should be cached, found " \
+            f"{handle.cached_len}"
     assert cache.protected_size == 0, "nothing runs: nothing may stay locked"
     assert llm.cache_manager.num_free_pages + cache.size == llm.cache_manager.num_pages, \
         "with nothing running, every page is free or cached"
@@ -396,7 +409,8 @@ def test_a_request_that_can_never_fit_is_refused_while_others_run():
 
     rejects = [e for e in log if e.kind == "reject"]
     assert [e["uid"] for e in rejects] == [1000] and "pages" in rejects[0]["reason"], \
-        f"only the request that can never fit (uid 1000) should be refused, for lack of pages: {rejects}"
+        "only the request that can never fit (uid 1000) should be refused, for lack of pages: " \
+        f"{rejects}"
     errors = [m for e in log if e.kind == "send" for m in e["msgs"] if m.uid == 1000]
     assert len(errors) == 1 and errors[0].finished and errors[0].error, \
         "the refused request gets one finished error message"

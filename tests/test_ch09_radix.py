@@ -50,7 +50,8 @@ def test_insert_then_match_returns_the_inserted_locations():
     assert prefix_len == 0, "nothing was cached before"
     assert handle.cached_len == 5, "the handle covers the whole inserted sequence"
     assert cache.evictable_size == 5 and cache.protected_size == 0, \
-        f"5 new tokens, unlocked: evictable {cache.evictable_size}, protected {cache.protected_size}"
+        f"5 new tokens, unlocked: evictable {cache.evictable_size}, protected " \
+        f"{cache.protected_size}"
     assert match(cache, 1, 2, 3, 4, 5) == (5, [100, 101, 102, 103, 104]), \
         "the cache must keep its own copy of the inserted locations"
     assert match(cache, 1, 2, 3, 4, 5, 6, 7) == (5, [100, 101, 102, 103, 104]), "a longer query matches what is there"
@@ -123,7 +124,8 @@ def test_only_whole_pages_are_matched_and_inserted():
     # A sequence that leaves the cached one inside the second page branches at the page boundary.
     prefix_len, handle = cache.insert_prefix(ids(1, 2, 3, 4, 5, 6, 77, 88, 9), locs(80, 9))
     assert (prefix_len, handle.cached_len) == (4, 8), \
-        f"the first page was cached, the second is new: got prefix_len {prefix_len}, handle {handle.cached_len}"
+        f"the first page was cached, the second is new: got prefix_len {prefix_len}, handle " \
+        f"{handle.cached_len}"
     assert match(cache, 1, 2, 3, 4, 5, 6, 77, 88) == (8, [40, 41, 42, 43, 84, 85, 86, 87]), \
         "the second sequence: the shared first page, then its own second page"
     assert match(cache, *range(1, 9)) == (8, list(range(40, 48))), "the first sequence's two pages are still there"
@@ -160,17 +162,21 @@ def test_locks_move_tokens_between_evictable_and_protected():
     other, _ = cache.match_prefix(ids(1, 2, 3))  # splits [3,4]: only [3] joins the protected part
     cache.lock_handle(other)
     assert (cache.evictable_size, cache.protected_size) == (1, 5), \
-        f"(evictable, protected) after locking [1,2,3] too: {(cache.evictable_size, cache.protected_size)}"
+        "(evictable, protected) after locking [1,2,3] too: " \
+        f"{(cache.evictable_size, cache.protected_size)}"
     cache.check_integrity()
     cache.lock_handle(handle, unlock=True)
     assert (cache.evictable_size, cache.protected_size) == (3, 3), \
-        f"(evictable, protected) after the last lock on [1,2,5,6] went: {(cache.evictable_size, cache.protected_size)}"
+        "(evictable, protected) after the last lock on [1,2,5,6] went: " \
+        f"{(cache.evictable_size, cache.protected_size)}"
     cache.lock_handle(other, unlock=True)
     assert (cache.evictable_size, cache.protected_size) == (6, 0), \
-        f"(evictable, protected) with every lock released: {(cache.evictable_size, cache.protected_size)}"
+        "(evictable, protected) with every lock released: " \
+        f"{(cache.evictable_size, cache.protected_size)}"
     cache.lock_handle(CacheHandle(0))  # an empty match locks nothing
     assert (cache.evictable_size, cache.protected_size) == (6, 0), \
-        f"(evictable, protected): an empty handle changed them to {(cache.evictable_size, cache.protected_size)}"
+        "(evictable, protected): an empty handle changed them to " \
+        f"{(cache.evictable_size, cache.protected_size)}"
     cache.check_integrity()
 
 
@@ -245,7 +251,8 @@ def test_a_parent_left_without_children_is_evicted_in_its_turn():
     cache.insert_prefix(ids(5, 5), locs(30, 2))  # newer still
     got = _evicted(cache, 4)
     assert got == [10, 11, 12, 13], \
-        f"once [3,4] is gone, [1,2] is the least recently used leaf and goes next, before [7,8]: evicted {got}"
+        "once [3,4] is gone, [1,2] is the least recently used leaf and goes next, before " \
+        f"[7,8]: evicted {got}"
     cache.check_integrity()
 
 
@@ -257,7 +264,8 @@ def test_evicting_a_child_leaves_a_locked_parent_alone():
     cache.insert_prefix(ids(7, 8), locs(20, 2))  # the newest leaf
     got = _evicted(cache, 3)
     assert got == [12, 13, 20, 21], \
-        f"[1,2] is locked: once its child is gone it is a leaf, but still no candidate (evicted {got})"
+        "[1,2] is locked: once its child is gone it is a leaf, but still no candidate " \
+        f"(evicted {got})"
     assert match(cache, 1, 2) == (2, [10, 11]), "the locked [1, 2] stays cached"
     cache.check_integrity()
 
@@ -305,7 +313,8 @@ def test_random_operations_keep_the_tree_consistent():
                 prefix_len, handle = cache.insert_prefix(ids(*seq), values)
                 n = len(seq) - len(seq) % page_size
                 assert handle.cached_len == n and prefix_len % page_size == 0, \
-                    f"insert of {seq}: the handle covers its whole pages, and prefix_len is whole pages"
+                    f"insert of {seq}: the handle covers its whole pages, and prefix_len is " \
+                    "whole pages"
                 held.update(values[prefix_len:n].tolist())
                 for j in range(n):
                     given.setdefault(tuple(seq[: j + 1]), set()).add(int(values[j]))
@@ -324,7 +333,8 @@ def test_random_operations_keep_the_tree_consistent():
                 want = rng.randint(1, cache.evictable_size)
                 freed = cache.evict(want).tolist()
                 assert len(freed) >= want and set(freed) <= held and len(set(freed)) == len(freed), \
-                    f"evict({want}) returned {len(freed)} locations: at least {want}, each once, all of them cached"
+                    f"evict({want}) returned {len(freed)} locations: at least {want}, each " \
+                    "once, all of them cached"
                 held -= set(freed)
             cache.check_integrity()
             assert set(cache.all_indices().tolist()) == held, \
@@ -387,7 +397,8 @@ def test_a_longer_prompt_reuses_the_cached_whole_pages_of_an_earlier_one():
     reused = len(later) - list(computed.values())[0]
     assert reused >= len(earlier) // 4 * 4, "every whole page of the earlier prompt should have been reused"
     assert reused % 4 == 0 and reused < len(later), \
-        f"only whole pages are reused, never the whole prompt: reused {reused} of {len(later)} tokens"
+        f"only whole pages are reused, never the whole prompt: reused {reused} of {len(later)} " \
+        "tokens"
     assert_tokens_equal([out[0]["token_ids"]], hf_greedy([later], 6))
     llm.cache_manager.check_integrity()
 
@@ -443,4 +454,5 @@ def test_eviction_never_takes_the_prefix_of_a_running_request():
     assert_tokens_equal([llm.results[u].token_ids for u in (ua, uc, ub)], [ref[0], ref[1][:nc], ref[2][:nb]])
     llm.cache_manager.check_integrity()
     assert cache.match_prefix(done_c)[0].cached_len < before, \
-        "the unlocked entry (c's KV) should have been evicted, not the prefix a running request reads"
+        "the unlocked entry (c's KV) should have been evicted, not the prefix a running " \
+        "request reads"

@@ -61,7 +61,8 @@ def test_prefill_batches_share_the_budget_in_arrival_order():
     ]
     got = prefill_batches(log)
     assert got == want, \
-        f"prefill batches as {{uid: tokens}}, budget 7, prompts of 5, 9, 3, 6 tokens: expected {want}, got {got}"
+        "prefill batches as {uid: tokens}, budget 7, prompts of 5, 9, 3, 6 tokens: expected " \
+        f"{want}, got {got}"
     assert_tokens_equal([llm.results[u].token_ids for u in uids], hf_greedy(prompts, 4))
 
 
@@ -92,7 +93,8 @@ def test_a_long_prompt_is_split_and_answers_only_after_its_last_chunk(page_size)
     sends = [(i, m) for i, e in enumerate(log) if e.kind == "send" for m in e["msgs"] if m.uid == uid]
     assert sends and sends[0][0] > chunks[-1], "a request gets no message before its last chunk is computed"
     assert [m.finished for _, m in sends] == [False, False, False, True], \
-        f"4 output tokens, only the last one finished: got finished flags {[m.finished for _, m in sends]}"
+        "4 output tokens, only the last one finished: got finished flags " \
+        f"{[m.finished for _, m in sends]}"
     assert_tokens_equal([[m.next_token for _, m in sends]], hf_greedy([long], 4))
     assert llm.results[uid].token_ids == [m.next_token for _, m in sends], "the result holds the tokens sent"
     llm.cache_manager.check_integrity()
@@ -133,7 +135,8 @@ def test_prefill_adder_chunks_the_request_that_hits_the_budget():
     rb = adder.try_add_one(b)
     assert isinstance(rb, ChunkedReq), "b does not fit in what is left of the budget: it is chunked"
     assert (rb.cached_len, rb.device_len) == (0, 2) and b.chunked_req is rb, \
-        f"b's first chunk covers the 2 tokens of budget left, and is remembered in b.chunked_req: got {rb}"
+        "b's first chunk covers the 2 tokens of budget left, and is remembered in " \
+        f"b.chunked_req: got {rb}"
     assert pool[rb.table_idx, :9].tolist() == b.input_ids.tolist(), "the whole prompt is stored at once"
     assert adder.try_add_one(c) is None, "the budget is spent"
     assert table.available_size == 2, "a request that waits must not hold a slot"
@@ -194,7 +197,8 @@ def test_a_continued_chunk_reserves_exactly_what_it_may_still_need(page_size, nu
         got = adder.try_add_one(_pending(3, 1, max_tokens=1))  # needs 1 page, beside b's `left`
         free = cache.num_free_pages
         assert (got is not None) == fits, (
-            f"pages of {page_size}: b may still need {left} pages and the newcomer 1, with {free} free: "
+            f"pages of {page_size}: b may still need {left} pages and the newcomer 1, with "
+            f"{free} free: "
             + ("it fits exactly and must be admitted" if fits else "it must wait"))
 
 
@@ -245,7 +249,8 @@ def _run_checking_admission(llm, limit: int = 500) -> None:
                                  "may still need") from None
         promised, available = _promised_pages(llm), llm.cache_manager.available_pages
         assert promised <= available, (
-            f"after step {step}: admitted requests may still need {promised} pages, but only {available} "
+            f"after step {step}: admitted requests may still need {promised} pages, but only "
+            f"{available} "
             "are free or evictable: a request was admitted that memory cannot finish")
     raise AssertionError(f"the requests did not finish in {limit} steps")
 

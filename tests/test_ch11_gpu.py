@@ -267,7 +267,8 @@ def test_scheduler_never_waits_for_the_step_it_just_launched():
         if llm._last_data is not None:
             forward_input, output = llm._last_data
             assert not output.copy_done.query(), \
-                f"step {forward_input.batch.step} ({forward_input.batch.phase}) finished before the scheduler moved on"
+                f"step {forward_input.batch.step} ({forward_input.batch.phase}) finished " \
+                "before the scheduler moved on"
             phases.add(forward_input.batch.phase)
     assert phases == {"prefill", "decode"}
     got = [llm.results[u].token_ids for u in uids]

@@ -83,7 +83,8 @@ def check_finished_flag_on_last_token(llm_class, overlap: bool) -> None:
     for uid, n in zip(uids, lengths):
         flags = [f for _, f in sent.get(uid, [])]
         assert flags == [False] * (n - 1) + [True], \
-            f"request with max_tokens={n}: finished flags {flags}, expected {[False] * (n - 1) + [True]}"
+            f"request with max_tokens={n}: finished flags {flags}, expected " \
+            f"{[False] * (n - 1) + [True]}"
     assert_idle_and_clean(llm)
 
 
@@ -228,7 +229,8 @@ def test_order_of_events(overlap):
         if e.kind == "handle":
             got = (e.fields.get("phase"), e.fields.get("uids"))
             assert got == launched[e["step"]], \
-                f"the handle event of step {e['step']} says (phase, uids) = {got}, its launch said {launched[e['step']]}"
+                f"the handle event of step {e['step']} says (phase, uids) = {got}, its launch " \
+                f"said {launched[e['step']]}"
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -354,7 +356,8 @@ def test_the_overlap_loop_blocks_only_when_it_has_nothing_to_do():
     for blocking, in_flight, waiting in calls:
         assert not (blocking and in_flight), "the loop received with blocking=True while a step was in flight"
         assert not (blocking and waiting), "the loop received with blocking=True while requests were waiting to run"
-    assert calls[-1][0], "with nothing in flight and nothing to do the loop polled instead of blocking (a server would spin)"
+    assert calls[-1][0], "with nothing in flight and nothing to do the loop polled instead of blocking (a " \
+        "server would spin)"
 
 
 class StagedCopies(LLM):

@@ -222,7 +222,8 @@ def test_generation_config_sampling_defaults_fill_only_unset_fields(tmp_path):
     params = SamplingParams(temperature=0.0, ignore_eos=True).with_defaults(llm.generation_defaults.sampling)
     got = (params.temperature, params.top_k, params.top_p, params.max_tokens)
     assert got == (0.0, 20, 0.95, 5), \
-        f"temperature set to 0, the rest from generation_config.json: expected (0.0, 20, 0.95, 5), got {got}"
+        "temperature set to 0, the rest from generation_config.json: expected (0.0, 20, 0.95, " \
+        f"5), got {got}"
     # and generate applies them: greedy (set), 5 tokens (the file's max_new_tokens)
     ref = hf_greedy(prompts(), NEW_TOKENS, model=checkpoint("qwen3"))[0]
     out = llm.generate([prompts()[0]], SamplingParams(temperature=0.0, ignore_eos=True))[0]["token_ids"]

@@ -54,7 +54,8 @@ def test_ctrl_c_leaves_no_forked_test_process_running(tmp_path):
         pytest.skip("no fork on this platform")
     pidfile = tmp_path / "pid"
     (tmp_path / "test_sleep.py").write_text(
-        f"import os, pathlib, time\n\ndef test_sleep():\n    pathlib.Path({str(pidfile)!r}).write_text(str(os.getpid()))\n"
+        "import os, pathlib, time\n\ndef test_sleep():\n    "
+        f"pathlib.Path({str(pidfile)!r}).write_text(str(os.getpid()))\n"
         "    time.sleep(60)\n")
     env = {"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     # As in a terminal: Ctrl-C raises KeyboardInterrupt here, and the server starts with the default too.
@@ -123,7 +124,8 @@ def test_a_mutant_that_breaks_a_test_modules_import_is_killed(project, capsys, m
     code = main(["ch42", "--exercise", "double", "--workers", "1"])
     out = capsys.readouterr().out
     assert code == 0 and "100.0 % killed" in out, \
-        f"a mutant that breaks the tests' import was not counted as killed (exit {code}): {out[-300:]}"
+        f"a mutant that breaks the tests' import was not counted as killed (exit {code}): " \
+        f"{out[-300:]}"
 
 
 def test_without_signals_a_hang_is_a_timeout_not_a_crash(project, capsys, monkeypatch):

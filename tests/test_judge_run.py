@@ -261,8 +261,10 @@ def test_selfcheck_names_registry_mistakes(project, capsys):
     registry.write_text(text)
     assert main(["--selfcheck", "ch42", "--workers", "1"]) == 1
     out = " ".join(capsys.readouterr().out.split())
-    assert "listed for ch42.bump but pass with its stub (drop them from its tests): test_fake.py::test_unrelated" in out
-    assert 'fail with the stub of ch42.bump but are not in its tests (add them): "test_fake.py::test_bump"' in out
+    assert "listed for ch42.bump but pass with its stub (drop them from its tests): " \
+        "test_fake.py::test_unrelated" in out
+    assert 'fail with the stub of ch42.bump but are not in its tests (add them): ' \
+        '"test_fake.py::test_bump"' in out
 
 
 def test_live_check_judges_the_notebook_namespace(project, capsys):

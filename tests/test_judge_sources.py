@@ -82,7 +82,8 @@ def test_notebook_takes_exercise_and_support_cells_only(project, ch42):
         code_cell("x = undefined_thing +  # a scratch cell that does not even parse"),
         code_cell("def helper(x):\n    return x * SCALE\n", support=True),
         code_cell("def double(x):\n    return helper(x)\n\nprint(double(2))  # try-out\n", exercise="ch42.double"),
-        code_cell('%%time\ndef bump(self, by=1):\n    """doc"""\n    raise NotImplementedError("ch42.bump: ...")\n',
+        code_cell('%%time\ndef bump(self, by=1):\n    """doc"""\n    raise '
+            'NotImplementedError("ch42.bump: ...")\n',
                   exercise="ch42.bump"),
         code_cell("def is_big(self):\n    return True\n", exercise="ch41.is_big"),  # another chapter's
     ]))
@@ -150,7 +151,8 @@ def test_live_sources_bring_helpers_decorators_and_modules_first(project, ch42):
     from judge.live import collect_sources
 
     src = ("import functools as ft\n\nLIMIT = 10\n\ndef twice(f):\n    @ft.wraps(f)\n    def w(*a):\n"
-           "        return f(*a)\n    return w\n\n@twice\ndef is_big(self):\n    return self.n > LIMIT\n\n"
+           "        return f(*a)\n    return w\n\n@twice\ndef is_big(self):\n    return self.n > "
+           "LIMIT\n\n"
            "def unrelated():\n    pass\n")
     namespace = {"__name__": "__main__"}
     linecache.cache["<cell-1>"] = (len(src), None, src.splitlines(True), "<cell-1>")

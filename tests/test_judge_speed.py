@@ -214,7 +214,8 @@ def test_the_fork_server_runs_two_at_once(tmp_path):
     flag = tmp_path / "flag"
     (tmp_path / "test_wait.py").write_text(
         f"import time, pathlib\n\ndef test_wait():\n    for _ in range(400):\n"
-        f"        if pathlib.Path({str(flag)!r}).exists():\n            return\n        time.sleep(0.05)\n"
+        f"        if pathlib.Path({str(flag)!r}).exists():\n            return\n        "
+        "time.sleep(0.05)\n"
         f"    raise AssertionError('the other run never ran')\n")
     (tmp_path / "test_write.py").write_text(f"import pathlib\n\ndef test_write():\n    pathlib.Path({str(flag)!r}).touch()\n")
     server = forkserver.ForkServer(str(REPO), ["pytest"])
@@ -233,7 +234,8 @@ def test_the_fork_server_runs_two_at_once(tmp_path):
         one("write")
         wait.join()
         assert codes["write"] == (0, False) and codes["wait"] == (0, False), \
-            f"(exit code, killed) of the two runs: {codes}; the waiting one printed: {(tmp_path / 'wait.out').read_text()[-300:]}"
+            f"(exit code, killed) of the two runs: {codes}; the waiting one printed: " \
+            f"{(tmp_path / 'wait.out').read_text()[-300:]}"
         # and a run past its time is stopped
         (tmp_path / "test_sleep.py").write_text("import time\n\ndef test_sleep():\n    time.sleep(60)\n")
         code, killed = server.run(["-q", "-p", "no:cacheprovider", str(tmp_path / "test_sleep.py")], ENV,
@@ -277,6 +279,7 @@ def test_a_forked_run_sees_the_engine_switches_of_its_own_environment(tmp_path):
         assert server.ready, "the fork server did not start"
         code, _ = server.run(["-q", "-p", "no:cacheprovider", str(tmp_path / "test_env.py")], env, str(tmp_path),
                              str(tmp_path / "env.out"), 60, None)
-        assert code == 0, f"the forked run saw another attention backend: {(tmp_path / 'env.out').read_text()[-200:]}"
+        assert code == 0, "the forked run saw another attention backend: " \
+            f"{(tmp_path / 'env.out').read_text()[-200:]}"
     finally:
         server.close()

@@ -35,7 +35,8 @@ def test_every_minisgl_variable_mentioned_anywhere_is_defined():
 def test_the_readme_lists_the_settings_as_defined():
     block = settings_table.readme_block(settings_table.README.read_text(encoding="utf-8"))
     assert block == settings_table.table(), \
-        "README.md's table of settings differs from their definitions: run `python -m tools.settings_table --write`"
+        "README.md's table of settings differs from their definitions: run `python -m " \
+        "tools.settings_table --write`"
 
 
 @pytest.mark.parametrize("setting", [s for s in env.SETTINGS + judge_settings.SETTINGS if s.allowed],

@@ -19,7 +19,8 @@ from minisgl.env import ENV
 
 def assert_all_returned(llm) -> None:
     assert llm.table_manager.available_size == llm.table_manager.capacity, \
-        f"{llm.table_manager.capacity - llm.table_manager.available_size} request slot(s) never came back"
+        f"{llm.table_manager.capacity - llm.table_manager.available_size} request slot(s) " \
+        "never came back"
     llm.cache_manager.check_integrity()
 
 
@@ -68,7 +69,8 @@ def test_a_failed_prefill_fails_only_its_requests(loop):
     assert injector.failures == 1, "the test should have failed exactly one step"
     ra, rb = llm.results[a], llm.results[b]
     assert rb.error is not None and "injected sampler failure" in rb.error, \
-        f"the request whose step failed should end with an error naming the failure, got error={rb.error!r}"
+        "the request whose step failed should end with an error naming the failure, got " \
+        f"error={rb.error!r}"
     assert ra.error is None, f"a request outside the failed batch should not fail, got error={ra.error!r}"
     assert_tokens_equal([ra.token_ids], [want[0]], f"{loop}: the request outside the failed batch")
     assert_all_returned(llm)
@@ -105,7 +107,8 @@ def test_generate_reports_the_failed_request_and_returns_the_others(loop):
     FailingSampler(llm, doomed=[2])
     out = llm.generate(p, greedy(6))
     assert "error" in out[2] and "error" not in out[0], \
-        f"generate: only prompt 2 should carry an error, got errors on {[i for i, o in enumerate(out) if 'error' in o]}"
+        "generate: only prompt 2 should carry an error, got errors on " \
+        f"{[i for i, o in enumerate(out) if 'error' in o]}"
     ok = [i for i, o in enumerate(out) if "error" not in o]
     assert_tokens_equal([out[i]["token_ids"] for i in ok], [want[i] for i in ok], f"{loop}: the other prompts")
     assert_all_returned(llm)

@@ -25,8 +25,10 @@ def test_the_loop_is_each_engines_own_with_the_environment_as_default(monkeypatc
         llm.add_request(prompts[0], greedy(4))
         llm.step()  # launches the prefill; only the overlap loop leaves it in flight
     assert (overlap.in_flight, default.in_flight) == (True, False), \
-        f"after one step, an engine built with overlap_scheduling=True should have its batch in flight and one " \
-        f"following the environment (normal loop) should not; got {overlap.in_flight} and {default.in_flight}"
+        "after one step, an engine built with overlap_scheduling=True should have its batch " \
+        "in flight and one " \
+        f"following the environment (normal loop) should not; got {overlap.in_flight} and " \
+        f"{default.in_flight}"
     for llm in (overlap, default):
         llm.run_until_idle()
 
@@ -39,7 +41,8 @@ def test_the_attention_backend_is_each_engines_own_with_the_environment_as_defau
         with pytest.raises(ValueError, match="triton attention backend needs a CUDA device"):
             build_llm()
         assert build_llm(attention_backend="torch").engine.backend_name == "torch", \
-            "an engine built with attention_backend='torch' must use it whatever the environment says"
+            "an engine built with attention_backend='torch' must use it whatever the " \
+            "environment says"
         return
     monkeypatch.setattr(ENV.ATTENTION_BACKEND, "value", "torch")
     default, triton = build_llm(), build_llm(attention_backend="triton")

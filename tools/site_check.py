@@ -45,13 +45,18 @@ EXPECTATIONS: Dict[str, List[Tuple[str, str]]] = {
     "index.html": [
         ("the title", "document.querySelector('h1').textContent.includes('minisgl workbook')"),
         ("the set-up command", "document.body.innerText.includes('python judge.py ch11')"),
-        ("the chapters in the navigation", "[...document.querySelectorAll('nav a')].some(a => a.textContent.includes('Chapter 11'))"),
+        ("the chapters in the navigation", "[...document.querySelectorAll('nav a')].some(a => "
+            "a.textContent.includes('Chapter 11'))"),
     ],
     "ch11_overlap/index.html": [
         ("the chapter title", "document.querySelector('h1').textContent.includes('Overlap scheduling')"),
-        ("four exercises", "[...document.querySelectorAll('.admonition-title')].filter(t => t.textContent.includes('Exercise ch11.')).length === 4"),
-        ("figures that loaded", "[...document.querySelectorAll('img.nb-figure')].length >= 2 && [...document.querySelectorAll('img.nb-figure')].every(i => i.complete && i.naturalWidth > 0)"),
-        ("real outputs", "document.body.innerText.includes('launch 1') && document.body.innerText.includes('handle 3')"),
+        ("four exercises", "[...document.querySelectorAll('.admonition-title')].filter(t => "
+            "t.textContent.includes('Exercise ch11.')).length === 4"),
+        ("figures that loaded", "[...document.querySelectorAll('img.nb-figure')].length >= 2 && "
+            "[...document.querySelectorAll('img.nb-figure')].every(i => i.complete && "
+            "i.naturalWidth > 0)"),
+        ("real outputs", "document.body.innerText.includes('launch 1') && "
+            "document.body.innerText.includes('handle 3')"),
         ("the judge's report", "document.body.innerText.includes('PASSED:')"),
     ],
 }
@@ -248,7 +253,8 @@ def visit(browser: Chromium, base: str, path: str, out: Path, width: int = 1280,
         elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
             report.console_errors.append("console.error: " + " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", [])))
         elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
-            report.console_errors.append(f"{params['entry'].get('source')}: {params['entry'].get('text')} {params['entry'].get('url', '')}")
+            report.console_errors.append(f"{params['entry'].get('source')}: {params['entry'].get('text')} "
+                f"{params['entry'].get('url', '')}")
     if not loaded:
         report.failed.append("the page did not finish loading in 30 s")
     for what, expr in EXPECTATIONS.get(path if path.endswith(".html") else path + "index.html", []):
@@ -285,7 +291,8 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--pages", nargs="*", default=["index.html", "ch11_overlap/"])
     args = ap.parse_args(argv)
     if not (args.site / "index.html").is_file():
-        print(f"no built site in {args.site}/ (run: python -m tools.workbook site && mkdocs build --strict)")
+        print(f"no built site in {args.site}/ (run: python -m tools.workbook site && mkdocs "
+            "build --strict)")
         return 2
     failed = False
     problems = check_links(args.site)

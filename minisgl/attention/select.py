@@ -49,7 +49,8 @@ def resolve_backend_name(name: str, device: torch.device, shape: Tuple[int, int,
     if why is None:
         return resolved
     if name == "triton":
-        raise ValueError(f"the triton attention backend cannot run this model: {why}; use attention_backend='torch'")
+        raise ValueError(f"the triton attention backend cannot run this model: {why}; use "
+            "attention_backend='torch'")
     print(f"minisgl: {why}, which the Triton kernels do not run: using the torch attention backend",
           file=sys.stderr)
     return "torch"

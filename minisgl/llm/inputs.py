@@ -47,7 +47,8 @@ def token_ids(prompt: Any, tokenizer) -> torch.Tensor:
     if isinstance(prompt, torch.Tensor) or _is_ndarray(prompt):
         t = torch.as_tensor(prompt)
         if t.dim() != 1 or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-            raise TypeError(f"a prompt given as an array must be 1-D integer token ids, got {t.dim()}-D {t.dtype}")
+            raise TypeError(f"a prompt given as an array must be 1-D integer token ids, got {t.dim()}-D "
+                f"{t.dtype}")
         ids = t.tolist()
     elif isinstance(prompt, (list, tuple)):
         ids = list(prompt)
@@ -75,7 +76,8 @@ def sampling_list(sampling_params: Any, n: int) -> List[SamplingParams]:
         if len(params) != n:
             raise ValueError(f"{n} prompts but {len(params)} sampling params")
     else:
-        raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got {_kind(sampling_params)}")
+        raise TypeError("sampling_params must be a SamplingParams or a list of them, got "
+            f"{_kind(sampling_params)}")
     for i, p in enumerate(params):
         if not isinstance(p, SamplingParams):
             raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {_kind(p)}")

@@ -67,7 +67,8 @@ def rope_scaling_from_hf(raw: Dict[str, Any]) -> RopeScaling | None:
     if kind == "default":
         return None
     if kind != "llama3":
-        raise ValueError(f"RoPE scaling {kind!r} (rope_type) is not supported; supported: {', '.join(ROPE_TYPES)}")
+        raise ValueError(f"RoPE scaling {kind!r} (rope_type) is not supported; supported: "
+            f"{', '.join(ROPE_TYPES)}")
     try:
         scaling = RopeScaling(float(params["factor"]), float(params["low_freq_factor"]),
                               float(params["high_freq_factor"]),

@@ -54,8 +54,10 @@ def iter_hf_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]
             raise ValueError(f"cannot read checkpoint file {path}: {e}") from None
         for key in keys:
             if key in seen:
-                raise ValueError(f"weight {key} is in both {seen[key].name} and {path.name}: a checkpoint in several "
-                                 "*.safetensors files must split its weights between them (or name the file of each "
+                raise ValueError(f"weight {key} is in both {seen[key].name} and {path.name}: a checkpoint "
+                    "in several "
+                                 "*.safetensors files must split its weights between them (or name the file "
+                                 "of each "
                                  "in model.safetensors.index.json)")
             seen[key] = path
         try:
@@ -122,6 +124,7 @@ def load_weight(model: BaseOP, model_dir: str | Path, device: torch.device) -> D
             del pending[mkey]
     if pending:
         mkey, parts = next(iter(pending.items()))
-        raise KeyError(f"missing weight: {mkey} needs {len(parts)} parts, found {sum(p is not None for p in parts)}")
+        raise KeyError(f"missing weight: {mkey} needs {len(parts)} parts, found "
+            f"{sum(p is not None for p in parts)}")
     model.load_state_dict(state)
     return state

@@ -191,7 +191,8 @@ def slot_reuse(llm_class: type = LLM, streams: str = "deferred") -> ProblemRun:
     got_long = llm.results[b].token_ids
     ok = got_long == want_long and llm.results[a].token_ids == ref_short[: k + 1] and not rec.reused_in_flight
     return ProblemRun("slot reuse", llm_class.__name__, rec.frames,
-                      [f"{streams} CPU streams; rows reused while still written by a batch in flight: {rec.reused_in_flight}",
+                      [f"{streams} CPU streams; rows reused while still written by a batch in flight: "
+                          f"{rec.reused_in_flight}",
                        f"request 1 alone gives {want_long} {llm.decode(want_long)!r}",
                        f"request 1 here gets  {got_long} {llm.decode(got_long)!r}"], ok, rec.sent)
 

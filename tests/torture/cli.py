@@ -88,7 +88,8 @@ def main(argv=None) -> int:
                 SAVE_DIR.mkdir(parents=True, exist_ok=True)
                 path = SAVE_DIR / f"{kind.replace(':', '-')}-seed{seed}.json"
                 path.write_text(small.to_json())
-                print(f"  shrunk in {runs} runs to {len(small.requests)} request(s), {len(small.aborts)} abort(s):\n"
+                print(f"  shrunk in {runs} runs to {len(small.requests)} request(s), "
+                    f"{len(small.aborts)} abort(s):\n"
                       f"  {small.to_json()}\n  replay: python -m tests.torture --replay {path}"
                       f"{' --variant ' + args.variant if args.variant else ''}", flush=True)
             if sum(len(v) for v in failures.values()) >= args.max_failures:

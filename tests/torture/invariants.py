@@ -47,7 +47,8 @@ class SlotWatch:
             busy = [s for s, idxs in self.in_flight.items() if idx in idxs]
             if busy:
                 raise Violation("slot-reuse-in-flight",
-                                f"slot {idx} given to uid {uid} while the batch of step {busy[0]} still holds it")
+                                f"slot {idx} given to uid {uid} while the batch of step {busy[0]} still "
+                                "holds it")
             self.owner[idx] = uid
         elif ev.kind == "slot_free":
             idx, uid = ev["table_idx"], ev["uid"]
@@ -58,7 +59,8 @@ class SlotWatch:
             for uid, idx in zip(ev["uids"], ev["table_idxs"]):
                 if self.owner.get(idx) != uid:
                     raise Violation("slot-not-owned",
-                                    f"step {ev['step']} runs uid {uid} in slot {idx}, owned by {self.owner.get(idx)}")
+                                    f"step {ev['step']} runs uid {uid} in slot {idx}, owned by "
+                                    f"{self.owner.get(idx)}")
             self.in_flight[ev["step"]] = set(ev["table_idxs"])
         elif ev.kind == "handle":
             self.in_flight.pop(ev["step"], None)
@@ -79,8 +81,10 @@ def check_pages(llm) -> None:
     n_held = sum(len(h) for h in held)
     if len(everything) != cm.num_pages or len(torch.unique(everything)) != cm.num_pages:
         raise Violation("page-accounting",
-                        f"free {len(free)} + cached {len(cached)} + held {n_held} by {len(live)} live request(s) "
-                        f"= {len(everything)} ({len(torch.unique(everything))} distinct), pool has {cm.num_pages}")
+                        f"free {len(free)} + cached {len(cached)} + held {n_held} by {len(live)} live "
+                        "request(s) "
+                        f"= {len(everything)} ({len(torch.unique(everything))} distinct), pool has "
+                        f"{cm.num_pages}")
 
 
 def check_locks(llm) -> None:

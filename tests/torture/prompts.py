@@ -21,7 +21,8 @@ REF_TOKENS = 24  # every request's max_tokens stays within the reference
 _TEXT = (
     "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the "
     "sun. Arise, fair sun, and kill the envious moon, who is already sick and pale with grief.\n",
-    "KING HENRY:\nOnce more unto the breach, dear friends, once more; or close the wall up with our "
+    "KING HENRY:\nOnce more unto the breach, dear friends, once more; or close the wall up "
+    "with our "
     "English dead. In peace there's nothing so becomes a man as modest stillness and humility.\n",
     "HAMLET:\nTo be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
     "the slings and arrows of outrageous fortune, or to take arms against a sea of troubles.\n",

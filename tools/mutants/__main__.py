@@ -159,15 +159,18 @@ def _stale_equivalents(ex: Exercise, source: str) -> List[str]:
 def _print_exercise(console: Console, ex: Exercise, source: str, results: List[Result], row: Dict,
                     stale: List[str]) -> None:
     style = "green" if row["survived"] == 0 else "bold red"
-    console.print(Text(f"{ex.id}: {row['score']:.1f} % killed ({row['killed']} killed, {row['timeout']} timed out, "
-                       f"{row['invalid']} invalid, {row['survived']} survived, {row['equivalent']} equivalent) "
+    console.print(Text(f"{ex.id}: {row['score']:.1f} % killed ({row['killed']} killed, {row['timeout']} "
+        "timed out, "
+                       f"{row['invalid']} invalid, {row['survived']} survived, {row['equivalent']} "
+                       "equivalent) "
                        f"in {row['wall']:.0f} s", style=style))
     for r in results:
         if r.status == SURVIVED:
             console.print(Text(f"  survived {r.mutant.id}  {r.mutant.description}", style="red"))
             console.print(Text("    " + r.mutant.diff(source).replace("\n", "\n    "), style="dim"))
     for mid in stale:
-        console.print(Text(f"  stale: {mid} is listed as equivalent but is no longer a mutant of the reference "
+        console.print(Text(f"  stale: {mid} is listed as equivalent but is no longer a mutant of the "
+            "reference "
                            "(remove it from judge/exercises.toml)", style="bold red"))
 
 

@@ -256,7 +256,8 @@ def main() -> None:
             s = model.generate(ids, max_new_tokens=80, do_sample=True, temperature=0.8, top_k=50,
                                pad_token_id=eos_id)
         log(f"\n=== greedy: {prompt!r}\n{tok.decode(g[0], skip_special_tokens=True)}")
-        log(f"\n=== sampled (T=0.8, top-k 50, seed 0): {prompt!r}\n{tok.decode(s[0], skip_special_tokens=True)}")
+        log("\n=== sampled (T=0.8, top-k 50, seed 0): "
+            f"{prompt!r}\n{tok.decode(s[0], skip_special_tokens=True)}")
     (args.out / "train_summary.json").write_text(json.dumps(
         {"parameters": n_params, "best": best, "total_seconds": round(total_s, 1), "curve": curve}, indent=1))
 

@@ -112,7 +112,8 @@ def _judge_cells(chapter: Chapter) -> List[nbformat.NotebookNode]:
     intro = new_markdown_cell(
         "## Check your work\n\n"
         f"The next cell takes the functions you wrote in this notebook, swaps them into the engine "
-        f"and runs chapter {int(n[2:])}'s tests against them. From a terminal, `python judge.py {n}` "
+        f"and runs chapter {int(n[2:])}'s tests against them. From a terminal, `python "
+        f"judge.py {n}` "
         "judges the saved notebook the same way.")
     intro.metadata["minisgl"] = {"judge_intro": n}
     cell = new_code_cell(f'import judge\n\njudge.check("{n}")')

@@ -90,7 +90,8 @@ def read_chapter(path: Path) -> Chapter:
     front, body, body_line = _split_front_matter(text, path)
     meta = front.get("minisgl") or {}
     if meta.get("chapter", chapter) != chapter:
-        raise SourceError(f"{path.name}: front matter says chapter {meta.get('chapter')!r}, the file name {chapter!r}")
+        raise SourceError(f"{path.name}: front matter says chapter {meta.get('chapter')!r}, the file name "
+            f"{chapter!r}")
     title = meta.get("title")
     if not title:
         raise SourceError(f"{path.name}: the front matter needs `minisgl: {{title: ...}}`")
