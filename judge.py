@@ -1,4 +1,5 @@
-"""Judge your exercises: `python judge.py ch03` (see `python judge.py --help` and judge/README.md)."""
+"""Judge your exercises: `python judge.py ch03` (see `python judge.py --help` and
+judge/README.md)."""
 
 import sys
 

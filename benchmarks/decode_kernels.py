@@ -44,7 +44,8 @@ PER_STEP = {"qkv_proj": 28, "o_proj": 28, "gate_up_proj": 28, "down_proj": 28, "
 
 
 def bench_us(fn) -> float:
-    """Median microseconds of fn() replayed in a CUDA graph (no launch overhead, like the engine)."""
+    """Median microseconds of fn() replayed in a CUDA graph (no launch overhead, like the
+    engine)."""
     fn()
     torch.cuda.synchronize()
     return triton.testing.do_bench_cudagraph(fn, rep=40) * 1000

@@ -12,7 +12,8 @@ __all__ = ["check"]
 
 
 def check(chapter: str, namespace=None, **options):
-    """Judge the chapter's exercises as currently defined in the calling notebook (see judge/live.py)."""
+    """Judge the chapter's exercises as currently defined in the calling notebook (see
+    judge/live.py)."""
     from .live import check as _check
 
     return _check(chapter, namespace=namespace, _depth=2, **options)

@@ -3,10 +3,11 @@
 A test's budget is what the learner's code may spend in it before the test is stopped as a timeout:
 `max(floor, factor x the reference's time)`, or `default` for a test the file has no time for (a
 new test). The reference's time is the test process's CPU time in the test, which a busy machine
-stretches much less than its wall time; the factor leaves room for load and a slower machine. Only time spent in the engine (the package the chapter's exercises belong to, e.g.
-`minisgl`) and in the learner's code counts (timer.py samples the stack): the tests' own
-Hugging Face reference computations and a cold cache are not held against the learner. `--timeout`
-stays a hard cap on the test's whole wall time.
+stretches much less than its wall time; the factor leaves room for load and a slower machine. Only
+time spent in the engine (the package the chapter's exercises belong to, e.g. `minisgl`) and in the
+learner's code counts (timer.py samples the stack): the tests' own Hugging Face reference
+computations and a cold cache are not held against the learner. `--timeout` stays a hard cap on the
+test's whole wall time.
 
 The times are measured on the reference and kept next to the registry (`budgets.json` beside
 `exercises.toml`), per device:

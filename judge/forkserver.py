@@ -7,9 +7,9 @@ fresh child per run: the child is as new as a fresh process for everything that 
 code, the swap, the tests and their modules are only imported after the fork) but starts in a
 fraction of a second. Several children may run at once.
 
-Protocol, one JSON line each way: the client sends {"id", "args", "env", "cwd", "output", "threads"};
-the server answers {"id", "pid"} once the child runs, then {"id", "exit"} when it has ended (the
-answers of concurrent runs interleave).
+Protocol, one JSON line each way: the client sends {"id", "args", "env", "cwd", "output",
+"threads"}; the server answers {"id", "pid"} once the child runs, then {"id", "exit"} when it has
+ended (the answers of concurrent runs interleave).
 """
 
 from __future__ import annotations

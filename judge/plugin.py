@@ -337,7 +337,8 @@ def _learner_frame(chain: List[BaseException]) -> str | None:
 def _shorten(text: str, keep_end: bool = False, max_lines: int | None = None,
              max_chars: int | None = None) -> str:
     """At most `max_lines` lines and `max_chars` characters: a test's message is short (it is read
-    in a list of failures), a collection error keeps its end (where the traceback says what broke)."""
+    in a list of failures), a collection error keeps its end (where the traceback says what
+    broke)."""
     max_lines = max_lines or (MAX_LINES if keep_end else MESSAGE_LINES)
     max_chars = max_chars or (MAX_MESSAGE if keep_end else MESSAGE_CHARS)
     lines = [ln for ln in text.rstrip().splitlines() if ln.strip() and "Use -v to get" not in ln]

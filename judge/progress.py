@@ -1,6 +1,7 @@
-"""The learner's progress: one small JSON file in the checkout (`.judge_progress.json`, git-ignored),
-updated after each complete judged run of the learner's notebook (`python judge.py chNN`, or
-`judge.check` in the notebook), and the table `python judge.py` prints. A `--file` run is only shown:
+"""The learner's progress: one small JSON file in the checkout (`.judge_progress.json`,
+git-ignored), updated after each complete judged run of the learner's notebook (`python judge.py
+chNN`, or `judge.check` in the notebook), and the table `python judge.py` prints. A `--file` run is
+only shown:
 the record is the notebook's standing."""
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def record(verdict: Verdict, chapters: Sequence[Chapter], codes: Dict[str, Learn
 
 
 def fingerprints(code: LearnerCode, chapter: Chapter) -> Dict[str, str]:
-    """{exercise name: a hash of its `def`} (the syntax tree, so the saved cell and the same function
+    """{exercise name: a hash of its `def`} (the syntax tree, so the saved cell and the same
+    function
     read live from the kernel agree): tells whether an exercise changed since it was judged."""
     defined = code.defined()
     out = {}

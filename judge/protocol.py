@@ -1,7 +1,8 @@
-"""What the judge's two halves say to each other: the parent (runner.py) writes a `RunSpec` as a JSON
-file whose path is in MINISGL_JUDGE_SPEC; the test process (plugin.py, swap.py, timer.py) reads it,
-and appends one `Event` per line to the spec's results file, flushed at once, so that what happened
-survives a test that ends the process. Both halves import these types, so a field is named once.
+"""What the judge's two halves say to each other: the parent (runner.py) writes a `RunSpec` as a
+JSON file whose path is in MINISGL_JUDGE_SPEC; the test process (plugin.py, swap.py, timer.py) reads
+it, and appends one `Event` per line to the spec's results file, flushed at once, so that what
+happened survives a test that ends the process. Both halves import these types, so a field is named
+once.
 
 Plain dataclasses and `json`: the test process imports this before torch, and it must stay light.
 """
@@ -54,7 +55,8 @@ class UnitSpec:
     exercises: List[ExerciseSpec] = field(default_factory=list)
 
     def only(self, exercise_ids: Sequence[str]) -> "UnitSpec":
-        """This unit with only these exercises swapped in; every other one is left to the reference."""
+        """This unit with only these exercises swapped in; every other one is left to the
+        reference."""
         keep = set(exercise_ids)
         return dataclasses.replace(self, exercises=[dataclasses.replace(e, swap=e.swap and e.id in keep)
                                                     for e in self.exercises])
@@ -117,7 +119,8 @@ class RunSpec:
         return cls.from_json(Path(path).read_text(encoding="utf-8"))
 
 
-# ---------------------------------------------------------------------- the events (child -> parent)
+# ---------------------------------------------------------------------- the events (child ->
+# parent)
 
 
 @dataclass
@@ -207,7 +210,8 @@ EVENTS: Dict[str, Type[Event]] = {c.kind: c for c in (Swapped, Collected, Collec
 
 
 def event_from_json(line: str) -> Event | None:
-    """The event of one line of the results file; None for a line cut short by a kill, or unknown."""
+    """The event of one line of the results file; None for a line cut short by a kill, or
+    unknown."""
     try:
         data: Dict[str, Any] = json.loads(line)
         return EVENTS[data.pop("event")](**data)

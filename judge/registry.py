@@ -116,7 +116,8 @@ def chapter_key(name: str | int) -> str | None:
 
 
 def test_matches(ref: str, nodeid: str) -> bool:
-    """A registry test reference ('test_x.py::test_y', or with a 'tests/' prefix) names a pytest node
+    """A registry test reference ('test_x.py::test_y', or with a 'tests/' prefix) names a pytest
+    node
     id ('tests/test_x.py::test_y'), or all parametrizations of it ('...::test_y[a-1]')."""
     ref_file, _, ref_rest = ref.partition("::")
     file, _, rest = nodeid.partition("::")

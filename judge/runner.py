@@ -1,8 +1,9 @@
-"""Running pytest in a fresh subprocess with the learner's code swapped in (plugin.py does the swap).
+"""Running pytest in a fresh subprocess with the learner's code swapped in (plugin.py does the
+swap).
 
-One process is three steps: `_build` writes the spec (protocol.RunSpec) and puts together the command
-and environment, `_launch` starts it (forked from a server when the run has one), `_replay` reads
-the events it wrote (protocol.py) into the run's result.
+One process is three steps: `_build` writes the spec (protocol.RunSpec) and puts together the
+command and environment, `_launch` starts it (forked from a server when the run has one), `_replay`
+reads the events it wrote (protocol.py) into the run's result.
 
 The subprocess gets its own process group, a wall-clock limit (the whole group is killed when it
 runs out), and its output is drained by a thread that keeps only the end of it. Each test has a

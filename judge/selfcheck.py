@@ -1,4 +1,5 @@
-"""`python judge.py --selfcheck [chNN]`: the red/green matrix that proves the judge and the registry.
+"""`python judge.py --selfcheck [chNN]`: the red/green matrix that proves the judge and the
+registry.
 
 For every chapter:
 1. the reference passes all the chapter's tests (and every test the registry names exists);

@@ -159,7 +159,8 @@ def _strip_magics(source: str) -> str:
 
 
 def analyze(code: LearnerCode, chapter: Chapter) -> LearnerCode:
-    """Parse every snippet, keep only its definitions, and note what is wrong before anything runs."""
+    """Parse every snippet, keep only its definitions, and note what is wrong before anything
+    runs."""
     kept: List[Snippet] = []
     for snip in code.snippets:
         try:

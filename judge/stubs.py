@@ -73,7 +73,8 @@ def sentinel_message(ex: Exercise) -> str:
 
 
 def module_file(module: str) -> Path:
-    """The source file of `module`, found without importing it (importing minisgl pulls in torch)."""
+    """The source file of `module`, found without importing it (importing minisgl pulls in
+    torch)."""
     rel = Path(*module.split("."))
     for base in [REPO, *map(Path, filter(None, sys.path))]:
         for candidate in (base / rel.with_suffix(".py"), base / rel / "__init__.py"):
@@ -116,7 +117,8 @@ def _decorator_name(dec: ast.expr) -> str:
 
 
 def _function_parts(ex: Exercise) -> Tuple[str, str, List[str], str]:
-    """(header 'def f(...) -> T:' as written, docstring lines as written or '', decorators, body indent)."""
+    """(header 'def f(...) -> T:' as written, docstring lines as written or '', decorators, body
+    indent)."""
     text, node = _function_source(ex)
     lines = text.splitlines()
     def_text = "\n".join(lines[node.lineno - 1 :])

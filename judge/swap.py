@@ -130,7 +130,8 @@ def _run_snippets(module, snippets: List[SnippetSpec], exs: List[ExerciseSpec], 
                 if owner in here:
                     problems.setdefault(owner, msg)
             else:
-                # Code every exercise may depend on failed: none of this module's exercises is reliable.
+                # Code every exercise may depend on failed: none of this module's exercises is
+                # reliable.
                 if msg not in report.general:
                     report.general.append(msg)
                 for name in here:
@@ -223,7 +224,8 @@ def _standin(exercise_id: str, problem: str, raw):
 
 
 def _rewrap(raw, fn):
-    """Re-apply the original's kind, and a torch grad-mode decorator (@torch.no_grad()) if it had one."""
+    """Re-apply the original's kind, and a torch grad-mode decorator (@torch.no_grad()) if it had
+    one."""
     inner = _unwrap_kind(raw)
     factory = None
     if getattr(inner, "__wrapped__", None) is not None:

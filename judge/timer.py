@@ -120,7 +120,8 @@ class _Timer:
             thread.join()
             self.item = None
             # Written here, by the main thread (the results file is its): the test's CPU time, which
-            # budgets.py measures the reference by (a busy machine stretches wall time, not CPU time).
+            # budgets.py measures the reference by (a busy machine stretches wall time, not CPU
+            # time).
             plugin._judge.write(CpuTime(item.nodeid, round(time.process_time() - cpu, 3)))
             if self.over is not None:
                 plugin._judge.write(OverBudget(item.nodeid, round(self.over, 2)))
@@ -193,7 +194,8 @@ def _judges(exercise: ExerciseSpec, nodeid: str) -> bool:
 
 
 def _inside_a_test_phase(frame) -> bool:
-    """Whether pytest is running a phase's function here (CallInfo.from_call catches what it raises)."""
+    """Whether pytest is running a phase's function here (CallInfo.from_call catches what it
+    raises)."""
     below = False
     while frame is not None:
         if frame.f_code is _FROM_CALL and below:

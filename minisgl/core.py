@@ -59,7 +59,8 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise TypeError (wrong type; a bool is not a number here) or ValueError (NaN, infinite,
-        out of range) naming the field. `generate` calls it again: fields can change after __init__."""
+        out of range) naming the field. `generate` calls it again: fields can change after
+        __init__."""
         for name in ("temperature", "top_p"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -221,7 +222,8 @@ class Batch:
 
 
 class Context:
-    """What a layer deep inside the model needs to know about the current forward pass (the batch and
+    """What a layer deep inside the model needs to know about the current forward pass (the batch
+    and
     the attention backend) without every forward() passing it along."""
 
     def __init__(self, page_size: int, kv_cache: Any = None, attn_backend: Any = None,

@@ -170,7 +170,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
 
 
 class KVCache:
-    """Per layer, the keys and values of every token processed so far: [tokens, kv_heads, head_dim]."""
+    """Per layer, the keys and values of every token processed so far: [tokens, kv_heads,
+    head_dim]."""
 
     def __init__(self, num_layers: int) -> None:
         self.k: List[torch.Tensor | None] = [None] * num_layers

@@ -1,11 +1,12 @@
-"""Helpers the tests share: the model under test, an LLM factory, and Hugging Face reference outputs.
+"""Helpers the tests share: the model under test, an LLM factory, and Hugging Face reference
+outputs.
 
 By default the tests run against the bundled model on the CPU. `--device cuda` runs them on a GPU
 (tests marked `gpu` run only there). `MINISGL_TEST_MODEL=/path` points them at another checkpoint.
 
 Hugging Face references (float32, greedy) are computed once per prompt set and cached on disk in
-`.cache/hf_ref/`, keyed by the checkpoint's size and modification time, so the judge's edit-and-check
-loop does not pay for transformers every time.
+`.cache/hf_ref/`, keyed by the checkpoint's size and modification time, so the judge's
+edit-and-check loop does not pay for transformers every time.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ _tokenizer_cache: Dict[str, object] = {}
 
 
 def prompt_ids(texts: Sequence[str] = PROMPT_TEXTS, model: Path = MODEL) -> List[List[int]]:
-    """Token ids of the test prompts. A checkpoint without a tokenizer gets fixed pseudo-random ids."""
+    """Token ids of the test prompts. A checkpoint without a tokenizer gets fixed pseudo-random
+    ids."""
     path = model / "tokenizer.json"
     if not path.is_file():
         g = torch.Generator().manual_seed(0)

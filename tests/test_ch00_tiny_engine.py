@@ -64,7 +64,8 @@ def test_rms_norm_uses_eps_and_float32():
     assert torch.equal(zeros, torch.zeros(2, 8)), "an all-zero vector must stay zero (eps keeps 0 / 0 away)"
     # bf16 input: computed in float32 and cast back to bfloat16 before the weight, as Hugging Face
     # does, the result is Hugging Face's to the last bit. bfloat16 arithmetic anywhere on the way
-    # (the squares, the mean, the scaling, or the product with the weight) changes a good share of them.
+    # (the squares, the mean, the scaling, or the product with the weight) changes a good share of
+    # them.
     torch.manual_seed(5)
     hf = Qwen3RMSNorm(128, eps=1e-6)
     with torch.no_grad():
@@ -94,7 +95,8 @@ def test_apply_rope_matches_hf(theta):
     torch.manual_seed(1)
     x = torch.randn(7, 4, 32)
     positions = torch.tensor([0, 1, 7, 3, 100, 255, 1001])  # 1001: not a bfloat16 number
-    # A float32 angle near 1000 radians is only good to ~1e-4: angles in float64 may differ that much.
+    # A float32 angle near 1000 radians is only good to ~1e-4: angles in float64 may differ that
+    # much.
     torch.testing.assert_close(te.apply_rope(x, positions, theta), hf_rope(x, positions, theta),
                                atol=1e-4, rtol=1e-4,
                                msg=f"apply_rope differs from Hugging Face's rotary embedding (theta {theta:g})")
@@ -124,7 +126,8 @@ def test_apply_rope_position_zero_is_identity_and_norm_is_kept():
 
 
 def on_another_device(name, call):
-    """Run `call` with inputs on the 'meta' device, which stands in for a GPU here: it holds no data,
+    """Run `call` with inputs on the 'meta' device, which stands in for a GPU here: it holds no
+    data,
     and an operation that mixes it with a CPU tensor fails. Return the result."""
     try:
         out = call()

@@ -180,8 +180,9 @@ def test_rms_norm_matches_hf():
 
 def test_rms_norm_in_bfloat16_rounds_like_hf():
     # Computed in float32 and cast back to bfloat16 before the weight, as Hugging Face does, the
-    # result is Hugging Face's to the last bit. bfloat16 arithmetic anywhere on the way (the squares,
-    # the mean, the scaling, or the product with the weight) changes a good share of the outputs.
+    # result is Hugging Face's to the last bit. bfloat16 arithmetic anywhere on the way (the
+    # squares, the mean, the scaling, or the product with the weight) changes a good share of the
+    # outputs.
     hf = hf_norm(128, 1e-6, torch.bfloat16)
     x = (torch.randn(64, 128) * 3).bfloat16()
     got = ours(hf).forward(x)

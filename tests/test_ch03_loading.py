@@ -170,7 +170,8 @@ def test_llama3_rope_scaling_is_read_from_either_layout(layout):
 @pytest.mark.parametrize("eos,want", [(7, (7,)), ([7, 8, 9], (7, 8, 9)), (None, ()), ([], ())],
                          ids=["one", "list", "null", "empty-list"])
 def test_every_eos_id_of_a_list_is_kept(eos, want):
-    # Instruct checkpoints list several end ids (Llama-3.x: end of text, end of message, end of turn).
+    # Instruct checkpoints list several end ids (Llama-3.x: end of text, end of message, end of
+    # turn).
     cfg = ModelConfig.from_hf({**MINIMAL, "eos_token_id": eos})
     assert cfg.eos_token_ids == want, f"eos_token_id {eos!r}: expected eos_token_ids {want}, got {cfg.eos_token_ids!r}"
 
@@ -379,7 +380,8 @@ def test_a_sharded_checkpoint_loads_the_same(tmp_path):
 
 def test_a_stray_part_of_a_merged_weight_is_named(tmp_path):
     # A q_proj bias alone, in a model without biases: its merge never completes and the model has no
-    # such weight, so only the check for unfinished merges can catch it. It must not be dropped silently.
+    # such weight, so only the check for unfinished merges can catch it. It must not be dropped
+    # silently.
     ckpt = copy_checkpoint(tmp_path, lambda t: t.update({"model.layers.0.self_attn.q_proj.bias": torch.zeros(8)}))
     try:
         load_into_fresh_model(ckpt)
@@ -396,8 +398,9 @@ def save_config(model_dir: Path, **changes) -> None:
 
 @pytest.mark.parametrize("extra", ["rotary_emb.inv_freq", "lm_head.weight"])
 def test_extra_tensors_of_a_tied_checkpoint_are_skipped(tmp_path, extra):
-    # Old checkpoints saved RoPE's inverse frequencies; some tied ones still carry a copy of the head.
-    # Neither is a weight of the engine's model (the bundled one is tied): both must be skipped.
+    # Old checkpoints saved RoPE's inverse frequencies; some tied ones still carry a copy of the
+    # head. Neither is a weight of the engine's model (the bundled one is tied): both must be
+    # skipped.
     def add(t):
         if extra == "lm_head.weight":
             t["lm_head.weight"] = t["model.embed_tokens.weight"].clone()
@@ -414,7 +417,8 @@ def test_extra_tensors_of_a_tied_checkpoint_are_skipped(tmp_path, extra):
 
 
 def test_biases_of_merged_projections_are_merged_too(tmp_path):
-    # With attention_bias, q/k/v (and o) have biases; q/k/v's are merged into qkv_proj.bias like the weights.
+    # With attention_bias, q/k/v (and o) have biases; q/k/v's are merged into qkv_proj.bias like the
+    # weights.
     g = torch.Generator().manual_seed(0)
     cfg = config_of(MODEL)
     sizes = {"q": cfg.num_heads * cfg.head_dim, "k": cfg.num_kv_heads * cfg.head_dim,
@@ -439,8 +443,8 @@ def test_biases_of_merged_projections_are_merged_too(tmp_path):
 
 
 def test_a_part_of_a_merged_weight_seen_twice_is_refused(tmp_path):
-    # Two shards both hold layer 0's q_proj: the second copy arrives while its merge is still waiting
-    # for v_proj. Keeping either copy silently could load the wrong one.
+    # Two shards both hold layer 0's q_proj: the second copy arrives while its merge is still
+    # waiting for v_proj. Keeping either copy silently could load the wrong one.
     tensors = hf_tensors()
     dup = "model.layers.0.self_attn.q_proj.weight"
     save_file({dup: tensors[dup]}, str(tmp_path / "model-00001-of-00002.safetensors"))
@@ -457,11 +461,13 @@ def test_a_part_of_a_merged_weight_seen_twice_is_refused(tmp_path):
     pytest.fail(f"{dup} is in the checkpoint twice: expected a ValueError, it loaded")
 
 
-# ---------------------------------------------------------------- the loaded model computes the right thing
+# ---------------------------------------------------------------- the loaded model computes the
+# right thing
 
 
 def last_logits(model, prompts: List[List[int]]) -> torch.Tensor:
-    """Run one prefill batch of `prompts` through a loaded model: each prompt's last-position logits."""
+    """Run one prefill batch of `prompts` through a loaded model: each prompt's last-position
+    logits."""
     cfg = model.config
     max_len = max(map(len, prompts))
     kv = KVCache(cfg.num_layers, len(prompts) * max_len, 1, cfg.num_kv_heads, cfg.head_dim, F32, CPU)
@@ -516,8 +522,9 @@ def test_llama_checkpoint_loads_and_matches_hf(tmp_path):
 
 def test_weights_land_on_the_requested_device_in_the_models_dtype():
     # A float64 model and the meta device: neither is the checkpoint's (bfloat16, read on the CPU),
-    # so a weight that kept the file's dtype or stayed where it was read shows up. (Last in the file:
-    # torch.cat on the meta device imports torch._dynamo, which the transformers tests above load anyway.)
+    # so a weight that kept the file's dtype or stayed where it was read shows up. (Last in the
+    # file: torch.cat on the meta device imports torch._dynamo, which the transformers tests above
+    # load anyway.)
     model = create_model(config_of(MODEL), torch.float64, torch.device("meta"))
     state = load_weight(model, MODEL, torch.device("meta"))
     for what, weights in (("the returned state dict", state), ("the model", model.state_dict())):

@@ -101,7 +101,8 @@ def test_optional_metadata_fields_agree_with_the_tensors():
         assert meta.rows.device.type == dev().type, f"rows should be on {dev().type}, got {meta.rows.device.type}"
 
 
-# ---------------------------------------------------------------- the backend against dense attention
+# ---------------------------------------------------------------- the backend against dense
+# attention
 
 
 @dataclass

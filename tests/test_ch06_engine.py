@@ -406,7 +406,8 @@ def test_a_row_with_filters_off_keeps_every_token_next_to_a_filtered_row():
 
 
 def test_top_k_keeps_exactly_k_tokens_when_several_tie():
-    # Rank r is removed when r >= k: of tokens that tie at the k-th place, only enough to make k stay.
+    # Rank r is removed when r >= k: of tokens that tie at the k-th place, only enough to make k
+    # stay.
     logits = torch.tensor([[0.0, 2.0, 1.0, 1.0, 1.0, -1.0]] * 3, device=dev())
     out = top_k_top_p_filter(logits, torch.tensor([1, 2, 3], device=dev()), torch.ones(3, device=dev()))
     kept = torch.isfinite(out).cpu()

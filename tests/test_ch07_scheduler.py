@@ -210,7 +210,8 @@ def test_a_request_that_samples_end_of_text_stops_while_the_others_go_on():
     llm.eos_token_ids = {ref[k]}
     short = llm.add_request(p[0], greedy(1))
     long_ = llm.add_request(p[1], greedy(6))
-    # arrives while both slots are taken; gets the short one's slot, so its uid differs from its slot
+    # arrives while both slots are taken; gets the short one's slot, so its uid differs from its
+    # slot
     stops = llm.add_request(p[3], SamplingParams(max_tokens=6))
     llm.run_until_idle()
     got = llm.results[stops].token_ids
@@ -227,7 +228,8 @@ def test_a_request_that_samples_end_of_text_stops_while_the_others_go_on():
 
 
 def _admit(llm, uid: int, ids: List[int], max_tokens: int) -> Req:
-    """What the prefill manager does for a new request with nothing cached: a slot, its prompt in the
+    """What the prefill manager does for a new request with nothing cached: a slot, its prompt in
+    the
     token pool, and a Req that has computed nothing yet."""
     idx = llm.table_manager.allocate(uid)
     prompt = torch.tensor(ids, dtype=torch.int32)
@@ -313,7 +315,8 @@ def test_prepare_batch_sends_a_chunks_sample_to_the_scratch_row():
     llm = build_llm()
     ids = prompt_ids()[3]
     whole = _admit(llm, 0, ids, 4)
-    # The first 3 prompt tokens as a chunk: its sample is junk and must not land in the prompt's row.
+    # The first 3 prompt tokens as a chunk: its sample is junk and must not land in the prompt's
+    # row.
     chunk = ChunkedReq(whole.input_ids[:3], whole.table_idx, 0, 4, 0, whole.sampling_params, CacheHandle(0))
     fi = llm._prepare_batch(Batch([chunk], "prefill"))
     assert fi.input_tuple[1].tolist() == [0, 1, 2], \
@@ -342,7 +345,8 @@ def test_a_prompt_whose_start_is_cached_is_prefilled_from_where_the_cache_ends(p
 
 def test_each_request_is_sampled_with_its_own_settings():
     """A batch mixing greedy and sampled requests: the greedy ones still match Hugging Face, and
-    the sampled one is really sampled (at temperature 5, eight argmax tokens in a row do not happen)."""
+    the sampled one is really sampled (at temperature 5, eight argmax tokens in a row do not
+    happen)."""
     llm = build_llm()
     p = prompt_ids()
     hot = SamplingParams(temperature=5.0, max_tokens=8, ignore_eos=True)

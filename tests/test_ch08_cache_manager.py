@@ -249,7 +249,8 @@ def test_cache_req_moves_the_lock_of_a_request_that_started_on_a_cached_prefix()
         "a leaves 2 pages in the cache and frees 1: expected 14 free pages, got " \
         f"{cm.num_free_pages}"
 
-    # c starts with a's 8 cached tokens, as the prefill adder admits it (chapter 10): matched and locked
+    # c starts with a's 8 cached tokens, as the prefill adder admits it (chapter 10): matched and
+    # locked
     c_ids = prompt[:8] + [40, 41, 42, 43, 44]
     handle, cached = cm.match_req(torch.tensor(c_ids, dtype=torch.int32))
     assert handle.cached_len == 8, f"a's 8 cached tokens should match, not {handle.cached_len}"

@@ -235,7 +235,8 @@ def _promised_pages(llm) -> int:
 
 
 def _run_checking_admission(llm, limit: int = 500) -> None:
-    """Run until idle; after every step, what admitted requests may still need must fit in memory."""
+    """Run until idle; after every step, what admitted requests may still need must fit in
+    memory."""
     for step in range(limit):
         if not llm.busy:
             return
@@ -301,8 +302,9 @@ def test_prefill_adder_uses_and_locks_the_cached_prefix():
     assert cache.prefix_cache.protected_size == 5, "the prefix in use must be locked"
 
     cache.unlock(req.cache_handle)  # (as if it had been aborted)
-    # 27 free pages and the 5 cached ones; the prompt needs 8 + 3 - 5 = 6 pages beyond its cached prefix,
-    # and the prefix it locks is no longer evictable: 6 + 21 reserved is exactly the 27 free pages.
+    # 27 free pages and the 5 cached ones; the prompt needs 8 + 3 - 5 = 6 pages beyond its cached
+    # prefix, and the prefix it locks is no longer evictable: 6 + 21 reserved is exactly the 27 free
+    # pages.
     short = PrefillAdder(100, 22, cache, table, pool, cache.page_table)
     assert short.try_add_one(PendingReq(2, prompt, greedy(3))) is None, \
         "6 pages + 22 reserved > 27 free: the locked prefix does not count as evictable"

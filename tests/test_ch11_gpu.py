@@ -143,7 +143,8 @@ def test_fused_elementwise_kernels_match_the_torch_ops(dtype):
         torch.testing.assert_close(got, want, **tol)
     gate_up = rand(37, 2 * 3072)
     torch.testing.assert_close(triton_ops.silu_and_mul(gate_up), ops.silu_and_mul(gate_up), **tol)
-    # the one-row matrix product, for a narrow and a wide matrix and a ragged size; any row count works
+    # the one-row matrix product, for a narrow and a wide matrix and a ragged size; any row count
+    # works
     for n, k in [(1024, 3072), (4096, 1024), (1000, 200)]:
         w2 = rand(n, k) / math.sqrt(k)
         for rows in (1, 3):

@@ -147,7 +147,8 @@ def check_slot_race_gives_right_tokens_deferred(llm_class, device: str | None = 
     """Rule 3, as wrong tokens: with deferred CPU streams the step in flight really writes its
     stale sample into the row after the scheduler has put the next request's prompt there.
     `device`: "cpu" pins the CPU's deferred streams; None, the test's device (on a GPU the caller
-    keeps the engine stream behind, test_ch11_gpu.py::test_slot_reuse_race_on_the_gpu_upstream_vs_fix)."""
+    keeps the engine stream behind,
+    test_ch11_gpu.py::test_slot_reuse_race_on_the_gpu_upstream_vs_fix)."""
     set_overlap(True)
     prompts = prompt_ids()
     short = prompts[3]
@@ -206,7 +207,8 @@ def test_overlap_equals_normal_and_hf(cache, chunk, page_size):
 
 
 def test_overlap_with_deferred_streams_equals_hf():
-    # on the CPU under --device cuda too (GPU: test_ch11_gpu.py::test_float32_matches_hf_with_and_without_cuda_graphs)
+    # on the CPU under --device cuda too (GPU:
+    # test_ch11_gpu.py::test_float32_matches_hf_with_and_without_cuda_graphs)
     check_overlap_equals_normal_and_hf(LLM, "radix", 7, 4, streams="deferred")
 
 
@@ -248,14 +250,16 @@ def test_slot_not_reused_while_batch_in_flight():
 
 
 def test_slot_reuse_race_deferred_streams():
-    # on the CPU under --device cuda too (GPU: test_ch11_gpu.py::test_slot_reuse_race_on_the_gpu_upstream_vs_fix)
+    # on the CPU under --device cuda too (GPU:
+    # test_ch11_gpu.py::test_slot_reuse_race_on_the_gpu_upstream_vs_fix)
     check_slot_race_gives_right_tokens_deferred(LLM, device="cpu")
 
 
 def test_the_overlap_loop_never_waits_for_the_step_it_just_launched():
     """With deferred CPU streams a launched step runs only when someone waits for it, so a step
     still pending after `step()` returns proves the loop handed it on without waiting. On the CPU
-    under --device cuda too; on real streams: test_ch11_gpu.py::test_scheduler_never_waits_for_the_step_it_just_launched."""
+    under --device cuda too; on real streams:
+    test_ch11_gpu.py::test_scheduler_never_waits_for_the_step_it_just_launched."""
     set_overlap(True)
     llm = cpu_streams_llm()
     for ids in prompt_ids():
@@ -385,8 +389,9 @@ class StagedCopies(LLM):
 
 
 def test_each_step_waits_for_the_scheduler_stream_before_it_launches():
-    """`self.engine.stream.wait_stream(self.stream)` before every launch: the engine reads the step's
-    index tensors only once the scheduler's stream has copied them. Deferred CPU streams, on the CPU
+    """`self.engine.stream.wait_stream(self.stream)` before every launch: the engine reads the
+    step's index tensors only once the scheduler's stream has copied them. Deferred CPU streams, on
+    the CPU
     under --device cuda too (no GPU counterpart: a real race is rare on a GPU)."""
     set_overlap(True)
     prompts = prompt_ids()
@@ -398,8 +403,9 @@ def test_each_step_waits_for_the_scheduler_stream_before_it_launches():
 
 
 def test_an_aborted_chunked_prefill_keeps_its_slot_while_its_chunk_is_in_flight():
-    """Rule 3 for aborts: a chunk in flight still reads its prompt from the request's token-pool row,
-    so the row of a request aborted part-way through its chunked prefill goes back only once that
+    """Rule 3 for aborts: a chunk in flight still reads its prompt from the request's token-pool
+    row, so the row of a request aborted part-way through its chunked prefill goes back only once
+    that
     chunk is done, like any other freed slot."""
     set_overlap(True)
     prompts = prompt_ids()

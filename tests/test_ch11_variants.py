@@ -43,7 +43,8 @@ CASES = [
 
 def on_cpu_streams(check):
     """The slot race shows as wrong tokens only with the CPU's deferred streams: that check runs on
-    the CPU under --device cuda too (on a GPU: test_ch11_gpu.py::test_slot_reuse_race_on_the_gpu_upstream_vs_fix)."""
+    the CPU under --device cuda too (on a GPU:
+    test_ch11_gpu.py::test_slot_reuse_race_on_the_gpu_upstream_vs_fix)."""
     if check is ch11.check_slot_race_gives_right_tokens_deferred:
         return lambda cls: check(cls, device="cpu")
     return check

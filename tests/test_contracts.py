@@ -31,7 +31,8 @@ def _stub(ex):
 
 
 def _fields(doc: str) -> dict:
-    """{field: its text}: a field starts a line with `Name:` and runs to the next field or blank line."""
+    """{field: its text}: a field starts a line with `Name:` and runs to the next field or blank
+    line."""
     found, current = {}, None
     for line in doc.splitlines():
         head = re.match(r"(\w+):\s*(.*)", line)

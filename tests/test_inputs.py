@@ -137,7 +137,8 @@ def test_an_env_switch_accepts_only_its_documented_values(name, value, good):
                                        ((64, 2, 64), "32 query heads share a KV head")])
 def test_a_shape_the_triton_kernels_cannot_run_falls_back_or_is_refused(monkeypatch, capsys, shape, why):
     # Decided before anything runs: on a GPU, 'auto' takes the torch backend with a one-line notice,
-    # and 'triton' asked for explicitly is refused naming the reason (not an assert deep in a kernel).
+    # and 'triton' asked for explicitly is refused naming the reason (not an assert deep in a
+    # kernel).
     from minisgl.attention import select
 
     monkeypatch.setattr(select, "triton_available", lambda: True)

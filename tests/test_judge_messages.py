@@ -347,7 +347,8 @@ def test_hints_come_from_the_source_being_judged(project, capsys):
 
 
 def test_tests_not_run_for_one_reason_are_said_once():
-    """After an exercise times out its other tests are not run; the report says so once, not once each."""
+    """After an exercise times out its other tests are not run; the report says so once, not once
+    each."""
     from rich.console import Console
 
     from judge.report import _test_lines

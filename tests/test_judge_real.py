@@ -1,4 +1,5 @@
-"""The judge on a real chapter: chapter 1's exercises swapped into minisgl (properties and a method of
+"""The judge on a real chapter: chapter 1's exercises swapped into minisgl (properties and a method
+of
 `Req` and `SamplingParams`), judged by the real chapter-1 tests in a subprocess."""
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ def test_ctrl_c_leaves_no_forked_test_process_running(tmp_path):
         f"pathlib.Path({str(pidfile)!r}).write_text(str(os.getpid()))\n"
         "    time.sleep(60)\n")
     env = {"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    # As in a terminal: Ctrl-C raises KeyboardInterrupt here, and the server starts with the default too.
+    # As in a terminal: Ctrl-C raises KeyboardInterrupt here, and the server starts with the default
+    # too.
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     server = forkserver.ForkServer(str(REPO), ["pytest"])
     main = threading.get_ident()
@@ -107,7 +108,8 @@ def test_tests_not_run_after_a_timeout_are_not_said_to_have_run(project, capsys)
     main(["ch44", "--file", str(mine)])
     out = capsys.readouterr().out
     summary = next((line for line in out.splitlines() if "tests passed" in line), "")
-    # one timeout, then step's four other tests not run: the screen must not call them run, nor errors
+    # one timeout, then step's four other tests not run: the screen must not call them run, nor
+    # errors
     assert "4 not run" in summary and "error" not in summary and "that ran" not in out, \
         f"the report counts the 4 tests not run after the timeout as run or as errors: {summary!r}"
 

@@ -1,5 +1,5 @@
-"""The judge end to end on a fake chapter (ch42, see judge_fixtures.py): learner code is swapped into
-a tiny package and its tests run in a subprocess, so every run takes about a second.
+"""The judge end to end on a fake chapter (ch42, see judge_fixtures.py): learner code is swapped
+into a tiny package and its tests run in a subprocess, so every run takes about a second.
 
 Each learner file below breaks the exercises in independent ways at once, so one run checks several
 of the ways learner code can go wrong."""
@@ -220,7 +220,8 @@ def test_progress_table_and_hints(project, capsys):
     capsys.readouterr()
     assert main([]) == 0
     table = capsys.readouterr().out
-    # test_is_big also judges starting_at, which the rerun with only it swapped in clears: 3 of 4 pass
+    # test_is_big also judges starting_at, which the rerun with only it swapped in clears: 3 of 4
+    # pass
     assert "ch42" in table and "A fake chapter" in table and "3/4" in table
     assert main(["ch42", "--hint"]) == 0
     out = capsys.readouterr().out
@@ -268,7 +269,8 @@ def test_selfcheck_names_registry_mistakes(project, capsys):
 
 
 def test_live_check_judges_the_notebook_namespace(project, capsys):
-    """As in a Jupyter kernel: functions defined in cells, whose source IPython keeps in linecache."""
+    """As in a Jupyter kernel: functions defined in cells, whose source IPython keeps in
+    linecache."""
     import linecache
 
     from judge.live import check
@@ -307,7 +309,8 @@ def test_cumulative_swaps_in_every_chapter_up_to_this_one(project, capsys):
 
 
 def test_live_check_in_a_real_ipython_shell(project, capsys):
-    """`judge.check` called from a cell finds the cell-defined functions in the shell's namespace."""
+    """`judge.check` called from a cell finds the cell-defined functions in the shell's
+    namespace."""
     ipython = pytest.importorskip("IPython.core.interactiveshell")
     shell = ipython.InteractiveShell.instance()
     try:

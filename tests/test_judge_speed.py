@@ -78,13 +78,14 @@ test_files = ["fake_tests/test_speed.py"]
 [[ch44.exercises]]
 name = "step"
 target = "fakepkg.engine:Engine.step"
-tests = ["test_speed.py::test_step", "test_speed.py::test_run_ten", "test_speed.py::test_run_twenty",
-         "test_speed.py::test_twice", "test_speed.py::test_the_tests_own_slow_work"]
+tests = ["test_speed.py::test_step", "test_speed.py::test_run_ten",
+         "test_speed.py::test_run_twenty", "test_speed.py::test_twice", "test_speed.py::test_the_tests_own_slow_work"]
 
 [[ch44.exercises]]
 name = "run"
 target = "fakepkg.engine:Engine.run"
-tests = ["test_speed.py::test_run_ten", "test_speed.py::test_run_twenty", "test_speed.py::test_the_tests_own_slow_work"]
+tests = ["test_speed.py::test_run_ten", "test_speed.py::test_run_twenty",
+         "test_speed.py::test_the_tests_own_slow_work"]
 
 [[ch44.exercises]]
 name = "twice"
@@ -151,8 +152,8 @@ def test_an_exercise_that_timed_out_is_not_run_again(project, capsys):
 
 
 def test_time_outside_the_engine_does_not_count_against_the_budget(project, capsys):
-    # test_the_tests_own_slow_work sleeps 0.8 s, over its budget (the default, 0.5 s), but in the test
-    # itself, not in the engine
+    # test_the_tests_own_slow_work sleeps 0.8 s, over its budget (the default, 0.5 s), but in the
+    # test itself, not in the engine
     code, v = judge_file(project, capsys, STEP + "\n\n" + RUN)
     slow = by_test(v)["test_the_tests_own_slow_work"]
     assert slow["outcome"] == "passed", f"the test's own work was held against the budget: {slow['message']}"
@@ -205,7 +206,8 @@ def test_a_wrong_exercise_with_a_failed_test_of_its_own_is_not_rerun(project, ca
 
 
 def test_the_fork_server_runs_two_at_once(tmp_path):
-    """Two runs from one server at the same time: the first waits for a file only the second writes."""
+    """Two runs from one server at the same time: the first waits for a file only the second
+    writes."""
     from judge import forkserver
     from judge.registry import REPO
 
@@ -263,7 +265,8 @@ def test_exercises_that_only_failed_through_a_hang_are_cleared_by_one_rerun(proj
 
 def test_a_forked_run_sees_the_engine_switches_of_its_own_environment(tmp_path):
     """The server imports the engine (and minisgl.env) once; a run forked from it with
-    MINISGL_ATTENTION_BACKEND=torch (an exercise's engine_env) must get that, not the server's value."""
+    MINISGL_ATTENTION_BACKEND=torch (an exercise's engine_env) must get that, not the server's
+    value."""
     from judge import forkserver
     from judge.registry import REPO
 

@@ -26,7 +26,8 @@ def assert_all_returned(llm) -> None:
 
 class FailingSampler:
     """Makes the sampler raise for the first batch that holds one of `doomed`, after scribbling over
-    the KV that batch just wrote (a half-finished step): a failed request's KV must not be cached."""
+    the KV that batch just wrote (a half-finished step): a failed request's KV must not be
+    cached."""
 
     def __init__(self, llm, doomed):
         self.llm, self.doomed, self.failures, self.current = llm, set(doomed), 0, None
@@ -115,8 +116,8 @@ def test_generate_reports_the_failed_request_and_returns_the_others(loop):
 
 
 def test_bad_sampling_values_sent_as_messages_are_refused_not_run():
-    # A message that did not come through generate (a server's, say) is checked by the scheduler too:
-    # a NaN temperature must never reach the sampler (on a GPU, a device-side assert).
+    # A message that did not come through generate (a server's, say) is checked by the scheduler
+    # too: a NaN temperature must never reach the sampler (on a GPU, a device-side assert).
     from minisgl.llm.llm import RequestResult
     from minisgl.message import UserMsg
 

@@ -115,7 +115,8 @@ def test_scheduler_ignores_an_abort_for_an_unknown_uid(overlap):
 def test_switch_to_normal_loop_mid_run_returns_deferred_slots():
     """Found by the torture (seeds 325, 459): switching from the overlap loop to the normal loop
     while a batch is in flight handled that batch, but the slots it freed had their release deferred
-    (rule 3) and the normal loop never releases deferred slots. With one slot the next request waited
+    (rule 3) and the normal loop never releases deferred slots. With one slot the next request
+    waited
     forever; otherwise the slot leaked."""
     ENV.DISABLE_OVERLAP_SCHEDULING.value = False
     llm = build_llm(max_running_req=1)

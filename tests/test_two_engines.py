@@ -35,7 +35,8 @@ def test_the_loop_is_each_engines_own_with_the_environment_as_default(monkeypatc
 
 def test_the_attention_backend_is_each_engines_own_with_the_environment_as_default(monkeypatch):
     """MINISGL_ATTENTION_BACKEND is the default of `attention_backend`; an engine that names one
-    keeps it. On a CPU the triton default cannot be honoured, and saying so is the proof it was read."""
+    keeps it. On a CPU the triton default cannot be honoured, and saying so is the proof it was
+    read."""
     if test_device() == "cpu":
         monkeypatch.setattr(ENV.ATTENTION_BACKEND, "value", "triton")
         with pytest.raises(ValueError, match="triton attention backend needs a CUDA device"):

@@ -8,11 +8,11 @@ with `ast` (nothing is imported) and reports each such use:
 
 A *package* is a directory of modules (`minisgl/scheduler`, `judge`, `tools/workbook`); a module's
 own package is its directory. Which package a private name belongs to is known from where it is
-defined: a top-level `def`/`class`/assignment, a method, or an attribute assigned as `self._x = ...`.
-A use counts as crossing when the name is defined in some scanned package but not in the user's own
-(so `torch._C` or `sys._getframe` are not ours to judge, and `self._x` inside the package that
-defines `_x` is fine). `from pkg.mod import _x` and `mod._x` where `mod` is an imported module of
-another package are always crossings.
+defined: a top-level `def`/`class`/assignment, a method, or an attribute assigned as `self._x =
+...`. A use counts as crossing when the name is defined in some scanned package but not in the
+user's own (so `torch._C` or `sys._getframe` are not ours to judge, and `self._x` inside the package
+that defines `_x` is fine). `from pkg.mod import _x` and `mod._x` where `mod` is an imported module
+of another package are always crossings.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def _defined_private_names(tree: ast.AST) -> Set[str]:
 
 
 def _imported_modules(tree: ast.AST, own_module: str) -> Dict[str, str]:
-    """Local name -> full module name, for `import a.b as m` and `from a import b` (b a module or not)."""
+    """Local name -> full module name, for `import a.b as m` and `from a import b` (b a module or
+    not)."""
     bound: Dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

@@ -7,7 +7,8 @@
    no request that leaves the machine. It checks that each page shows what it should and saves
    screenshots.
 
-    python tools/site_check.py [--site site] [--out build/site_check] [--pages index.html ch11_overlap/]
+    python tools/site_check.py [--site site] [--out build/site_check] [--pages index.html
+    ch11_overlap/]
 
 Chromium is driven through the DevTools protocol over a pipe (`--remote-debugging-pipe`), so
 nothing but the standard library is needed. Exit status 0 when everything holds.

@@ -1,4 +1,5 @@
-"""`from_hf` whose default `head_dim` divides the hidden size by the KV heads instead of the query heads.
+"""`from_hf` whose default `head_dim` divides the hidden size by the KV heads instead of the query
+heads.
 
 Right for plain multi-head attention (as many KV heads as query heads), wrong with grouped-query
 attention: a Llama config without `head_dim`, 8 query heads and 2 KV heads of a 128-wide hidden

@@ -1,4 +1,5 @@
-"""The normal loop launches each step without making the engine stream wait for the scheduler stream.
+"""The normal loop launches each step without making the engine stream wait for the scheduler
+stream.
 
 On a CPU with eager streams nothing shows. On a GPU (and with deferred CPU streams) the index
 tensors and prompt tokens copied on the scheduler stream may not have arrived when the engine

@@ -2,15 +2,16 @@
 
 One query per request. Each program takes one request, one KV head (and the query heads that share
 it, padded to a 16-row tile so the products run on tensor cores) and one slice of the request's
-keys ("split"), and walks that slice block by block with an online softmax: it reads the request's own locations from its page-table row, gathers those keys
-and values, and keeps a running max, sum and weighted value sum. So it reads exactly the KV the
-request has, whatever the other requests' lengths, and the lengths live on the device: the launch
-has the same shape every step, which is what a CUDA graph needs.
+keys ("split"), and walks that slice block by block with an online softmax: it reads the request's
+own locations from its page-table row, gathers those keys and values, and keeps a running max, sum
+and weighted value sum. So it reads exactly the KV the request has, whatever the other requests'
+lengths, and the lengths live on the device: the launch has the same shape every step, which is what
+a CUDA graph needs.
 
 A single request with a long context would keep only a few programs busy (one per KV head), so
 short batches split each request's keys into several slices and combine the partial results by
-their log-sum-exp afterwards in a second small kernel ("flash decoding"). The number of slices depends only on the batch
-size, never on the lengths, for the same reason.
+their log-sum-exp afterwards in a second small kernel ("flash decoding"). The number of slices
+depends only on the batch size, never on the lengths, for the same reason.
 
 `triton` is imported only here; nothing on the CPU path imports this module.
 """

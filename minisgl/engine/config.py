@@ -22,10 +22,11 @@ class EngineConfig:
     cpu_kv_tokens: int = 65536  # KV pool size in tokens on a CPU when not overridden
     cpu_streams: str | None = None  # "eager" / "deferred"; None: MINISGL_CPU_STREAMS (default eager)
     seed: int | None = 0
-    # "auto" (triton on a CUDA GPU if installed, else torch), "torch", "triton"; None: MINISGL_ATTENTION_BACKEND
-    # (default auto)
+    # "auto" (triton on a CUDA GPU if installed, else torch), "torch", "triton"; None:
+    # MINISGL_ATTENTION_BACKEND (default auto)
     attention_backend: str | None = None
-    # fused Triton norm/RoPE/SiLU kernels, with the triton backend only; None: MINISGL_FUSED_KERNELS (default on)
+    # fused Triton norm/RoPE/SiLU kernels, with the triton backend only; None: MINISGL_FUSED_KERNELS
+    # (default on)
     fused_kernels: bool | None = None
     use_cuda_graph: bool | None = None  # None: on when the device and the backend allow it (CUDA + triton)
     cuda_graph_max_bs: int = 64  # largest decode batch replayed from a graph; larger ones run eagerly
@@ -52,7 +53,8 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def _dtype(value: object) -> torch.dtype | None:
-    """A torch dtype, or one of DTYPES' names ("bfloat16", also "torch.bfloat16"); None: the default."""
+    """A torch dtype, or one of DTYPES' names ("bfloat16", also "torch.bfloat16"); None: the
+    default."""
     if value is None or value in DTYPES.values():
         return value  # type: ignore[return-value]
     if isinstance(value, str) and value.removeprefix("torch.") in DTYPES:

@@ -59,8 +59,9 @@ class Engine:
 
         cfg = self.model_config
         if config.max_seq_len_override is not None and config.max_seq_len_override > cfg.max_position_embeddings:
-            # RoPE's tables and the attention kernels stop at the model's limit: past it a step would
-            # index out of range (a device assert on a GPU) or, with some kernels, silently go wrong.
+            # RoPE's tables and the attention kernels stop at the model's limit: past it a step
+            # would index out of range (a device assert on a GPU) or, with some kernels, silently go
+            # wrong.
             raise ValueError(f"max_seq_len_override={config.max_seq_len_override} exceeds the model's "
                              f"max_position_embeddings ({cfg.max_position_embeddings})")
         self.max_seq_len = config.max_seq_len_override or cfg.max_position_embeddings
@@ -82,7 +83,8 @@ class Engine:
         self.token_pool = torch.zeros(rows, self.max_seq_len, dtype=torch.int32, device=self.device)
         self.dummy_row = rows - 1
 
-        # fused element-wise kernels go with the Triton backend, for this engine only (see dispatch.py)
+        # fused element-wise kernels go with the Triton backend, for this engine only (see
+        # dispatch.py)
         want_fused = config.fused_kernels if config.fused_kernels is not None else bool(ENV.FUSED_KERNELS.value)
         self.attn_backend = create_attention_backend(self.backend_name, self.kv_cache, cfg.num_heads,
                                                      cfg.num_kv_heads, cfg.head_dim, self.page_table)
@@ -112,7 +114,8 @@ class Engine:
                                self.max_seq_len, self.page_table)
 
     def run_model(self, batch: Batch) -> torch.Tensor:
-        """Logits of `batch` (its input ids gathered): a CUDA graph's replay when one fits, else eager."""
+        """Logits of `batch` (its input ids gathered): a CUDA graph's replay when one fits, else
+        eager."""
         if self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.replay(batch)
         with self.ctx.forward_batch(batch):
@@ -127,7 +130,8 @@ class Engine:
         return max(1, int(free * self.config.memory_ratio) // per_page)
 
     def empty_output(self) -> ForwardOutput:
-        """The output of a step that computed nothing (its batch failed): no tokens, done at once."""
+        """The output of a step that computed nothing (its batch failed): no tokens, done at
+        once."""
         out = ForwardOutput(next_tokens_gpu=torch.empty(0, dtype=torch.int32, device=self.device),
                             next_tokens_cpu=torch.empty(0, dtype=torch.int32),
                             copy_done=self.kit.new_event())

@@ -1,5 +1,5 @@
-"""Which kernels the layers call: ops.py (plain torch, the reference, what the exercises replace) and
-F.linear everywhere, or the Triton kernels of triton_ops.py for tensors on a GPU. Each engine
+"""Which kernels the layers call: ops.py (plain torch, the reference, what the exercises replace)
+and F.linear everywhere, or the Triton kernels of triton_ops.py for tensors on a GPU. Each engine
 decides for itself (`Context.fused_kernels`, set from `EngineConfig.fused_kernels` or
 MINISGL_FUSED_KERNELS, with the Triton attention backend only); a layer asks the context of the
 engine running it, so two engines in one process may differ."""

@@ -1,4 +1,5 @@
-"""Reference implementations of the engine's math in plain torch. Every layer calls these, so there is
+"""Reference implementations of the engine's math in plain torch. Every layer calls these, so there
+is
 one place to read (and, on a GPU, one place to swap for a faster kernel)."""
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Add the residual, then normalize: returns (rms_norm(x + residual), x + residual). Fusing saves
+    """Add the residual, then normalize: returns (rms_norm(x + residual), x + residual). Fusing
+    saves
     one pass over memory on a GPU; here it just keeps the call sites short."""
     residual = x + residual
     return rms_norm(residual, weight, eps), residual

@@ -122,8 +122,9 @@ def qk_norm_rope_store_(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                         k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor) -> None:
     """What the attention layer does between its projection and attention, in one kernel: per-head
     RMSNorm of q and k (Qwen3; skipped when the weights are None), RoPE at `positions`, and the
-    store of this step's keys and values at `out_loc` — the work of ops.rms_norm, ops.apply_rope_neox
-    and KVCache.store_kv, without the keys and values making a round trip through memory.
+    store of this step's keys and values at `out_loc` — the work of ops.rms_norm,
+    ops.apply_rope_neox and KVCache.store_kv, without the keys and values making a round trip
+    through memory.
 
     qkv: [tokens, (num_heads + 2 * num_kv_heads) * head_dim], last dim contiguous: the queries are
     rotated in place (the keys there are left as they were). k_cache, v_cache: [locations,

@@ -30,7 +30,8 @@ class BasePrefixCache(ABC):
     def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> Tuple[int, CacheHandle]:
         """Offer the cache `input_ids` whose KV lives at `indices`. Returns (prefix_len, handle):
         the first `prefix_len` tokens were already cached elsewhere (the caller's copies of them are
-        duplicates it should free); the handle covers everything the cache now holds of the request."""
+        duplicates it should free); the handle covers everything the cache now holds of the
+        request."""
 
     @abstractmethod
     def lock_handle(self, handle: CacheHandle, unlock: bool = False) -> None:

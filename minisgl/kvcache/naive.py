@@ -8,7 +8,8 @@ from .base import BasePrefixCache, CacheHandle
 
 
 class NaivePrefixCache(BasePrefixCache):
-    """Caches nothing: every request computes its whole prompt, and all its KV is freed when it ends.
+    """Caches nothing: every request computes its whole prompt, and all its KV is freed when it
+    ends.
     The baseline that the radix cache is measured against."""
 
     def __init__(self, page_size: int, device: torch.device) -> None:

@@ -67,7 +67,8 @@ class RadixPrefixCache(BasePrefixCache):
         return i - i % self.page_size
 
     def _split(self, node: RadixNode, at: int) -> RadixNode:
-        """Cut `node`'s edge after `at` tokens; returns the new upper node (which keeps node's locks)."""
+        """Cut `node`'s edge after `at` tokens; returns the new upper node (which keeps node's
+        locks)."""
         upper = RadixNode(node.key[:at], node.value[:at], node.parent)
         upper.ref_count, upper.last_access = node.ref_count, node.last_access
         upper.parent.children[self._child_key(upper.key, 0)] = upper

@@ -1,9 +1,9 @@
 """BaseOP: the engine's tiny replacement for nn.Module.
 
 An op keeps its weights as plain tensor attributes and its sub-ops as attributes too. The
-state-dict key of a weight is the attribute path that reaches it (`layers.3.self_attn.qkv_proj.weight`),
-so names never need to be written down twice. Attributes whose names start with `_` are private
-(caches, config) and never part of the state dict.
+state-dict key of a weight is the attribute path that reaches it
+(`layers.3.self_attn.qkv_proj.weight`), so names never need to be written down twice. Attributes
+whose names start with `_` are private (caches, config) and never part of the state dict.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ class LMHead(BaseOP):
     needs logits (the one that predicts the next token), so the others are dropped first: for a
     1000-token prompt that is 1000x less work in the largest matmul of the model.
 
-    With tied embeddings the head owns no weight of its own (nothing in the state dict) and reads the
+    With tied embeddings the head owns no weight of its own (nothing in the state dict) and reads
+    the
     embedding's weight instead."""
 
     def __init__(self, vocab_size: int, hidden: int, dtype: torch.dtype, device: torch.device,

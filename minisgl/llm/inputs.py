@@ -39,7 +39,8 @@ def prompt_list(prompts: Any) -> List[Any]:
 
 
 def token_ids(prompt: Any, tokenizer) -> torch.Tensor:
-    """One prompt as an int32 tensor of token ids (range checks against the vocabulary come later)."""
+    """One prompt as an int32 tensor of token ids (range checks against the vocabulary come
+    later)."""
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("this model directory has no tokenizer.json: pass token ids instead of text")

@@ -1,14 +1,14 @@
 """ModelConfig: the handful of numbers the engine needs from a Hugging Face `config.json`.
 
-transformers 4 and 5 write some fields differently: the dtype is `torch_dtype` in 4 and `dtype` in 5;
-RoPE's base is a top-level `rope_theta` in 4 and lives in `rope_parameters` in 5 (with the scaling
-that 4 writes as `rope_scaling`). Both are read here.
+transformers 4 and 5 write some fields differently: the dtype is `torch_dtype` in 4 and `dtype` in
+5; RoPE's base is a top-level `rope_theta` in 4 and lives in `rope_parameters` in 5 (with the
+scaling that 4 writes as `rope_scaling`). Both are read here.
 
 Every field of the supported architectures' configs is in one of three lists below: the fields the
 engine reads, the fields that would change the computation in a way the engine does not implement
-(refused unless they hold a value that changes nothing), and the fields that do not change inference.
-tests/test_checkpoints.py walks transformers' config classes and fails on a field in none of them, so
-a new field in a new transformers release is a decision, not a silent difference.
+(refused unless they hold a value that changes nothing), and the fields that do not change
+inference. tests/test_checkpoints.py walks transformers' config classes and fails on a field in none
+of them, so a new field in a new transformers release is a decision, not a silent difference.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ READ_FIELDS = frozenset({
     "rope_parameters", "rope_scaling", "max_position_embeddings", "tie_word_embeddings",
     "attention_bias", "mlp_bias", "dtype", "torch_dtype", "eos_token_id",
 })
-# Would change the computation; accepted only with a value that makes them a no-op (check_supported).
+# Would change the computation; accepted only with a value that makes them a no-op
+# (check_supported).
 REFUSED_FIELDS = frozenset({
     "hidden_act", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
     "partial_rotary_factor", "pretraining_tp",
 })
-# Change nothing at inference: identity, tokens the tokenizer handles, training-only settings (dropout,
-# initialisation, tensor-parallel hints), what a forward pass returns, caching switches.
+# Change nothing at inference: identity, tokens the tokenizer handles, training-only settings
+# (dropout, initialisation, tensor-parallel hints), what a forward pass returns, caching switches.
 NO_EFFECT_FIELDS = frozenset({
     "_name_or_path", "model_type", "transformers_version", "bos_token_id", "pad_token_id",
     "attention_dropout", "initializer_range", "use_cache", "chunk_size_feed_forward", "id2label",

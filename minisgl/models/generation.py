@@ -62,7 +62,8 @@ class GenerationDefaults:
                 sampling["temperature"] = 0.0
         if raw.get("max_new_tokens") is not None:
             sampling["max_tokens"] = raw["max_new_tokens"]
-        # Refuse what SamplingParams would refuse, naming the file's field, before any request uses it.
+        # Refuse what SamplingParams would refuse, naming the file's field, before any request uses
+        # it.
         from minisgl.core import SamplingParams
 
         SamplingParams(**sampling)

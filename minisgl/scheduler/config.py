@@ -9,8 +9,8 @@ from minisgl.engine import EngineConfig
 class SchedulerConfig(EngineConfig):
     cache_type: str = "radix"  # "radix" or "naive"
     max_extend_tokens: int = 8192  # prefill token budget per step; longer prompts are chunked
-    # True: the overlap loop, False: the normal loop; None: MINISGL_DISABLE_OVERLAP_SCHEDULING decides
-    # at every step (tests and notebooks flip it mid-run)
+    # True: the overlap loop, False: the normal loop; None: MINISGL_DISABLE_OVERLAP_SCHEDULING
+    # decides at every step (tests and notebooks flip it mid-run)
     overlap_scheduling: bool | None = None
 
     def __post_init__(self) -> None:

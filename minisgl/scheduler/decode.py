@@ -1,4 +1,5 @@
-"""The DecodeManager: the requests that have finished their prefill and generate a token per step."""
+"""The DecodeManager: the requests that have finished their prefill and generate a token per
+step."""
 
 from __future__ import annotations
 

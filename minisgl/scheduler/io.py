@@ -31,7 +31,8 @@ class QueueIO:
         return len(self._inbox)
 
     def receive(self, blocking: bool) -> List[BackendMsg]:
-        # Offline there is nobody to wait for: a blocking receive with an empty inbox returns nothing.
+        # Offline there is nobody to wait for: a blocking receive with an empty inbox returns
+        # nothing.
         msgs = list(self._inbox)
         self._inbox.clear()
         return msgs

@@ -1,4 +1,5 @@
-"""Which KV locations each query of a batch may attend to, drawn from the batch's attention metadata.
+"""Which KV locations each query of a batch may attend to, drawn from the batch's attention
+metadata.
 
 Rows are the batch's queries in order (every request's new tokens, one after the other); columns are
 the locations of the KV pool. A cell is coloured by request when that query sees that location:

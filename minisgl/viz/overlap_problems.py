@@ -181,7 +181,8 @@ def slot_reuse(llm_class: type = LLM, streams: str = "deferred") -> ProblemRun:
     ref_short = reference_tokens(PROMPT, 6)
     k, eos = first_new_token(ref_short, 1)
     want_long = reference_tokens(LONG_PROMPT, 6)
-    # naive cache: request 1's prompt is read from the token pool in full, never from the prefix cache
+    # naive cache: request 1's prompt is read from the token pool in full, never from the prefix
+    # cache
     llm = _new(llm_class, max_running_req=1, cpu_streams=streams, cache_type="naive")
     llm.eos_token_ids = {eos}
     rec = Recorder(llm)

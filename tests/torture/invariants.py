@@ -6,8 +6,8 @@
   so a batch still to run would read or overwrite the wrong tokens);
 * pages (after every loop iteration): the free list, the prefix cache and the pages each live
   request holds are disjoint and together make up the pool exactly. A KV page may be handed out
-  while a batch in flight still writes it: every KV write is ordered on the one engine stream, so the
-  old write lands before the new owner's. Whether that ordering holds is checked by the outputs
+  while a batch in flight still writes it: every KV write is ordered on the one engine stream, so
+  the old write lands before the new owner's. Whether that ordering holds is checked by the outputs
   themselves: in the deferred CPU mode a broken order computes wrong tokens;
 * radix locks: every node is locked exactly as often as live requests' handles pass through it;
 * idle: every slot and page is back, nothing locked.

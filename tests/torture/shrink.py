@@ -94,7 +94,8 @@ def candidates(wl: Workload, pool: PromptPool) -> Iterator[Workload]:
 
 def shrink(wl: Workload, kind: str, pool: PromptPool, model: Path, budget: int = 400, device: str = "cpu",
            llm_class=None) -> tuple[Workload, int]:
-    """The smallest variant of `wl` found that still fails with `kind`, and the number of runs spent."""
+    """The smallest variant of `wl` found that still fails with `kind`, and the number of runs
+    spent."""
     runs = 0
     improved = True
     while improved and runs < budget:

@@ -1,4 +1,5 @@
-"""Where everything lives. The tool runs from any directory; paths are relative to the repository."""
+"""Where everything lives. The tool runs from any directory; paths are relative to the
+repository."""
 
 from __future__ import annotations
 
