@@ -1,9 +1,9 @@
 """`python judge.py ...`: the command line. See `python judge.py --help` and judge/README.md.
 
-Exit codes: 0 everything passed (for --variant: every variant was caught; for --hint and the progress
-table: shown); 1 something failed; 2 the request itself was wrong (unknown chapter, missing or
-corrupt notebook or file, bad option); 3 the judge itself broke (set MINISGL_JUDGE_DEBUG=1 for its
-traceback).
+Exit codes: 0 everything passed (for --variant: every variant was caught; for --hint and the
+progress table: shown); 1 something failed; 2 the request itself was wrong (unknown chapter, missing
+or corrupt notebook or file, bad option); 3 the judge itself broke (set MINISGL_JUDGE_DEBUG=1 for
+its traceback).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def notebooks_dir() -> Path:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python judge.py",
-        description="Judge your exercises: swap your functions into the reference engine and run the "
+        description="Judge your exercises: swap your functions into the reference engine and "
+            "run the "
                     "chapter's tests. With no chapter: show your progress.",
         epilog="examples:  python judge.py ch03 | python judge.py ch11 --device cuda | "
                "python judge.py ch09 --hint | python judge.py ch11 --variant upstream | "
@@ -56,18 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "learner code is stopped sooner, at the test's budget (judge/budgets.json)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds for the whole run (default 900)")
     p.add_argument("--hint", action="count", default=0,
-                   help="show hints for the unfinished exercises instead of judging; repeat (or --hint N) for more")
+                   help="show hints for the unfinished exercises instead of judging; repeat (or --hint "
+                       "N) for more")
     p.add_argument("--hint-level", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="list every test, passing ones too")
     p.add_argument("--selfcheck", action="store_true",
-                   help="prove the judge: reference passes, each stub fails exactly its tests, variants are caught")
+                   help="prove the judge: reference passes, each stub fails exactly its tests, variants "
+                       "are caught")
     p.add_argument("--workers", type=int, default=2, help="parallel test processes for --selfcheck (default 2)")
     return p
 
 
 def _normalize_hint(argv: Sequence[str]) -> List[str]:
-    """`--hint 2` means level 2; a bare `--hint` (repeatable) counts. argparse cannot do both alone."""
+    """`--hint 2` means level 2; a bare `--hint` (repeatable) counts. argparse cannot do both
+    alone."""
     out: List[str] = []
     it = list(argv)
     i = 0
@@ -166,7 +170,8 @@ def _main(args: argparse.Namespace, console) -> int:
 
 def _not_recorded(chapter: Chapter, args: argparse.Namespace, options) -> str | None:
     """Why this learner run is not saved as progress (None: it is). The progress record is the
-    standing of the chapter's notebook: a file, another notebook or part of the chapter is only shown."""
+    standing of the chapter's notebook: a file, another notebook or part of the chapter is only
+    shown."""
     if args.file is not None:
         return "judged a file"
     if args.notebook is not None and not _is_chapter_notebook(chapter, args.notebook):
@@ -233,7 +238,8 @@ def _learner_code(chapter: Chapter, args: argparse.Namespace, is_target: bool):
 
 
 def _nothing_can_run(codes, chapters: Sequence[Chapter]) -> bool:
-    """Every exercise already has a problem (e.g. the file does not parse): running tests is pointless."""
+    """Every exercise already has a problem (e.g. the file does not parse): running tests is
+    pointless."""
     exercises = [(c, e) for c in chapters for e in c.exercises]
     return bool(exercises) and all(e.name in codes[c.key].problems for c, e in exercises)
 
@@ -251,7 +257,8 @@ def _static_verdict(chapters, codes, options, origin: str):
 def _hints(chapters: Sequence[Chapter], chapter: Chapter, level: int, args, console) -> int:
     """Hints for what is unfinished in the source being judged now (hints never run the tests): with
     --file, the exercises the file defines (a file's runs are not recorded, so each may still be
-    wrong); else the notebook's exercises, read as saved, less those that passed at its last recorded
+    wrong); else the notebook's exercises, read as saved, less those that passed at its last
+    recorded
     run and have not changed since."""
     from . import progress, report
     from .sources import SourceError, find_notebook, from_file, from_notebook, require_some_exercise

@@ -39,7 +39,8 @@ class ExerciseVerdict:
 
     @property
     def attr(self) -> str:
-        """The function's name in the learner's code: `Scheduler._free_req_resources` -> `_free_req_resources`."""
+        """The function's name in the learner's code: `Scheduler._free_req_resources` ->
+        `_free_req_resources`."""
         return self.target.rpartition(":")[2].rpartition(".")[2]
 
     @property
@@ -50,11 +51,13 @@ class ExerciseVerdict:
 
     @property
     def alone(self) -> bool:
-        """Passing, although some of its tests failed in this run: they passed when it was rerun on its own."""
+        """Passing, although some of its tests failed in this run: they passed when it was rerun on
+        its own."""
         return self.status == PASSING and any(not t.ok for t in self.tests)
 
     def where(self, test: TestResult) -> str | None:
-        """The learner's line to look at for this exercise's failed `test`: the traceback's innermost
+        """The learner's line to look at for this exercise's failed `test`: the traceback's
+        innermost
         learner line, only when it is in this exercise's own code (or a helper it called)."""
         return test.where if test.where and where_owner(test.where) == self.attr else None
 
@@ -63,7 +66,8 @@ _WHERE = re.compile(r", line \d+, in (\w+)(?: \(called from (\w+)\))?(?::|$)")
 
 
 def where_owner(where: str) -> str | None:
-    """The exercise function a `where` line (plugin._learner_frame) belongs to: the function it is in,
+    """The exercise function a `where` line (plugin._learner_frame) belongs to: the function it is
+    in,
     or for a helper, the exercise function that called it."""
     m = _WHERE.search(where)
     return (m.group(2) or m.group(1)) if m else None
@@ -85,7 +89,8 @@ class Verdict:
         return self._all_pass(self.tests, self.exercises)
 
     def passed_in(self, chapter: Chapter) -> bool:
-        """Whether this chapter's own tests and exercises all passed (a cumulative run judges several)."""
+        """Whether this chapter's own tests and exercises all passed (a cumulative run judges
+        several)."""
         return self._all_pass(self.tests_of(chapter), [e for e in self.exercises if e.chapter == chapter.key])
 
     def tests_of(self, chapter: Chapter) -> List[TestResult]:
@@ -108,7 +113,8 @@ class Verdict:
 def path_env(units: Sequence[UnitSpec], chapters: Sequence[Chapter]) -> Dict[str, str]:
     """The environment the test process needs for the learner's code to be what runs: on a GPU the
     engine has fast paths (Triton kernels) that skip some plain-torch functions a learner replaces,
-    so an exercise swapped in brings its registry `engine_env` (e.g. MINISGL_FUSED_KERNELS = "0")."""
+    so an exercise swapped in brings its registry `engine_env` (e.g. MINISGL_FUSED_KERNELS =
+    "0")."""
     by_id = {ex.id: ex for c in chapters for ex in c.exercises}
     env: Dict[str, str] = {}
     for unit in units:
@@ -237,7 +243,8 @@ def _blame(verdict: Verdict, units: List[UnitSpec], chapter: Chapter, options: R
     def cleared(ex: ExerciseVerdict, instead: str) -> None:
         ex.status = PASSING
         failed = sum(not t.ok for t in ex.tests)
-        ex.note = f"correct on its own: its {failed} failed test(s) pass with the reference in place of {instead}"
+        ex.note = f"correct on its own: its {failed} failed test(s) pass with the reference in " \
+            f"place of {instead}"
 
     if known and len(rerun) > 1 and passes(rerun, stop=True):
         names = ", ".join(e.name for e in known)

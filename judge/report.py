@@ -88,7 +88,8 @@ def _table_note(verdict: Verdict, not_in_file: List[str]) -> str:
     shared = len(listed) > len({t.test for t in listed})
     note = f"tests: each exercise's own tests, of the {len(verdict.tests)} in this run"
     if shared:
-        note += " (a test that runs the engine judges several exercises, so it counts in each of their rows)"
+        note += " (a test that runs the engine judges several exercises, so it counts in each " \
+            "of their rows)"
     if not_in_file:
         note += (f"\nnot in your {_kind(verdict)}, so the reference stayed in place: "
             f"{', '.join(not_in_file)}"
@@ -224,7 +225,8 @@ def hinted(chapters: Sequence[Chapter], status: Dict[str, str], only: str | None
 
 
 def render_hints(exercises: Sequence[Exercise], console: Console, level: int, in_notebook: bool = False) -> None:
-    """Hints 1..level for each of `exercises` (see `hinted`); `in_notebook`: asked with judge.check."""
+    """Hints 1..level for each of `exercises` (see `hinted`); `in_notebook`: asked with
+    judge.check."""
     for ex in exercises:
         console.print(Text(f"Hints for {ex.id} (`def {ex.attr}`):", style="bold cyan"))
         if not ex.hints:

@@ -198,7 +198,8 @@ def test_a_failed_assert_without_a_message_is_its_comparison_in_one_line(project
 
 
 def test_a_tensor_is_shown_by_its_shape_and_dtype(project, capsys):
-    copies = "def named_tensors(self):\n    for k, v in self.__dict__.items():\n        yield k, v.clone()\n"
+    copies = "def named_tensors(self):\n    for k, v in self.__dict__.items():\n        yield " \
+        "k, v.clone()\n"
     code, v = judge_json(capsys, "ch45", "--file", str(project.write("mine.py", copies)))
     assert code == 1, "named_tensors yielding copies must not pass"
     got = messages(v)["test_weights_are_the_tensors_themselves"]

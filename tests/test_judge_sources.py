@@ -120,7 +120,8 @@ def test_a_renamed_function_gets_a_suggestion(project, ch42):
 
 
 def test_decorated_kinds_are_accepted_in_learner_code(project, ch42):
-    src = "@property\ndef is_big(self):\n    return self.n > 10\n\n@classmethod\ndef starting_at(cls, n):\n    return cls()\n"
+    src = "@property\ndef is_big(self):\n    return self.n > 10\n\n@classmethod\ndef " \
+        "starting_at(cls, n):\n    return cls()\n"
     code = from_sources(ch42, {None: src}, origin="test")
     assert code.attempted == {"is_big": True, "starting_at": True}
 

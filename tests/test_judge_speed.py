@@ -79,7 +79,8 @@ test_files = ["fake_tests/test_speed.py"]
 name = "step"
 target = "fakepkg.engine:Engine.step"
 tests = ["test_speed.py::test_step", "test_speed.py::test_run_ten",
-         "test_speed.py::test_run_twenty", "test_speed.py::test_twice", "test_speed.py::test_the_tests_own_slow_work"]
+         "test_speed.py::test_run_twenty", "test_speed.py::test_twice",
+         "test_speed.py::test_the_tests_own_slow_work"]
 
 [[ch44.exercises]]
 name = "run"

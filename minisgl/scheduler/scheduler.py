@@ -14,8 +14,9 @@ results right (each fixes a bug of upstream mini-sglang; see chapter 11):
 4. an abort that arrives while the request's batch is in flight marks it finished, so that batch's
    results are dropped and its pages are not cached or freed twice.
 
-A step that raises (a forward or sampling error, out of memory) fails only the requests of its batch:
-each gets an error reply and gives back its slot and pages, and the loop goes on (`_forward`).
+A step that raises (a forward or sampling error, out of memory) fails only the requests of its
+batch: each gets an error reply and gives back its slot and pages, and the loop goes on
+(`_forward`).
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ class Scheduler:
             return f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
         limit = self.engine.max_seq_len
         if n + max_tokens > limit:
-            return f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the context length {limit}"
+            return f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the context " \
+                f"length {limit}"
         need = pages_for(n + max_tokens, self.engine.page_size)
         if need > self.engine.num_pages:
             return f"the request needs {need} KV pages but the pool has only {self.engine.num_pages}"
@@ -177,7 +179,8 @@ class Scheduler:
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
         """Allocate KV locations and build the index tensors of one step (on the scheduler stream).
 
-        Receives: `batch`, a prefill batch (requests and chunks, `req.is_chunk`) or a decode batch, in
+        Receives: `batch`, a prefill batch (requests and chunks, `req.is_chunk`) or a decode batch,
+        in
             order; each request processes positions [cached_len, device_len) of its slot's row
             (`req.table_idx`); the lengths are not yet advanced (that happens at launch).
         Returns: `ForwardInput(batch, sample_args, input_tuple, write_tuple)`. input_tuple = (rows,
@@ -191,7 +194,8 @@ class Scheduler:
             `batch.attn_metadata` filled in.
         Uses: `self.cache_manager.allocate_paged` (ch08), `self.page_table` (ch04),
             `self.engine.kit.to_device`, `self.engine.dummy_row`, `ForwardInput` (ch06),
-            `prepare_metadata` (ch05), `BatchSamplingArgs.from_params` (ch06), `req.is_chunk` (ch10).
+            `prepare_metadata` (ch05), `BatchSamplingArgs.from_params` (ch06), `req.is_chunk`
+            (ch10).
         Checked: prefill and decode indices point at each token's row and position; out_loc is the
             page-table entry of every token, no location twice; a chunk's sample goes to the scratch
             row; each request gets its own sampling arguments; outputs equal Hugging Face's.
@@ -464,9 +468,9 @@ class Scheduler:
                 if self._last_data is not None:  # switched loops mid-run: finish the batch in flight
                     self._process_last_data(self._last_data)
                     self._last_data = None
-                    # Slots freed while handling it were deferred (rule 3). Nothing is in flight now,
-                    # and the normal loop would release them only when it handles its next step,
-                    # after scheduling that step without them: release them here.
+                    # Slots freed while handling it were deferred (rule 3). Nothing is in flight
+                    # now, and the normal loop would release them only when it handles its next
+                    # step, after scheduling that step without them: release them here.
                     self._release_deferred_slots()
                 self.normal_loop()
             else:

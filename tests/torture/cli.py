@@ -38,7 +38,8 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument("--max-failures", type=int, default=5, help="stop after this many failing workloads")
     ap.add_argument("--replay", type=Path, default=None, help="run one workload saved as JSON, then stop")
     ap.add_argument("--variant", default=None,
-                    help="run a known-wrong scheduler variant (judge/variants/NAME.py) instead of the reference")
+                    help="run a known-wrong scheduler variant (judge/variants/NAME.py) instead of the "
+                        "reference")
     ap.add_argument("--model", type=Path, default=MODEL)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
