@@ -76,7 +76,9 @@ def where_owner(where: str) -> str | None:
 @dataclass
 class Verdict:
     chapters: List[str]
-    mode: str  # "learner" | "solution" | "variant <name>" | "hints"; the self-check: "reference" | "stub" | "variant"
+    # "learner" | "solution" | "variant <name>" | "hints"; the self-check: "reference" | "stub" |
+    # "variant"
+    mode: str
     origin: str  # where the code came from
     device: str
     exercises: List[ExerciseVerdict]

@@ -36,7 +36,8 @@ from .protocol import CpuTime, ExerciseSpec, OverBudget, RunSpec
 from .registry import test_matches
 
 SAMPLE = 0.05  # seconds between two looks at the stack
-RETRY = 1.0  # after a timeout that learner code swallowed (`except BaseException`), raise again this often
+# After a timeout that learner code swallowed (`except BaseException`), raise again this often.
+RETRY = 1.0
 
 
 class BudgetTimeout(BaseException):

@@ -105,7 +105,8 @@ def test_dtype_is_read_from_either_layout(fields, want):
 @pytest.mark.parametrize("fields,want", [
     ({"rope_theta": 5e5}, 5e5),  # transformers 4
     ({"rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}, 5e5),  # transformers 5
-    # transformers 5 files may repeat it at the top level; rope_parameters wins, as in transformers
+    # transformers 5 files may repeat it at the top level; rope_parameters wins, as in
+    # transformers
     ({"rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}, "rope_theta": 7e5}, 5e5),
     ({"rope_parameters": {"rope_type": "default"}, "rope_theta": 7e5}, 7e5),
 ], ids=["top-level", "rope_parameters", "both", "rope_parameters-without-theta"])

@@ -440,7 +440,8 @@ def test_eviction_never_takes_the_prefix_of_a_running_request():
     log = llm.events.record()
     ua, uc = llm.add_request(a, greedy(na)), llm.add_request(c, greedy(nc))
     llm.step()
-    llm.step()  # c is done; its KV stays in the cache, unlocked. a's prompt is cached too, but locked.
+    # c is done; its KV stays in the cache, unlocked. a's prompt is cached too, but locked.
+    llm.step()
     assert llm.results[uc].finished and not llm.results[ua].finished, \
         "c (2 tokens) should be done after two steps, a (20 tokens) still running"
     done_c = torch.tensor(c + llm.results[uc].token_ids)

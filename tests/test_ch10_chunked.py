@@ -259,7 +259,8 @@ def _run_checking_admission(llm, limit: int = 500) -> None:
 @pytest.mark.parametrize("cache_type,page_size", [("naive", 1), ("radix", 4)])
 def test_admitted_requests_can_always_finish(cache_type, page_size):
     p = prompt_ids()
-    n = 20  # running requests may still ask for many pages: admitting a newcomer must leave them room
+    # running requests may still ask for many pages: admitting a newcomer must leave them room
+    n = 20
     prompts = [p[0], p[1], p[3], p[0] + p[3], p[2], p[1]]
     need = max(pages_for(len(x) + n, page_size) for x in prompts)
     # about two requests fit at a time; a step's budget holds parts of two or three prompts

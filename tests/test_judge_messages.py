@@ -105,14 +105,16 @@ test_files = ["fake_tests/test_fake44.py"]
 [[ch44.exercises]]
 name = "run"
 target = "fakepkg.sched:Scheduler.run"
-tests = ["test_fake44.py::test_every_slot_comes_back", "test_fake44.py::test_one_request_gives_its_slot_back",
+tests = ["test_fake44.py::test_every_slot_comes_back",
+         "test_fake44.py::test_one_request_gives_its_slot_back",
          "test_fake44.py::test_more_requests_than_slots"]
 hints = ["run hint"]
 
 [[ch44.exercises]]
 name = "finish"
 target = "fakepkg.sched:Scheduler.finish"
-tests = ["test_fake44.py::test_every_slot_comes_back", "test_fake44.py::test_one_request_gives_its_slot_back",
+tests = ["test_fake44.py::test_every_slot_comes_back",
+         "test_fake44.py::test_one_request_gives_its_slot_back",
          "test_fake44.py::test_more_requests_than_slots"]
 hints = ["finish hint"]
 

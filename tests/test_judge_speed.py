@@ -27,7 +27,7 @@ import time
 class Engine:
     def step(self, x: int) -> int:
         """One step of the fake engine."""
-        time.sleep(float(os.environ.get("FAKE_STEP_SLEEP", "0")))  # a stale budget's test makes it slow
+        time.sleep(float(os.environ.get("FAKE_STEP_SLEEP", "0")))  # slow in a stale budget's test
         return x + 1
 
     def run(self, n: int) -> int:

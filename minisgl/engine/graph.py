@@ -105,7 +105,8 @@ class GraphRunner:
     def padded_size(self, bs: int) -> int:
         return next(s for s in self.sizes if s >= bs)
 
-    @torch.inference_mode()  # the static buffers are inference tensors: callers outside it may replay too
+    # the static buffers are inference tensors: callers outside it may replay too
+    @torch.inference_mode()
     def replay(self, batch: Batch) -> torch.Tensor:
         """Run `batch` (decode, input_ids already gathered) through its graph; logits [bs, vocab].
         Call on the engine stream."""

@@ -2,7 +2,7 @@
 views. Code that wants to watch the engine subscribes a callback instead of patching methods.
 
 Event kinds (fields in brackets):
-  launch      a batch was handed to the engine           [step, phase, uids, table_idxs, extend_lens]
+  launch      a batch was handed to the engine          [step, phase, uids, table_idxs, extend_lens]
   handle      the results of a batch were processed      [step, phase, uids]
   send        messages were sent to the frontend          [msgs]
   slot_alloc  a request slot (table row) was given out    [table_idx, uid]

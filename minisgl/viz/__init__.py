@@ -4,7 +4,7 @@ and a static SVG beside it (what a saved notebook and the site show).
 Nothing here is imported by the engine, and ipywidgets / IPython are imported only inside the
 functions that display something, so `import minisgl` never needs them.
 
-    kvpool        the page table, token pool and KV pool of a running engine, step by step (chapter 4)
+    kvpool        the page table, token pool and KV pool of a running engine, per step (chapter 4)
     attention_map which KV locations each query of a batch attends to (chapter 5)
     figure        a matplotlib figure as a reproducible SVG (notebooks run with a non-GUI backend)
     svg, display  the small SVG toolkit and the "widget plus static fallback" output the views share
@@ -15,6 +15,6 @@ functions that display something, so `import minisgl` never needs them.
     sampling      temperature, top-k and top-p on a real next-token distribution (chapter 6)
     batches       which requests ran in which step, from the event log (chapter 7)
     pages         who holds the KV pages after each step: free, cached, held (chapter 8)
-    radix_tree    the radix prefix cache, frame by frame through insert / match / lock / evict (chapter 9)
+    radix_tree    the radix prefix cache, frame by frame: insert / match / lock / evict (chapter 9)
     chunks        the prefill token budget and the chunks that fill it, step by step (chapter 10)
 """

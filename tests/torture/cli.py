@@ -4,7 +4,7 @@ of failure to a minimal workload, and print the figures.
   python -m tests.torture --minutes 3            # seeds 0, 1, 2, ... until three minutes are up
   python -m tests.torture --workloads 10000 --seed 5000
   python -m tests.torture --replay .cache/torture/<file>.json   # rerun one saved workload
-  python -m tests.torture --variant ch11_upstream_slot --workloads 50   # a known-wrong variant: must fail
+  python -m tests.torture --variant ch11_upstream_slot --workloads 50   # a wrong variant: must fail
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ the registry. The score of an exercise is killed / (all - equivalent); the targe
     python -m tools.mutants ch09                   every exercise of chapter 9, survivors with diffs
     python -m tools.mutants ch09 --exercise evict  one exercise
     python -m tools.mutants --list ch02            the mutants, not run
-    python -m tools.mutants --sample 2 --check     CI: 2 mutants per exercise, exit 1 if one survives
+    python -m tools.mutants --sample 2 --check     CI: 2 mutants per exercise, exit 1 on a survivor
     python -m tools.mutants --markdown             the table of judge/README.md
 
 Exit code: 0 fine; 1 a survivor in --check mode, a stale equivalent, or an exercise under --target;

@@ -11,7 +11,7 @@ learner's answer. The operators, by the mistake they stand for:
     negate    a condition the wrong way round           if c: -> if not c:
     const     an off-by-one or wrong constant           1 -> 0, 1 -> 2,  True -> False
     length    off by one on a length or a bound          len(x) -> len(x) - 1,  x[:n] -> x[:n + 1]
-    dtype     the wrong dtype, or a cast left out       torch.float32 -> torch.bfloat16,  x.float() -> x
+    dtype     the wrong dtype, or a cast left out       float32 -> bfloat16,  x.float() -> x
     kwarg     a keyword argument left out               f(x, keepdim=True) -> f(x)
     args      two arguments swapped                     f(a, b) -> f(b, a)
     call      the other builtin                         min -> max,  any -> all
