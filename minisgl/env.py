@@ -49,6 +49,10 @@ class _Env:
         # "eager" (work runs when launched) or "deferred" (work on the engine stream runs only when
         # someone synchronizes on it): the deferred mode makes stream-ordering bugs visible on a CPU.
         self.CPU_STREAMS = Switch("MINISGL_CPU_STREAMS", _env_choice("MINISGL_CPU_STREAMS", "eager", ("eager", "deferred")))
+        # `LLM.generate`'s progress bar (minisgl/llm/progress.py): "auto" shows it for runs that
+        # last, where someone watches (a terminal, a notebook), never under pytest or CI; "off"
+        # never, even when asked for (what the workbook's notebook runs use); "on" whenever asked.
+        self.PROGRESS = Switch("MINISGL_PROGRESS", _env_choice("MINISGL_PROGRESS", "auto", ("auto", "on", "off")))
 
 
 ENV = _Env()
