@@ -36,9 +36,8 @@ def render_page(chapter: Chapter, solution: nbformat.NotebookNode, out_dir: Path
         kind = notebook.cell_kind(cell)
         if cell.cell_type == "markdown":
             if kind != "exercise_intro":  # the exercise box below says it
-                parts.append(notebook.page_links(cell.source))
-            if not i:  # under the chapter's title
-                parts.append(download_links(chapter))
+                text = notebook.page_links(cell.source)
+                parts.append(_under_title(text, download_links(chapter)) if not i else text)
             continue
         outputs = [] if "remove-output" in tags else _outputs(cell, assets, f"cell{i:03d}")
         if kind == "exercise":
@@ -59,6 +58,13 @@ def download_links(chapter: Chapter) -> str:
             f'{{ download="{name}" }} · [the solution, run, with its outputs]({DOWNLOADS}/solution/{name})'
             f'{{ download="{chapter.stem}_solution.ipynb" }}. Open it with `jupyter lab`, from the '
             'repository\'s folder (the notebooks import `minisgl` and `judge`).\n{ .nb-downloads }')
+
+
+def _under_title(markdown: str, block: str) -> str:
+    """`block` right under the page's `# title` line (at the top if there is none)."""
+    lines = markdown.splitlines()
+    at = next((k + 1 for k, line in enumerate(lines) if line.startswith("# ")), 0)
+    return "\n".join(lines[:at] + ["", block, ""] + lines[at:])
 
 
 def copy_notebooks(chapter: Chapter, learner: Path, solution: Path, out_dir: Path) -> None:
