@@ -24,7 +24,9 @@ OUTPUTS_JS = """() => {
       const o = cell.model.outputs.get(j);
       const node = area.widgets[j] ? area.widgets[j].node : null;
       const imgs = node ? [...node.querySelectorAll('img')] : [];
+      const json = o.toJSON();
       out.push({cell: i, index: j, type: o.type, mimes: Object.keys(o.data || {}),
+                error: o.type === 'error' ? `${json.ename}: ${json.evalue}` : '',
                 text: node ? node.textContent.slice(0, 5000) : '',
                 widget: !!(node && node.querySelector('.jupyter-widgets, .widget-box')),
                 images: imgs.length, imagesShown: imgs.filter(im => im.complete && im.naturalWidth > 0).length,
@@ -51,7 +53,8 @@ def views_render(page) -> List[str]:
             fails.append(f"{where}: expected the live view, the page shows the text fallback {o['text'][:60]!r}")
     for o in outputs:
         if o["type"] == "error":
-            fails.append(f"cell {o['cell']}: expected no error, got {o['text'].splitlines()[0] if o['text'] else 'an error'}")
+            fails.append(f"cell {o['cell']} ({o['source'].splitlines()[0] if o['source'] else ''}): "
+                         f"expected no error, got {o['error'][:120]}")
     return fails
 
 
@@ -73,10 +76,17 @@ def slider_moves_the_picture(page) -> List[str]:
     return [] if after != before else ["expected the picture to change when the slider moved one step, it stayed the same"]
 
 
+CELLS_JS = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(c => c.model.sharedModel.getSource())"""
+
+
 def judge_report_is_one_output(page) -> List[str]:
     outputs = page.evaluate(OUTPUTS_JS)
-    last = max(o["cell"] for o in outputs) if outputs else None
-    mine = [o for o in outputs if o["cell"] == last]
+    judged = [i for i, src in enumerate(page.evaluate(CELLS_JS)) if "judge.check(" in src]
+    if not judged:
+        return ["expected a judge.check cell, found none"]
+    mine = [o for o in outputs if o["cell"] == judged[-1]]
+    if not mine:
+        return ["expected the judge's report, its cell has no output (did Run All stop before it?)"]
     if len(mine) != 1:
         return [f"expected the judge's report as one output of the last cell, it has {len(mine)} outputs"]
     text = mine[0]["text"]
@@ -121,9 +131,9 @@ CONTRAST_JS = """(root) => {
 
 def stepper_readable(page, minimum: float = 3.0) -> List[str]:
     """Every line of the chapter 11 stepper, at every turn, stands out from its background."""
-    cell = page.locator(".jp-Cell:has(.widget-toggle-buttons):has(.widget-slider)").last
+    cell = page.locator(".jp-Cell:has(.widget-toggle-buttons):has(.widget-slider)").filter(has_text="slot reuse")
     if not cell.count():
-        return ["expected the stepper (toggle buttons and a slider), found none"]
+        return ["expected the stepper (the four problems, a slider), found none"]
     cell.scroll_into_view_if_needed()
     cell.locator(".widget-slider .noUi-handle").first.click()
     fails = []
