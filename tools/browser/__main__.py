@@ -8,7 +8,8 @@ check. Screenshots go to --out, for people to look at.
 JupyterLab: the learner's ch11 notebook, Run All: every view is a live widget, a slider changes its
 picture, the judge's report is one output with the verdict; the same in the dark theme, where every
 line of the stepper must stand out from its background; then the ch11 solution notebook as saved
-(not trusted): every figure visible. The site: at 390 px (a phone) and 1400 px, light and dark:
+(not trusted): every figure visible, and Run All leaves its file as it was; and `LLM.generate`'s
+progress bar, gone at the end but for one line. The site: at 390 px (a phone) and 1400 px, light and dark:
 no text wider than its column, figures at natural size and reachable, the system's colour scheme
 followed, download links that give notebooks, no copy button over an output.
 """
@@ -73,6 +74,21 @@ def lab_run(pw, chromium: str, report: Report, chapter: str, dark: bool) -> None
             last = page.locator(".jp-Notebook .jp-Cell").last
             last.scroll_into_view_if_needed()
             report.shot(page, "lab_judge_report", last)
+        browser.close()
+
+
+def lab_progress(pw, chromium: str, report: Report) -> None:
+    scratch = report.out / "progress_check.ipynb"
+    lab_checks.progress_notebook(scratch)
+    with lab.jupyterlab([scratch], log=report.out / "jupyterlab_progress.log") as (base, _):
+        browser, context = P.launch(pw, chromium)
+        page = context.new_page()
+        console: List[str] = []
+        page.on("console", lambda m: console.append(m.text))
+        P.open_notebook(page, base, scratch.name)
+        P.run_all(page)
+        report.check("lab: generate's progress bar is cleaned up", lambda: lab_checks.progress_cleaned_up(page, console))
+        report.shot(page, "lab_progress", page.locator(".jp-Cell").first)
         browser.close()
 
 
@@ -144,6 +160,7 @@ def main(argv: List[str] | None = None) -> int:
             lab_run(pw, chromium, report, args.chapter, dark=False)
             lab_run(pw, chromium, report, args.chapter, dark=True)
             lab_saved_solution(pw, chromium, report, args.chapter)
+            lab_progress(pw, chromium, report)
         if args.only in (None, "site"):
             site(pw, chromium, report, args.site, args.pages)
     print(f"{len(report.failures)} failed check(s) in {time.time() - start:.0f} s; screenshots in {args.out}")

@@ -165,3 +165,34 @@ def solution_not_saved(page, path, original: bytes) -> List[str]:
         fails.append("expected JupyterLab to mark the solution notebook read-only, it does not")
     page.keyboard.press("Escape")
     return fails
+
+
+PROGRESS_CELL = """from minisgl import LLM, SamplingParams
+llm = LLM()
+print("before")
+out = llm.generate(["ROMEO:"] * 16, SamplingParams(max_tokens=24, ignore_eos=True), progress=True)
+print("after", sum(len(o["token_ids"]) for o in out))"""
+
+
+def progress_notebook(path) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PROGRESS_CELL)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, str(path))
+
+
+def progress_cleaned_up(page, console: List[str]) -> List[str]:
+    """After `generate(progress=True)`: between the prints, one line saying what ran (the bar
+    itself gone), and no widget traffic the browser cannot place ("Comm not found")."""
+    outputs = page.evaluate(OUTPUTS_JS)
+    texts = [o["text"].strip() for o in outputs]
+    fails = []
+    if len(outputs) != 3:
+        fails.append(f"expected 3 outputs (a print, the bar's last line, a print), got {len(outputs)}: {texts}")
+    elif not texts[1].startswith("generated 384 tokens"):
+        fails.append(f"expected the bar to end as 'generated 384 tokens ...', it shows {texts[1][:80]!r}")
+    comm = [m for m in console if "Comm" in m and "not found" in m]
+    if comm:
+        fails.append(f"expected no 'Comm not found' in the browser's console, got {comm[0][:80]!r}")
+    return fails
