@@ -29,7 +29,7 @@ THEME = TerminalTheme(
     [(100, 100, 100), (229, 57, 53), (67, 160, 71), (205, 155, 0), (30, 136, 229), (216, 27, 96),
      (0, 151, 167), (160, 160, 160)],
 )
-PRE = ("<pre class='minisgl-judge' style='margin:0;padding:2px 0;white-space:pre-wrap;overflow-wrap:break-word;"
+PRE = ("<pre class='minisgl-judge' style='margin:0;padding:2px 0;white-space:pre-wrap;overflow-wrap:break-word;word-break:normal;"
        "line-height:1.45;font-size:var(--jp-code-font-size,13px);"
        "font-family:var(--jp-code-font-family,monospace);background:none;color:inherit'>{code}</pre>")
 WIDTH = 100  # the table's width; long lines are not cut at it (soft wrap), the browser wraps them
