@@ -19,6 +19,12 @@ OVERFLOW_JS = """() => {
     // 4 px of slack: inline code's own padding may stick out where a long name breaks
     if (p.scrollWidth > p.clientWidth + 4) out.push(`text runs past its column: "${p.textContent.trim().slice(0, 50)}"`);
   }
+  // A wide output or listing (the judge's report) must scroll, not be cut at the column's edge.
+  const scrolls = e => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
+  for (const e of document.querySelectorAll('.md-content pre, .md-content .nb-html')) {
+    if (e.scrollWidth > e.clientWidth + 1 && !scrolls(e) && !(e.parentElement && scrolls(e.parentElement)
+        && e.parentElement.scrollWidth >= e.scrollWidth)) out.push(`cut, not scrolling: ${e.textContent.trim().slice(0, 50)}`);
+  }
   return out.slice(0, 5);
 }"""
 
