@@ -25,9 +25,7 @@ def check(chapter: str, namespace: Dict[str, Any] | None = None, device: str = "
     """Judge `chapter` against the functions defined in `namespace` (default: the caller's globals,
     i.e. the notebook's). Shows the report and returns the verdict. The time limits default as for
     `python judge.py` (runner.RunOptions)."""
-    from rich.console import Console
-
-    from . import progress, report
+    from . import notebook_report, progress, report
     from .judging import judge
     from .runner import RunOptions
 
@@ -40,12 +38,29 @@ def check(chapter: str, namespace: Dict[str, Any] | None = None, device: str = "
     code = from_sources(target, sources, origin="live notebook",
                         missing_hint=" in the kernel (run the exercise's cell first)")
     options = RunOptions(device=device, test_timeout=timeout, time_limit=time_limit)
-    verdict = judge([target], {target.key: code}, options, mode="learner", origin="the live notebook")
-    progress.record(verdict, [target], {target.key: code})  # the notebook's standing, as a saved run's
-    console = Console(highlight=False)
-    report.render(verdict, [target], console, hint_level=hint, verbose=verbose,
-                  hint_command=f'judge.check("{target.key}", hint=1)')
+
+    def run():
+        verdict = judge([target], {target.key: code}, options, mode="learner", origin="the live notebook")
+        progress.record(verdict, [target], {target.key: code})  # the notebook's standing, as a saved run's
+        return verdict
+
+    def render(verdict, console) -> None:
+        report.render(verdict, [target], console, hint_level=hint, verbose=verbose,
+                      hint_command=f'judge.check("{target.key}", hint=1)')
+
+    verdict = notebook_report.shown(_running_line(target, device), run, render)
     return _Shown(verdict)
+
+
+def _running_line(chapter: Chapter, device: str) -> str:
+    """"judging ch11: running its 23 tests on cpu" (the count from the budgets file, when it knows)."""
+    from . import budgets
+
+    names = {f.name for f in chapter.test_files}
+    times = budgets.load().get("times", {}).get(budgets.device_key(device), {})
+    n = sum(key.partition("::")[0] in names for key in times)
+    tests = f"its {n} tests" if n else "its tests"
+    return f"judging {chapter.key}: running {tests} on {device}"
 
 
 class _Shown:
@@ -54,6 +69,9 @@ class _Shown:
     def __init__(self, verdict) -> None:
         self.verdict = verdict
         self.passed = verdict.passed
+
+    def _ipython_display_(self) -> None:
+        """Shown as the last value of a cell: nothing more (the report above says it all)."""
 
     def __repr__(self) -> str:
         n = len(self.verdict.tests)

@@ -78,6 +78,13 @@ FUSED_KERNELS = flag(
     "off: no fused Triton norm/RoPE/SiLU kernels even with the Triton backend; the default for "
     "`EngineConfig.fused_kernels`")
 
+PROGRESS = Setting(
+    "MINISGL_PROGRESS",
+    "`LLM.generate`'s progress bar (minisgl/llm/progress.py): `auto` shows it for runs that last, where "
+    "someone watches (a terminal, a notebook), never under pytest or CI; `off` never, even when asked "
+    "for (the workbook's own notebook runs use it); `on` whenever asked",
+    ("auto", "on", "off"), "auto")
+
 # ---------------------------------------------------------------------- the tests' settings
 
 TEST_DEVICE = Setting(
@@ -89,7 +96,7 @@ TEST_MODEL = Setting(
 CACHE_DIR = Setting(
     "MINISGL_CACHE_DIR", "where the tests keep Hugging Face reference outputs; unset: `.cache/` in the repository")
 
-ENGINE_SETTINGS = (DISABLE_OVERLAP_SCHEDULING, CPU_STREAMS, ATTENTION_BACKEND, FUSED_KERNELS)
+ENGINE_SETTINGS = (DISABLE_OVERLAP_SCHEDULING, CPU_STREAMS, ATTENTION_BACKEND, FUSED_KERNELS, PROGRESS)
 SETTINGS = ENGINE_SETTINGS + (TEST_DEVICE, TEST_MODEL, CACHE_DIR)
 
 
@@ -110,6 +117,7 @@ class _Env:
         self.CPU_STREAMS = Switch(CPU_STREAMS.name, CPU_STREAMS.read())
         self.ATTENTION_BACKEND = Switch(ATTENTION_BACKEND.name, ATTENTION_BACKEND.read())
         self.FUSED_KERNELS = Switch(FUSED_KERNELS.name, FUSED_KERNELS.read())
+        self.PROGRESS = Switch(PROGRESS.name, PROGRESS.read())
 
     def reload(self) -> None:
         """Read every switch again: a process forked after the import with another environment (the

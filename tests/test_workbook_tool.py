@@ -147,11 +147,28 @@ def test_site_page_shows_outputs_figures_and_exercises(tmp_path):
             cell.outputs = [new_output("stream", name="stdout", text="1\n"),
                             new_output("display_data", data={"image/svg+xml": svg, "text/plain": "a view"})]
     page = site.render_page(ch, nb, tmp_path)
-    assert "```text { .nb-output }\n1\n```" in page
+    assert "```text { .nb-output .no-copy }\n1\n```" in page  # no copy button over an output
     assert "![a view](ch11_test_files/cell001-1.svg)" in page
     assert (tmp_path / "ch11_test_files" / "cell001-1.svg").read_text() == svg
     assert '!!! question "Exercise ch11.abort"' in page and '??? success "Reference solution"' in page
     assert "**`minisgl/core.py`** · `Req.complete_one`" in page
+
+
+def test_a_view_with_several_pictures_gives_the_site_one_figure_each(tmp_path):
+    """Chapter 11's four problems: one output in the notebook, four figures on the site, each
+    the SVG the view drew, with its own alt text."""
+    from minisgl.viz.display import static_bundle
+
+    ch = read_chapter(write(tmp_path, BODY))
+    nb = notebook.render(ch, "solution")
+    svgs = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='10'></svg>" for w in (10, 20)]
+    for cell in nb.cells:
+        if cell.cell_type == "code" and notebook.cell_kind(cell) == "":
+            cell.outputs = [new_output("display_data", data=static_bundle(svgs, "two", labels=["first", "second"]))]
+    page = site.render_page(ch, nb, tmp_path)
+    files = sorted((tmp_path / "ch11_test_files").glob("*.svg"))
+    assert [f.read_text() for f in files] == svgs, f"expected the two pictures as two files, got {len(files)}"
+    assert "![first](" in page and "![second](" in page, "expected each figure with its own alt text"
 
 
 def test_stale_notebooks_are_reported(tmp_path, monkeypatch):

@@ -7,7 +7,6 @@ exposes the pieces a test or a notebook needs to drive the engine step by step: 
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Sequence
@@ -20,6 +19,7 @@ from minisgl.models import BUNDLED_MODEL
 from minisgl.scheduler import QueueIO, Scheduler, SchedulerConfig
 
 from . import inputs
+from .progress import generation_progress
 
 Prompt = str | Sequence[int]
 
@@ -120,7 +120,9 @@ class LLM(Scheduler):
                  sampling_params: SamplingParams | List[SamplingParams] | None = None,
                  progress: bool | None = None) -> List[Dict]:
         """Run every prompt to completion; returns [{"text", "token_ids"}] in prompt order (plus
-        "error" for a request the scheduler refused)."""
+        "error" for a request the scheduler refused). `progress`: a bar counting tokens, True to
+        show it, False never; None (default) shows it for runs longer than two seconds in a notebook
+        or a terminal, never under pytest or CI (minisgl/llm/progress.py, MINISGL_PROGRESS)."""
         prompts = inputs.prompt_list(prompts)
         params = self._with_model_defaults(inputs.sampling_list(sampling_params, len(prompts)))
         # Check every prompt before queueing any, so a bad one loses nothing.
@@ -131,10 +133,7 @@ class LLM(Scheduler):
             except (TypeError, ValueError) as e:
                 raise type(e)(f"prompt {i}: {e}") from None
         uids = [self._enqueue(ids, p) for ids, p in zip(encoded, params)]
-        show = progress if progress is not None else (len(uids) >= 64 and sys.stderr.isatty())
-        if show:
-            self._run_with_progress(uids)
-        else:
+        with generation_progress(self, uids, [p.max_tokens for p in params], progress):
             self.run_until_idle()
         outputs = []
         for uid in uids:
@@ -144,15 +143,6 @@ class LLM(Scheduler):
                 out["error"] = r.error
             outputs.append(out)
         return outputs
-
-    def _run_with_progress(self, uids: List[int]) -> None:
-        from rich.progress import Progress
-
-        with Progress(transient=True) as bar:
-            task = bar.add_task("generating", total=len(uids))
-            while self.busy:
-                self.step()
-                bar.update(task, completed=sum(self.results[u].finished for u in uids))
 
     def shutdown(self) -> None:
         """Handle the batch still in flight (overlap loop) and wait for the engine stream."""

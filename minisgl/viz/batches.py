@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Sequence
 
 from . import svg
 from .display import show
+from .controls import with_range
 
 PHASE_FILL = {"prefill": "#9ecae1", "decode": "#a1d99b"}
 
@@ -87,8 +88,8 @@ def batches_svg(records: Sequence[StepRecord], labels: Dict[int, str] | None = N
     parts = [svg.text(8, 18, title, 13, weight="bold")]
     for j, rec in enumerate(records):
         x = LEFT + j * CELL_W
-        parts.append(svg.text(x + CELL_W / 2, TOP - 8, str(rec.step), 10, anchor="middle", fill="#555"))
-    parts.append(svg.text(LEFT - 8, TOP - 8, "step", 10, anchor="end", fill="#555"))
+        parts.append(svg.text(x + CELL_W / 2, TOP - 8, str(rec.step), 10, anchor="middle", fill=svg.MUTED))
+    parts.append(svg.text(LEFT - 8, TOP - 8, "step", 10, anchor="end", fill=svg.MUTED))
     for i, uid in enumerate(uids):
         y = TOP + i * CELL_H
         parts.append(svg.text(LEFT - 8, y + 16, labels.get(uid, f"request {uid}"), 11, anchor="end"))
@@ -112,10 +113,10 @@ def batches_svg(records: Sequence[StepRecord], labels: Dict[int, str] | None = N
             parts.append(svg.text(x + CELL_W / 2, y + 16, rec.phase[0].upper(), 10, anchor="middle",
                                   fill="#999" if later else "#222"))
     y = TOP + len(uids) * CELL_H + 16
-    parts.append(svg.text(LEFT - 8, y, "batch size", 10, anchor="end", fill="#555"))
+    parts.append(svg.text(LEFT - 8, y, "batch size", 10, anchor="end", fill=svg.MUTED))
     for j, rec in enumerate(records):
         parts.append(svg.text(LEFT + j * CELL_W + CELL_W / 2, y, str(len(rec.uids)), 10, anchor="middle",
-                              fill="#555"))
+                              fill=svg.MUTED))
     y += 22
     parts.append(svg.rect(LEFT, y - 11, 12, 12, PHASE_FILL["prefill"], rx=2))
     parts.append(svg.text(LEFT + 18, y, "P: prefill", 10))
@@ -163,6 +164,6 @@ def show_batches(records: Sequence[StepRecord], labels: Dict[int, str] | None = 
 
         slider.observe(redraw, "value")
         redraw()
-        return w.VBox([slider, figure, panel])
+        return w.VBox([with_range(slider), figure, panel])
 
     show(batches_svg(records, labels, title=title), title, make_widget)

@@ -15,6 +15,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from . import svg
 from .display import show
+from .controls import with_range
 
 PALETTE = ["#6baed6", "#fd8d3c", "#74c476", "#9e9ac8", "#e377c2", "#bcbd22", "#17becf", "#d6616b"]
 
@@ -100,7 +101,7 @@ def _run_svg(run: BudgetRun, scale: float, top: float, upto: int | None = None) 
     for i, load in enumerate(run.steps):
         dim = upto is not None and i >= upto
         parts.append(svg.text(LEFT - 8, y + 12, f"step {load.step} {load.phase}", 10, anchor="end",
-                              fill="#bbb" if dim else "#333"))
+                              fill=svg.FAINT if dim else svg.INK))
         if run.budget is not None and load.phase == "prefill":
             parts.append(svg.rect(LEFT, y, run.budget * scale, BAR_H, "#fafafa", stroke="#bbb", dash=True, rx=1,
                                   title=f"budget {run.budget} tokens"))
@@ -120,7 +121,7 @@ def _run_svg(run: BudgetRun, scale: float, top: float, upto: int | None = None) 
                 parts.append(svg.rect(x, y + 3, scale, BAR_H - 6, "#eee" if dim else _colour(uid), stroke="#666",
                                       rx=1, title=f"request {uid}: one decode token"))
                 x += scale
-            parts.append(svg.text(x + 6, y + 12, f"decode {load.decoding}", 9, fill="#bbb" if dim else "#555"))
+            parts.append(svg.text(x + 6, y + 12, f"decode {load.decoding}", 9, fill=svg.FAINT if dim else svg.MUTED))
         y += ROW_H
     return parts, y + 8
 
@@ -138,7 +139,7 @@ def budget_svg(runs: Sequence[BudgetRun], upto: int | None = None) -> str:
         parts.extend(run_parts)
     legend = ("a box per request (colour), its width the tokens it computes in that step; "
               "dashed box: a chunk; dashed outline: the budget")
-    parts.append(svg.text(8, y + 8, legend, 10, fill="#555"))
+    parts.append(svg.text(8, y + 8, legend, 10, fill=svg.MUTED))
     width = LEFT + widest * scale + 160
     return svg.document(max(width, 640), y + 16, parts, "prefill token budget")
 
@@ -161,6 +162,6 @@ def show_budget(runs: Sequence[BudgetRun]) -> None:
         pick.observe(redraw, "value")
         slider.observe(redraw, "value")
         redraw()
-        return w.VBox([pick, slider, figure, caption])
+        return w.VBox([pick, with_range(slider), figure, caption])
 
     show(budget_svg(runs), "prefill token budget: " + ", ".join(r.title for r in runs), make_widget)

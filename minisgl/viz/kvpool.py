@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Sequence, Set
 
 from . import svg
 from .display import show
+from .controls import with_range
 
 PALETTE = ["#9ecae9", "#ffbf86", "#a5d99f", "#f4a3a4", "#c9b3e0", "#d8b9a9", "#f7b6d2", "#c7c7c7"]
 
@@ -134,14 +135,14 @@ def _snapshot_parts(snap: Snapshot, top: float, token_text: Callable[[int], str]
     y += 7
     # column numbers (positions)
     for c in range(cols):
-        parts.append(svg.text(LABEL_W + c * CELL_W + CELL_W / 2, y + 10, str(c), 9, anchor="middle", fill="#777"))
+        parts.append(svg.text(LABEL_W + c * CELL_W + CELL_W / 2, y + 10, str(c), 9, anchor="middle", fill=svg.FAINT))
     y += 14
     for row in range(snap.num_slots):
         s = snap.slots.get(row)
         label = f"slot {row}" + (f" · req {s.uid}" if s else " · free")
-        parts.append(svg.text(PAD, y + 14, label, 11, fill="#222" if s else "#999"))
-        parts.append(svg.text(LABEL_W - 6, y + 14, "tokens", 9, anchor="end", fill="#777"))
-        parts.append(svg.text(LABEL_W - 6, y + CELL_H + 14, "KV loc", 9, anchor="end", fill="#777"))
+        parts.append(svg.text(PAD, y + 14, label, 11, fill=svg.INK if s else svg.FAINT))
+        parts.append(svg.text(LABEL_W - 6, y + 14, "tokens", 9, anchor="end", fill=svg.FAINT))
+        parts.append(svg.text(LABEL_W - 6, y + CELL_H + 14, "KV loc", 9, anchor="end", fill=svg.FAINT))
         for c in range(cols):
             x = LABEL_W + c * CELL_W
             if s is not None and c < len(s.tokens):
@@ -150,7 +151,7 @@ def _snapshot_parts(snap: Snapshot, top: float, token_text: Callable[[int], str]
                 tip = f"position {c}: token {tok}" + (f" {token_text(tok)!r}" if token_text else "")
                 tip += " (sampled last: its KV is computed in the next step)" if no_kv else ""
                 parts.append(svg.rect(x, y, CELL_W - 2, CELL_H - 2, color(s.uid), rx=2, dash=no_kv, title=tip))
-                parts.append(svg.text(x + CELL_W / 2 - 1, y + 13, str(tok), 8, anchor="middle", mono=True))
+                parts.append(svg.text(x + CELL_W / 2 - 1, y + 13, str(tok), 8, anchor="middle", mono=True, fill=svg.ON_BOX))
             else:
                 parts.append(svg.rect(x, y, CELL_W - 2, CELL_H - 2, "#fafafa", stroke="#e3e3e3", rx=2))
             ly = y + CELL_H
@@ -161,7 +162,7 @@ def _snapshot_parts(snap: Snapshot, top: float, token_text: Callable[[int], str]
                 tip += " (written in this step)" if new else ""
                 parts.append(svg.rect(x, ly, CELL_W - 2, CELL_H - 2, "white", stroke="#d62728" if new else "#555",
                                       rx=2, title=tip))
-                parts.append(svg.text(x + CELL_W / 2 - 1, ly + 13, str(loc), 9, anchor="middle", mono=True))
+                parts.append(svg.text(x + CELL_W / 2 - 1, ly + 13, str(loc), 9, anchor="middle", mono=True, fill=svg.ON_BOX))
             else:
                 parts.append(svg.rect(x, ly, CELL_W - 2, CELL_H - 2, "#fafafa", stroke="#e3e3e3", rx=2))
         y += 2 * CELL_H + 8
@@ -179,7 +180,7 @@ def _snapshot_parts(snap: Snapshot, top: float, token_text: Callable[[int], str]
     for page in range(snap.num_pages):
         line, k = divmod(page, PAGES_PER_LINE)
         x, py = PAD + k * page_w, y + line * (CELL_H + 22)
-        parts.append(svg.text(x, py + 9, f"page {page}", 9, fill="#555"))
+        parts.append(svg.text(x, py + 9, f"page {page}", 9, fill=svg.MUTED))
         for off in range(snap.page_size):
             loc = page * snap.page_size + off
             lx = x + off * LOC_W
@@ -251,7 +252,7 @@ def show_pool(snapshots: Sequence[Snapshot], token_text: Callable[[int], str] | 
 
         slider.observe(redraw, "value")
         redraw()
-        return w.VBox([slider, figure])
+        return w.VBox([with_range(slider), figure])
 
     show(pool_svg([snapshots[i] for i in steps], token_text),
          f"page table and KV pool after steps {steps}", make_widget)

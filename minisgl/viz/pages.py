@@ -16,6 +16,7 @@ from typing import List, Sequence
 
 from . import svg
 from .display import show
+from .controls import with_range
 
 COLOURS = {"held": "#6baed6", "locked": "#fd8d3c", "evictable": "#a1d99b", "free": "#f0f0f0"}
 NAMES = {"held": "held by running requests", "locked": "cached, locked", "evictable": "cached, evictable",
@@ -66,8 +67,8 @@ def census_svg(rows: Sequence[Census], num_pages: int, title: str = "KV pages, s
     parts = [svg.text(8, 16, title, 13, weight="bold")]
     for frac in (0, 0.5, 1):
         y = TOP + H - frac * H
-        parts.append(svg.line(LEFT - 4, y, width - 10, y, stroke="#ddd"))
-        parts.append(svg.text(LEFT - 8, y + 4, str(int(frac * num_pages)), 9, anchor="end", fill="#555"))
+        parts.append(svg.line(LEFT - 4, y, width - 10, y, stroke=svg.RULE))
+        parts.append(svg.text(LEFT - 8, y + 4, str(int(frac * num_pages)), 9, anchor="end", fill=svg.MUTED))
     for i, c in enumerate(rows):
         x, y = LEFT + i * BAR_W, TOP + H
         for name, n in c.parts():
@@ -77,12 +78,12 @@ def census_svg(rows: Sequence[Census], num_pages: int, title: str = "KV pages, s
                 parts.append(svg.rect(x + 1, y, BAR_W - 2, h, COLOURS[name], stroke="#999", rx=0,
                                       title=f"step {c.step}: {n} {NAMES[name]}"))
         parts.append(svg.text(x + BAR_W / 2, TOP + H + 12, str(c.running), 9, anchor="middle"))
-        parts.append(svg.text(x + BAR_W / 2, TOP + H + 24, str(c.waiting), 9, anchor="middle", fill="#777"))
+        parts.append(svg.text(x + BAR_W / 2, TOP + H + 24, str(c.waiting), 9, anchor="middle", fill=svg.FAINT))
         if i % 5 == 0 or i == len(rows) - 1:
-            parts.append(svg.text(x + BAR_W / 2, TOP + H + 38, str(c.step), 9, anchor="middle", fill="#555"))
+            parts.append(svg.text(x + BAR_W / 2, TOP + H + 38, str(c.step), 9, anchor="middle", fill=svg.MUTED))
     parts.append(svg.text(LEFT - 8, TOP + H + 12, "running", 9, anchor="end"))
-    parts.append(svg.text(LEFT - 8, TOP + H + 24, "waiting", 9, anchor="end", fill="#777"))
-    parts.append(svg.text(LEFT - 8, TOP + H + 38, "step", 9, anchor="end", fill="#555"))
+    parts.append(svg.text(LEFT - 8, TOP + H + 24, "waiting", 9, anchor="end", fill=svg.FAINT))
+    parts.append(svg.text(LEFT - 8, TOP + H + 38, "step", 9, anchor="end", fill=svg.MUTED))
     y = TOP + H + 58
     x = LEFT
     for name in ("held", "locked", "evictable", "free"):
@@ -109,6 +110,6 @@ def show_census(rows: Sequence[Census], num_pages: int, title: str = "KV pages, 
 
         slider.observe(redraw, "value")
         redraw()
-        return w.VBox([w.HTML(census_svg(rows, num_pages, title)), slider, text])
+        return w.VBox([w.HTML(census_svg(rows, num_pages, title)), with_range(slider), text])
 
     show(census_svg(rows, num_pages, title), title, make_widget)

@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 from . import svg
 from .display import show
+from .controls import with_range
 
 TokenText = Callable[[int], str]
 
@@ -143,7 +144,7 @@ def frame_svg(frame: Frame, token_text: TokenText | None = None, before: Frame |
 
     parts = [svg.text(LEFT, 16, title or frame.caption, 12, weight="bold")]
     parts.append(svg.text(LEFT, 31, f"evictable {frame.evictable} · protected {frame.protected} tokens "
-                          "(orange: locked, green: evictable, thick border: new)", 10, fill="#555"))
+                          "(orange: locked, green: evictable, thick border: new)", 10, fill=svg.MUTED))
     for node in nodes:  # edges first, under the boxes
         x, y = xy(node)
         right = x + (50 if node is frame.root else BOX_W)
@@ -154,7 +155,7 @@ def frame_svg(frame: Frame, token_text: TokenText | None = None, before: Frame |
         x, y = xy(node)
         if node is frame.root:
             parts.append(svg.rect(x, y, 50, BOX_H, ROOT, rx=6))
-            parts.append(svg.text(x + 25, y + 23, "root", 11, anchor="middle"))
+            parts.append(svg.text(x + 25, y + 23, "root", 11, anchor="middle", fill=svg.ON_BOX))
             continue
         fresh = before is not None and node.path not in old_paths
         fill = LOCKED if node.ref_count else EVICTABLE
@@ -163,7 +164,7 @@ def frame_svg(frame: Frame, token_text: TokenText | None = None, before: Frame |
         parts.append(svg.rect(x, y, BOX_W, BOX_H, fill, stroke="#111" if fresh else "#666", title=tip))
         if fresh:
             parts.append(svg.rect(x + 1.5, y + 1.5, BOX_W - 3, BOX_H - 3, "none", stroke="#111"))
-        parts.append(svg.text(x + 6, y + 15, token_label(node.key, token_text), 11, mono=True))
+        parts.append(svg.text(x + 6, y + 15, token_label(node.key, token_text), 11, mono=True, fill=svg.ON_BOX))
         lock = f"locked x{node.ref_count}" if node.ref_count else "evictable"
         meta = f"{len(node.key)} tok · locs {locations(node.value)} · {lock} · t={node.last_access}"
         parts.append(svg.text(x + 6, y + 30, meta, 9, fill="#444"))
@@ -181,7 +182,7 @@ def film_svg(frames: Sequence[Frame], token_text: TokenText | None = None, title
         w, h = float(m[1]), float(m[2])
         inner = fig[fig.index(">") + 1: fig.rindex("</svg>")]
         parts.append(f"<g transform='translate(0,{y:.0f})'>{inner}</g>")
-        parts.append(svg.line(0, y + h + 4, max(w, 400), y + h + 4, stroke="#ccc"))
+        parts.append(svg.line(0, y + h + 4, max(w, 400), y + h + 4, stroke=svg.RULE))
         y += h + 10
         width = max(width, w)
     return svg.document(max(width, 400), y, parts, title or "radix tree, step by step")
@@ -204,7 +205,7 @@ def show_film(frames: Sequence[Frame], token_text: TokenText | None = None, titl
 
         slider.observe(redraw, "value")
         redraw()
-        return w.VBox([slider, figure, text])
+        return w.VBox([with_range(slider), figure, text])
 
     show(film_svg(frames, token_text, title), title, make_widget)
 

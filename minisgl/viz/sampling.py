@@ -69,7 +69,7 @@ PANEL_W, ROW_H, LABEL_W, TOP = 250, 16, 80, 40
 
 def _panel_parts(p: Panel, token_text: Callable[[int], str], x0: float, top_prob: float) -> List[str]:
     parts = [svg.text(x0, 16, p.setting.label, 11, weight="bold"),
-             svg.text(x0, 30, f"{p.num_kept} token(s) kept", 10, fill="#555")]
+             svg.text(x0, 30, f"{p.num_kept} token(s) kept", 10, fill=svg.MUTED)]
     bar_w = PANEL_W - LABEL_W - 70
     for i, (t, prob, keep, fin) in enumerate(zip(p.tokens, p.probs, p.kept, p.final)):
         y = TOP + i * ROW_H
@@ -79,7 +79,7 @@ def _panel_parts(p: Panel, token_text: Callable[[int], str], x0: float, top_prob
                               stroke="#888", rx=1, title=f"p = {prob:.4f}{'' if keep else ' (removed)'}"))
         before, after = f"{prob:.2f}", f"{fin:.2f}"
         note = before if not keep or before == after else f"{before} → {after}"
-        parts.append(svg.text(x0 + LABEL_W + w + 4, y + 11, note, 9, fill="#555" if keep else "#aaa"))
+        parts.append(svg.text(x0 + LABEL_W + w + 4, y + 11, note, 9, fill=svg.MUTED if keep else svg.FAINT))
     return parts
 
 
@@ -91,7 +91,7 @@ def sampling_svg(panels: Sequence[Panel], token_text: Callable[[int], str], titl
         parts.extend(_panel_parts(p, token_text, 10 + i * PANEL_W, top_prob))
     height = TOP + max(len(p.tokens) for p in panels) * ROW_H + 26
     parts.append(svg.text(10, height - 8, "bar: probability after the temperature; blue: kept, grey: removed by "
-                          "top-k / top-p; a → b: renormalized over the kept tokens", 10, fill="#555"))
+                          "top-k / top-p; a → b: renormalized over the kept tokens", 10, fill=svg.MUTED))
     return svg.document(max(len(panels) * PANEL_W + 10, 600), height, parts, title or "sampling settings")
 
 

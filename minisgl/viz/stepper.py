@@ -13,9 +13,14 @@ from typing import Dict, List, Tuple
 from . import svg
 from .display import show
 from .overlap_problems import ProblemRun
+from .controls import with_range
 
 LINE_H, COL_W, TURN_W, PAD, CHARS = 14, 330, 46, 8, 54
-ONLY_UPSTREAM, ONLY_OURS = "#c62828", "#2e7d32"
+# The theme's own red and green (lighter in the dark theme); in a picture file, the light theme's.
+ONLY_UPSTREAM, ONLY_OURS = "var(--jp-error-color1, #d32f2f)", "var(--jp-success-color1, #388e3c)"
+# The turn the slider is on: the background of a code cell (a light grey; a near-black in the dark
+# theme, where red and green still stand out), marked by an amber edge.
+CURRENT = "var(--jp-cell-editor-background, #f5f5f5);border-left:3px solid #f9a825"
 
 
 def _turn(run: ProblemRun, i: int) -> List[str]:
@@ -23,7 +28,7 @@ def _turn(run: ProblemRun, i: int) -> List[str]:
 
 
 def _marked(lines: List[str], other: List[str], colour: str) -> List[Tuple[str, str]]:
-    return [(line, colour if line not in other else "#111") for line in lines]
+    return [(line, colour if line not in other else svg.INK) for line in lines]
 
 
 def problem_svg(title: str, upstream: ProblemRun, ours: ProblemRun) -> str:
@@ -35,21 +40,21 @@ def problem_svg(title: str, upstream: ProblemRun, ours: ProblemRun) -> str:
     y = 40
     for x, run, label in ((x_up, upstream, "upstream"), (x_ours, ours, "ours")):
         head = f"{label}: {'right' if run.ok else 'WRONG'}"
-        parts.append(svg.text(x, y, head, 12, weight="bold", fill="#111" if run.ok else ONLY_UPSTREAM))
+        parts.append(svg.text(x, y, head, 12, weight="bold", fill=svg.INK if run.ok else ONLY_UPSTREAM))
     y += 8
     for i in range(turns):
         up, mine = _turn(upstream, i), _turn(ours, i)
         h = max(len(up), len(mine), 1) * LINE_H + 6
-        fill = "#f6f6f6" if i % 2 == 0 else "#ffffff"
-        parts.append(svg.rect(PAD, y, width - 2 * PAD, h, fill, stroke="#ddd", rx=0))
-        parts.append(svg.text(PAD + 4, y + 13, f"turn {i + 1}", 10, fill="#555"))
+        fill = svg.PAPER_ALT if i % 2 == 0 else svg.PAPER
+        parts.append(svg.rect(PAD, y, width - 2 * PAD, h, fill, stroke=svg.RULE, rx=0))
+        parts.append(svg.text(PAD + 4, y + 13, f"turn {i + 1}", 10, fill=svg.MUTED))
         for x, lines in ((x_up, _marked(up, mine, ONLY_UPSTREAM)), (x_ours, _marked(mine, up, ONLY_OURS))):
             for j, (line, colour) in enumerate(lines):
                 parts.append(svg.text(x, y + 13 + j * LINE_H, line[:CHARS], 10, fill=colour, mono=True))
         y += h
     y += 8
     for run, label in ((upstream, f"upstream ({upstream.variant})"), (ours, f"ours ({ours.variant})")):
-        colour = "#111" if run.ok else ONLY_UPSTREAM
+        colour = svg.INK if run.ok else ONLY_UPSTREAM
         y += LINE_H + 2
         parts.append(svg.text(PAD, y, label, 11, weight="bold", fill=colour))
         for line in run.verdict:
@@ -63,10 +68,10 @@ def _html_column(run: ProblemRun, other: ProblemRun, upto: int, label: str, colo
     rows = []
     for i in range(upto):
         mine, theirs = _turn(run, i), _turn(other, i)
-        shade = "background:#fff3c4;" if i == upto - 1 else ""
+        shade = f"background:{CURRENT};" if i == upto - 1 else ""
         body = "\n".join(f"<span style='color:{c}'>{escape(t)}</span>" for t, c in _marked(mine, theirs, colour))
-        rows.append(f"<div style='{shade}padding:2px 4px;border-top:1px solid #ddd'>"
-                    f"<span style='color:#777'>turn {i + 1}</span>\n{body or '(nothing)'}</div>")
+        rows.append(f"<div style='{shade}padding:2px 4px;border-top:1px solid {svg.RULE}'>"
+                    f"<span style='color:{svg.FAINT}'>turn {i + 1}</span>\n{body or '(nothing)'}</div>")
     verdict = "right" if run.ok else "WRONG"
     return (f"<div style='flex:1;min-width:0'><b>{escape(label)}: {verdict}</b>"
             f"<pre style='margin:4px 0 0 0;font-size:12px;line-height:1.35;white-space:pre-wrap'>{''.join(rows)}</pre></div>")
@@ -102,23 +107,8 @@ def show_problems(runs: Dict[str, Tuple[ProblemRun, ProblemRun]]) -> None:
         pick.observe(redraw, "value")
         turn.observe(redraw, "value")
         redraw()
-        return w.VBox([pick, turn, panel, verdict])
+        return w.VBox([pick, with_range(turn), panel, verdict])
 
     figures = [problem_svg(t, *runs[t]) for t in titles]
-    static = figures[0] if len(figures) == 1 else _stack(figures)
-    show(static, "the overlap problems, upstream beside ours: " + ", ".join(titles), make_widget)
-
-
-def _stack(figures: List[str]) -> str:
-    """Put several SVG documents one under another in a single SVG."""
-    import re
-
-    parts, y, width = [], 0.0, 0.0
-    for fig in figures:
-        m = re.match(r"<svg [^>]*width='(\d+)' height='(\d+)'", fig)
-        w_, h_ = float(m[1]), float(m[2])
-        inner = fig[fig.index(">") + 1: fig.rindex("</svg>")]
-        parts.append(f"<g transform='translate(0,{y:.0f})'>{inner}</g>")
-        y += h_ + 12
-        width = max(width, w_)
-    return svg.document(width, y, parts, "overlap problems")
+    show(figures, "the overlap problems, upstream beside ours: " + ", ".join(titles), make_widget,
+         labels=[f"{t}: upstream beside ours" for t in titles])

@@ -21,6 +21,7 @@ from typing import Deque, Dict, List, Tuple
 
 from . import svg
 from .display import show
+from .controls import with_range
 
 
 @dataclass
@@ -91,8 +92,8 @@ def timeline_svg(timelines: List[Timeline], upto: int | None = None, highlight: 
         top = 10 + r * block_h
         parts.append(svg.text(8, top + 14, tl.title, 13, weight="bold"))
         lanes = {"cpu": top + 22, "engine": top + 22 + BOX_H + LANE_GAP}
-        parts.append(svg.text(LEFT - 10, lanes["cpu"] + 17, "CPU (scheduler)", 11, anchor="end", fill="#444"))
-        parts.append(svg.text(LEFT - 10, lanes["engine"] + 17, "engine stream", 11, anchor="end", fill="#444"))
+        parts.append(svg.text(LEFT - 10, lanes["cpu"] + 17, "CPU (scheduler)", 11, anchor="end", fill=svg.MUTED))
+        parts.append(svg.text(LEFT - 10, lanes["engine"] + 17, "engine stream", 11, anchor="end", fill=svg.MUTED))
         shown = tl.marks if upto is None else tl.marks[:upto]
         for i, m in enumerate(shown):
             x = LEFT + i * (BOX_W + GAP)
@@ -100,7 +101,7 @@ def timeline_svg(timelines: List[Timeline], upto: int | None = None, highlight: 
             stroke = "#d62728" if highlight == i else "#333"
             parts.append(svg.rect(x, y, BOX_W, BOX_H, COLORS[m.kind], stroke=stroke,
                                   title=f"{m.label} ({m.phase})"))
-            parts.append(svg.text(x + BOX_W / 2, y + 12, m.label, 11, anchor="middle"))
+            parts.append(svg.text(x + BOX_W / 2, y + 12, m.label, 11, anchor="middle", fill=svg.ON_BOX))
             parts.append(svg.text(x + BOX_W / 2, y + 23, m.phase, 9, anchor="middle", fill="#555"))
     height = 10 + len(timelines) * block_h
     return svg.document(width, height, parts, "timeline of " + ", ".join(t.title for t in timelines))
@@ -154,7 +155,7 @@ def show_timeline(timelines: List[Timeline]) -> None:
         pick.observe(redraw, "value")
         slider.observe(redraw, "value")
         redraw()
-        return w.VBox([pick, slider, figure, caption])
+        return w.VBox([pick, with_range(slider), figure, caption])
 
     show(timeline_svg(timelines), "timeline: " + "; ".join(t.title for t in timelines), make_widget)
 

@@ -191,6 +191,7 @@ def build_site(ids: Iterable[str] = ()) -> int:
             raise SystemExit("\n".join(f"STALE {p}" for p in problems))
         solution = nbformat.read(solution_path(ch), as_version=4)
         page = site.render_page(ch, solution, SITE_DOCS)
+        site.copy_notebooks(ch, NOTEBOOKS / f"{ch.stem}.ipynb", SOLUTIONS / f"{ch.stem}.ipynb", SITE_DOCS)
         (SITE_DOCS / f"{ch.stem}.md").write_text(page, encoding="utf-8")
         print(f"wrote {_rel(SITE_DOCS / (ch.stem + '.md'))}")
     return 0

@@ -2,7 +2,7 @@
 
 The kernel gets the repository on PYTHONPATH (so `minisgl` and `judge` import without an install),
 none of the MINISGL_* switches of the calling shell (so the outputs depend only on the notebook and
-the bundled model), and one OpenMP thread unless OMP_NUM_THREADS says otherwise. The judge cell at
+the bundled model; `LLM.generate`'s progress bar is off), and one OpenMP thread unless OMP_NUM_THREADS says otherwise. The judge cell at
 the end of every notebook records its verdict in build/, not in the author's own progress file.
 """
 
@@ -34,6 +34,9 @@ class Run:
 def kernel_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINISGL_")}
     env[PROGRESS_ENV] = str(NOTEBOOK_PROGRESS)
+    # No progress bar in a saved notebook: its last line says how long the run took, which
+    # changes from run to run (minisgl/llm/progress.py).
+    env["MINISGL_PROGRESS"] = "off"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -9,6 +9,7 @@ to the page. Cells tagged `remove-cell`, `remove-input` or `remove-output` are l
 from __future__ import annotations
 
 import base64
+from html import unescape
 import re
 import shutil
 from pathlib import Path
@@ -35,7 +36,8 @@ def render_page(chapter: Chapter, solution: nbformat.NotebookNode, out_dir: Path
         kind = notebook.cell_kind(cell)
         if cell.cell_type == "markdown":
             if kind != "exercise_intro":  # the exercise box below says it
-                parts.append(notebook.page_links(cell.source))
+                text = notebook.page_links(cell.source)
+                parts.append(_under_title(text, download_links(chapter)) if not i else text)
             continue
         outputs = [] if "remove-output" in tags else _outputs(cell, assets, f"cell{i:03d}")
         if kind == "exercise":
@@ -45,6 +47,31 @@ def render_page(chapter: Chapter, solution: nbformat.NotebookNode, out_dir: Path
             parts.append(_code(cell.source))
         parts.extend(outputs)
     return "\n\n".join(p.rstrip() for p in parts if p.strip()) + "\n"
+
+
+DOWNLOADS = "downloads"  # build/site_docs/downloads/{learner,solution}/chNN_*.ipynb
+
+
+def download_links(chapter: Chapter) -> str:
+    name = f"{chapter.stem}.ipynb"
+    return (f'Download this chapter as a notebook: [the learner\'s, to work in]({DOWNLOADS}/learner/{name})'
+            f'{{ download="{name}" }} · [the solution, run, with its outputs]({DOWNLOADS}/solution/{name})'
+            f'{{ download="{chapter.stem}_solution.ipynb" }}. Open it with `jupyter lab`, from the '
+            'repository\'s folder (the notebooks import `minisgl` and `judge`).\n{ .nb-downloads }')
+
+
+def _under_title(markdown: str, block: str) -> str:
+    """`block` right under the page's `# title` line (at the top if there is none)."""
+    lines = markdown.splitlines()
+    at = next((k + 1 for k, line in enumerate(lines) if line.startswith("# ")), 0)
+    return "\n".join(lines[:at] + ["", block, ""] + lines[at:])
+
+
+def copy_notebooks(chapter: Chapter, learner: Path, solution: Path, out_dir: Path) -> None:
+    for kind, src in (("learner", learner), ("solution", solution)):
+        dest = out_dir / DOWNLOADS / kind / f"{chapter.stem}.ipynb"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
 
 
 def _exercise_box(block: Exercise, outputs: List[str]) -> str:
@@ -88,10 +115,19 @@ def _outputs(cell, assets: Path, stem: str) -> List[str]:
 
 def _output_text(text: str) -> str:
     fence = notebook.fence_for(text)
-    return f'{fence}text {{ .nb-output }}\n{text.rstrip()}\n{fence}'
+    return f'{fence}text {{ .nb-output .no-copy }}\n{text.rstrip()}\n{fence}'
+
+
+# A view's static pictures as the notebook has them (minisgl/viz/display.py): <img>s of SVG data.
+_VIEW_IMG = re.compile(r"<img src='data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)' alt='([^']*)'")
 
 
 def _rich(data, assets: Path, stem: str) -> str:
+    views = _VIEW_IMG.findall(_joined(data.get("text/html", "")))
+    if views:  # each picture of a view its own figure (chapter 11's four problems: four figures)
+        return "\n\n".join(_figure(assets, f"{stem}-{k}.svg" if len(views) > 1 else f"{stem}.svg",
+                                     base64.b64decode(b64), {"text/plain": unescape(alt)})
+                            for k, (b64, alt) in enumerate(views))
     if "image/svg+xml" in data:
         return _figure(assets, f"{stem}.svg", _joined(data["image/svg+xml"]).encode(), data)
     if "image/png" in data:
@@ -100,8 +136,9 @@ def _rich(data, assets: Path, stem: str) -> str:
         if "text/plain" in data and not _ANSI.sub("", _joined(data["text/plain"])).strip():
             return ""  # a blank line of a rich report: nothing to show
         html = _joined(data["text/html"]).strip()
-        # A blank line would end the raw HTML block in Python-Markdown.
-        html = "\n".join(line for line in html.splitlines() if line.strip())
+        # A blank line would end the raw HTML block in Python-Markdown: an empty element keeps the
+        # line (inside the judge's <pre> report it is a line of its own) without ending the block.
+        html = "\n".join(line if line.strip() else "<span></span>" for line in html.splitlines())
         return f'<div class="nb-output nb-html" markdown="0">\n{html}\n</div>'
     if "text/markdown" in data:
         return _joined(data["text/markdown"])
@@ -115,7 +152,10 @@ def _figure(assets: Path, name: str, payload: bytes, data) -> str:
     (assets / name).write_bytes(payload)
     alt = _joined(data.get("text/plain", "figure")).strip().strip("<>").replace("\n", " ")[:120] or "figure"
     alt = alt.replace("[", "(").replace("]", ")")
-    return f"![{alt}]({assets.name}/{name}){{ .nb-figure }}"
+    # At its natural size, scrolling sideways in its own box when wider than the column (a phone),
+    # and a link to the picture alone, to zoom into it (site.css).
+    link = f"{assets.name}/{name}"
+    return (f'<div class="nb-figure-box" markdown="1">\n\n[![{alt}]({link}){{ .nb-figure }}]({link} "open the figure alone")\n\n</div>')
 
 
 def _joined(value) -> str:
