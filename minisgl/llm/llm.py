@@ -120,7 +120,7 @@ class LLM(Scheduler):
                  sampling_params: SamplingParams | List[SamplingParams] | None = None,
                  progress: bool | None = None) -> List[Dict]:
         """Run every prompt to completion; returns [{"text", "token_ids"}] in prompt order (plus
-        "error" for a request the scheduler refused). `progress`: a bar counting tokens, True to
+        "error" for a request the scheduler refused or whose step failed). `progress`: a bar counting tokens, True to
         show it, False never; None (default) shows it for runs longer than two seconds in a notebook
         or a terminal, never under pytest or CI (minisgl/llm/progress.py, MINISGL_PROGRESS)."""
         prompts = inputs.prompt_list(prompts)
