@@ -1,0 +1,84 @@
+"""ZMQ sockets carrying message batches between the server's processes, and the scheduler's I/O.
+
+Every process binds one PULL socket, its inbox, and connects a PUSH socket to each process it
+sends to. PUSH/PULL keeps the order of one sender's frames, so a request's abort can never pass
+the request itself on the way to the scheduler.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, List
+
+import zmq
+
+from minisgl.message import BackendMsg, DetokenizeMsg, StatsQuery, StatsReply
+from minisgl.message.wire import decode_batch, encode_batch
+
+POLL_MS = 200  # how long an idle process waits for a frame before checking on its parent
+
+
+class Inbox:
+    def __init__(self, ctx: zmq.Context, addr: str) -> None:
+        self.socket = ctx.socket(zmq.PULL)
+        self.socket.bind(addr)
+
+    def receive(self, timeout_ms: int) -> List[Any]:
+        """Every message waiting, after waiting up to `timeout_ms` for the first frame (0: none)."""
+        msgs: List[Any] = []
+        if not self.socket.poll(timeout_ms):
+            return msgs
+        while True:
+            try:
+                frame = self.socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return msgs
+            msgs.extend(decode_batch(frame))
+
+
+class Outbox:
+    def __init__(self, ctx: zmq.Context, addr: str) -> None:
+        self.socket = ctx.socket(zmq.PUSH)
+        self.socket.connect(addr)
+
+    def send(self, msgs: List[Any]) -> None:
+        if msgs:
+            self.socket.send(encode_batch(msgs))
+
+
+class ParentWatch:
+    """Ends a worker process whose parent, the API server, has gone (killed, say): a worker must not
+    outlive the server. Polled between waits; os.getppid() changes when the parent dies."""
+
+    def __init__(self) -> None:
+        self.parent = os.getppid()
+
+    def check(self) -> None:
+        if os.getppid() != self.parent:
+            raise SystemExit(0)
+
+
+class ZmqSchedulerIO:
+    """The scheduler's SchedulerIO over sockets: requests and aborts from the tokenizer worker's
+    PUSH, tokens back to its inbox. A blocking receive (the scheduler has nothing to do) waits at
+    most POLL_MS and may return nothing; the scheduler simply asks again. Stats queries are answered
+    here, between steps, from `stats()`; the scheduler's loop never sees them."""
+
+    def __init__(self, ctx: zmq.Context, inbox_addr: str, outbox_addr: str,
+                 stats: Callable[[], Dict[str, Any]] | None = None) -> None:
+        self.inbox = Inbox(ctx, inbox_addr)
+        self.outbox = Outbox(ctx, outbox_addr)
+        self.stats = stats
+        self.parent = ParentWatch()
+
+    def receive(self, blocking: bool) -> List[BackendMsg]:
+        self.parent.check()
+        msgs = self.inbox.receive(POLL_MS if blocking else 0)
+        queries = [m for m in msgs if isinstance(m, StatsQuery)]
+        if queries:
+            stats = self.stats() if self.stats is not None else {}
+            self.outbox.send([StatsReply(uid=q.uid, stats=stats) for q in queries])
+        return [m for m in msgs if not isinstance(m, StatsQuery)]
+
+    def send(self, msgs: List[DetokenizeMsg]) -> None:
+        self.outbox.send(msgs)

@@ -1,0 +1,102 @@
+"""The tokenizer worker's logic, without sockets: client requests in, scheduler messages out, and
+the scheduler's tokens back out as text.
+
+It keeps one `RequestInfo` per request from its TokenizeMsg to its last reply (or its abort), so it
+can say why a request finished and how long its prompt was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+import torch
+
+from minisgl.message import (AbortBackendMsg, AbortMsg, DetokenizeMsg, StatsQuery, StatsReply, TokenizeMsg,
+                             UserMsg, UserReply)
+
+from .chat import ChatTemplate, ChatTemplateError
+from .detokenizer import DecodeState, next_text
+
+
+@dataclass
+class RequestInfo:
+    prompt_tokens: int
+    ignore_eos: bool
+    decode: DecodeState = field(default_factory=DecodeState)
+
+
+class TokenizerWorker:
+    def __init__(self, tokenizer, chat_template: ChatTemplate | None, eos_token_id: int | None,
+                 context_len: int) -> None:
+        self.tokenizer = tokenizer  # None: the model directory has no tokenizer.json (ids only)
+        self.chat_template = chat_template
+        self.eos_token_id = eos_token_id
+        self.context_len = context_len
+        self.requests: Dict[int, RequestInfo] = {}
+
+    def handle(self, msgs: List[Any]) -> Tuple[List[Any], List[Any]]:
+        """Messages for the scheduler and messages for the API server, in arrival order."""
+        to_scheduler: List[Any] = []
+        to_api: List[Any] = []
+        for msg in msgs:
+            if isinstance(msg, TokenizeMsg):
+                out = self.tokenize(msg)
+                (to_scheduler if isinstance(out, UserMsg) else to_api).append(out)
+            elif isinstance(msg, AbortMsg):
+                if self.requests.pop(msg.uid, None) is not None:
+                    to_scheduler.append(AbortBackendMsg(uid=msg.uid))
+            elif isinstance(msg, StatsQuery):
+                to_scheduler.append(msg)
+            elif isinstance(msg, DetokenizeMsg):
+                reply = self.detokenize(msg)
+                if reply is not None:
+                    to_api.append(reply)
+            elif isinstance(msg, StatsReply):
+                to_api.append(msg)
+            else:
+                raise TypeError(f"the tokenizer worker got an unexpected message {msg!r}")
+        return to_scheduler, to_api
+
+    def tokenize(self, msg: TokenizeMsg) -> UserMsg | UserReply:
+        """The scheduler's UserMsg for a request, or an error reply (status 400) if it has none."""
+        try:
+            ids = self._prompt_ids(msg)
+        except (ChatTemplateError, ValueError) as e:
+            return UserReply(uid=msg.uid, finished=True, error=str(e), status=400)
+        params = msg.sampling_params
+        if msg.fill_context:  # at least 1: a prompt that fills the context is refused by the scheduler
+            params.max_tokens = max(1, self.context_len - len(ids))
+        self.requests[msg.uid] = RequestInfo(prompt_tokens=len(ids), ignore_eos=params.ignore_eos)
+        return UserMsg(uid=msg.uid, input_ids=torch.tensor(ids, dtype=torch.int32), sampling_params=params)
+
+    def _prompt_ids(self, msg: TokenizeMsg) -> List[int]:
+        if msg.input_ids is not None:
+            return list(msg.input_ids)
+        if self.tokenizer is None:
+            raise ValueError("this model directory has no tokenizer.json: send the prompt as token ids")
+        if msg.messages is not None:
+            if self.chat_template is None:
+                raise ChatTemplateError("this model has no chat template (chat_template.jinja or tokenizer_config.json's "
+                                        "chat_template): use /v1/completions with a prompt")
+            # The template writes every special token itself.
+            return self.tokenizer.encode(self.chat_template.render(msg.messages), add_special_tokens=False).ids
+        return self.tokenizer.encode(msg.text or "").ids  # as LLM.encode, so outputs match LLM.generate
+
+    def detokenize(self, msg: DetokenizeMsg) -> UserReply | None:
+        """The API server's reply for one of the scheduler's tokens; None for an aborted request."""
+        info = self.requests.get(msg.uid)
+        if info is None:
+            return None  # aborted: its last tokens were already on their way
+        if msg.error is not None:  # the scheduler refused it: it can never run here
+            del self.requests[msg.uid]
+            return UserReply(uid=msg.uid, finished=True, error=msg.error, status=400,
+                             prompt_tokens=info.prompt_tokens)
+        text = next_text(self.tokenizer, info.decode, [msg.next_token], msg.finished) if self.tokenizer else ""
+        reason = None
+        if msg.finished:
+            del self.requests[msg.uid]
+            ended_by_model = msg.next_token == self.eos_token_id and not info.ignore_eos
+            reason = "stop" if ended_by_model else "length"
+        return UserReply(uid=msg.uid, text=text, token_ids=[msg.next_token], finished=msg.finished,
+                         finish_reason=reason, prompt_tokens=info.prompt_tokens)
