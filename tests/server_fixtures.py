@@ -17,14 +17,14 @@ SERVER_ENV = {"OMP_NUM_THREADS": "1"}  # the bundled model's matmuls are tiny (s
 
 
 def wait_for(what: str, probe: Callable[[], Dict], done: Callable[[Dict], bool], timeout: float = 30.0) -> Dict:
-    """Poll `probe()` until `done(result)`; fail saying what did not happen, with the last result."""
+    """Poll `probe()` until `done(result)` and return that result; fail saying what did not happen."""
     deadline = time.monotonic() + timeout
     while True:
         result = probe()
         if done(result):
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:.0f} s (last: {result})")
+            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
         time.sleep(0.1)
 
 

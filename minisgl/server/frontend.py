@@ -18,16 +18,18 @@ import zmq.asyncio
 from minisgl.message import AbortMsg, StatsQuery, UserReply
 from minisgl.message.wire import decode_batch, encode_batch
 
+from .sockets import new_socket
+
 
 class Frontend:
     def __init__(self, inbox_addr: str, worker_addr: str) -> None:
         self._ctx = zmq.asyncio.Context()
-        self._inbox = self._ctx.socket(zmq.PULL)
+        self._inbox = new_socket(self._ctx, zmq.PULL)
         self._inbox.bind(inbox_addr)
         # Sends go through a plain socket: a PUSH to a connected peer does not block, and a plain
         # send can be made from a `finally` of a cancelled task, where an await could not.
         self._sync_ctx = zmq.Context()
-        self._outbox = self._sync_ctx.socket(zmq.PUSH)
+        self._outbox = new_socket(self._sync_ctx, zmq.PUSH)
         self._outbox.connect(worker_addr)
         self._uids = itertools.count()
         self._queues: Dict[int, asyncio.Queue] = {}

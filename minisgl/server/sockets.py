@@ -18,9 +18,17 @@ from minisgl.message.wire import decode_batch, encode_batch
 POLL_MS = 200  # how long an idle process waits for a frame before checking on its parent
 
 
+def new_socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
+    socket = ctx.socket(kind)
+    # Linger 0: at exit, frames still queued for a peer that died are dropped. By default ZMQ keeps
+    # a process alive until they are delivered, i.e. forever: a worker would outlive its server.
+    socket.setsockopt(zmq.LINGER, 0)
+    return socket
+
+
 class Inbox:
     def __init__(self, ctx: zmq.Context, addr: str) -> None:
-        self.socket = ctx.socket(zmq.PULL)
+        self.socket = new_socket(ctx, zmq.PULL)
         self.socket.bind(addr)
 
     def receive(self, timeout_ms: int) -> List[Any]:
@@ -38,7 +46,7 @@ class Inbox:
 
 class Outbox:
     def __init__(self, ctx: zmq.Context, addr: str) -> None:
-        self.socket = ctx.socket(zmq.PUSH)
+        self.socket = new_socket(ctx, zmq.PUSH)
         self.socket.connect(addr)
 
     def send(self, msgs: List[Any]) -> None:
