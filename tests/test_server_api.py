@@ -130,6 +130,13 @@ def test_32_concurrent_streams_equal_offline(client, llm):
     assert wrong is None, f"stream {wrong}: expected the text {want[wrong]['text']!r}, got {got[wrong][1]!r}"
 
 
+def test_null_max_tokens_means_the_default(client):
+    r = client.completions.create(model=NAME, prompt="ROMEO:", max_tokens=None, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 16, \
+        f"max_tokens null: the OpenAI API's default of 16 tokens, got {r.usage.completion_tokens}"
+
+
 def test_sse_framing(server):
     """Server-sent events as the OpenAI API sends them: `data: <json>` events, each ended by a blank
     line, and `data: [DONE]` last (clients that read the raw stream stop on it)."""
@@ -171,8 +178,9 @@ MALFORMED = [  # (path, body, status, what the message must name)
     ("completions", {"model": NAME, "prompt": "hi", "temperature": -1}, 400, "temperature"),
     ("completions", {"model": NAME, "prompt": "hi", "top_p": 0}, 400, "top_p"),
     ("completions", {"model": NAME, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("completions", {"model": NAME, "prompt": "hi", "max_tokens": 300}, 400, "context length"),
     ("completions", {"model": NAME, "prompt": "hi", "temperature": "warm"}, 400, "temperature"),
-    ("completions", {"model": NAME, "prompt": "hi", "max_tokens": 1000}, 400, "context length"),
+    ("completions", {"model": NAME, "prompt": "hi " * 300, "max_tokens": 1}, 400, "context length"),
     ("completions", {"model": NAME, "prompt": [5, -3]}, 400, "vocabulary"),
     ("completions", {"model": NAME, "prompt": []}, 400, "prompt"),
     ("completions", {"model": NAME, "prompt": "hi", "n": 2}, 400, "n"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Callable, Dict, List
+from typing import Any, Callable, Dict, List
 
 import anyio
 from fastapi import FastAPI, Request
@@ -28,6 +28,7 @@ from minisgl.message import TokenizeMsg
 from . import protocol as api
 from .frontend import Frontend
 from .protocol import ErrorInfo
+from .responses import Answer, collect, disconnected, error_response, first_of, stream_events
 
 
 class AbortOnDisconnect(StreamingResponse):
@@ -50,10 +51,6 @@ class AbortOnDisconnect(StreamingResponse):
                 group.cancel_scope.cancel()
         finally:
             await self.body_iterator.aclose()
-
-
-def error_response(e: ErrorInfo) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
 
 
 def create_app(frontend: Frontend, model_name: str, on_startup: Callable[[], List[Any]] | None = None,
@@ -108,7 +105,8 @@ def create_app(frontend: Frontend, model_name: str, on_startup: Callable[[], Lis
         if isinstance(req.prompt, list) and not req.prompt:
             return error_response(ErrorInfo(400, "prompt is empty", param="prompt"))
         text, ids = (req.prompt, None) if isinstance(req.prompt, str) else (None, req.prompt)
-        return await serve(req, request, chat=False, max_tokens=req.max_tokens,
+        max_tokens = 16 if req.max_tokens is None else req.max_tokens  # null means the default
+        return await serve(req, request, chat=False, max_tokens=max_tokens,
                            make=lambda uid, p: TokenizeMsg(uid=uid, sampling_params=p, text=text, input_ids=ids))
 
     @app.post("/v1/chat/completions")
@@ -136,83 +134,20 @@ def create_app(frontend: Frontend, model_name: str, on_startup: Callable[[], Lis
         uid = frontend.submit(lambda u: make(u, params))
         # Wait for the first token (or the refusal) before answering, so that an error gets its status
         # code; a client leaving meanwhile aborts the request.
-        first = await next_or_disconnect(uid, request)
+        gone = asyncio.ensure_future(disconnected(request))
+        first = await first_of(frontend.next_reply(uid), gone)
+        gone.cancel()
         if first is None:
+            frontend.release(uid, abort=True)
             return JSONResponse({}, status_code=499)  # nobody is listening
         if first.error is not None:
             frontend.release(uid, abort=False)
             return error_response(ErrorInfo(first.status, first.error))
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uid}"
-        opts = req.stream_options or {}
+        answer = Answer(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uid}", model_name, req.return_token_ids,
+                        bool((req.stream_options or {}).get("include_usage")))
         if req.stream:
-            body = stream(uid, first, chat, rid, req.return_token_ids, bool(opts.get("include_usage")))
-            return AbortOnDisconnect(body, media_type="text/event-stream")
-        return await collect(uid, first, chat, rid, req.return_token_ids, request)
-
-    async def next_or_disconnect(uid: int, request: Request):
-        """The next reply of `uid`, or None (and the request aborted) if its client left first."""
-        reply = asyncio.ensure_future(frontend.next_reply(uid))
-        gone = asyncio.ensure_future(_disconnected(request))
-        await asyncio.wait({reply, gone}, return_when=asyncio.FIRST_COMPLETED)
-        gone.cancel()
-        if reply.done():
-            return reply.result()
-        reply.cancel()
-        frontend.release(uid, abort=True)
-        return None
-
-    async def collect(uid, first, chat, rid, return_ids, request):
-        text, ids, reply = [], [], first
-        while True:
-            if reply.error is not None:
-                frontend.release(uid, abort=False)
-                return error_response(ErrorInfo(reply.status, reply.error))
-            text.append(reply.text)
-            ids.extend(reply.token_ids)
-            if reply.finished:
-                break
-            reply = await next_or_disconnect(uid, request)
-            if reply is None:
-                return JSONResponse({}, status_code=499)
-        frontend.release(uid, abort=False)
-        choice = api.choice(chat, False, "".join(text), reply.finish_reason, ids if return_ids else None)
-        out = api.envelope(chat, False, rid, int(time.time()), model_name, [choice])
-        out["usage"] = api.usage(first.prompt_tokens, len(ids))
-        return JSONResponse(out)
-
-    async def stream(uid, first, chat, rid, return_ids, include_usage) -> AsyncIterator[str]:
-        done, reply, n_tokens, is_first = False, first, 0, True
-        created = int(time.time())
-        try:
-            while True:
-                if reply.error is not None:  # the server failed mid-stream: an error event, no [DONE]
-                    done = True
-                    yield api.sse_event(ErrorInfo(reply.status, reply.error).body())
-                    return
-                n_tokens += len(reply.token_ids)
-                if reply.text or reply.finished or return_ids or is_first:
-                    choice = api.choice(chat, True, reply.text, reply.finish_reason,
-                                        reply.token_ids if return_ids else None, first=is_first)
-                    yield api.sse_event(api.envelope(chat, True, rid, created, model_name, [choice]))
-                    is_first = False
-                if reply.finished:
-                    done = True
-                    break
-                reply = await frontend.next_reply(uid)
-            if include_usage:
-                tail = api.envelope(chat, True, rid, created, model_name, [])
-                tail["usage"] = api.usage(first.prompt_tokens, n_tokens)
-                yield api.sse_event(tail)
-            yield api.SSE_DONE
-        finally:
-            frontend.release(uid, abort=not done)
+            return AbortOnDisconnect(stream_events(frontend, uid, first, answer), media_type="text/event-stream")
+        return await collect(frontend, uid, first, answer, request)
 
     return app
 
-
-async def _disconnected(request: Request) -> None:
-    """Returns once the client has disconnected (the body has been read, so only that can come)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
