@@ -28,13 +28,13 @@ TENSOR_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 
 def encode_batch(msgs: List[Any]) -> bytes:
     """One frame holding `msgs`, in order."""
-    return json.dumps([_encode_value(m) for m in msgs], separators=(",", ":")).encode()
+    return json.dumps([encode_value(m) for m in msgs], separators=(",", ":")).encode()
 
 
 def decode_batch(frame: bytes) -> List[Any]:
     """The messages of one frame; ValueError naming the problem for a frame that is not one."""
     try:
-        items = json.loads(frame, object_hook=_revive)
+        items = json.loads(frame, object_hook=revive)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"a message frame must be JSON: {e}") from None
     if not isinstance(items, list):
@@ -45,7 +45,19 @@ def decode_batch(frame: bytes) -> List[Any]:
     return items
 
 
-def _encode_value(value: Any) -> Any:
+def encode_value(value: Any) -> Any:
+    """A message, or any value inside one, as plain JSON values (dicts, lists, numbers, strings).
+
+    Receives: `value`: a message (a dataclass of MESSAGE_TYPES), a 1-D int32/int64 tensor, a
+        SamplingParams, a list, tuple or dict of those, or a plain JSON value.
+    Returns: the JSON form: a message as a dict of its encoded fields plus `"__msg__": <class
+        name>`; a tensor as `{"__tensor__": [ids], "dtype": "int32"}`; SamplingParams as
+        `{"__sampling__": {fields}}`; lists, tuples and dicts element by element; anything else as is.
+    Leaves: `value` unchanged.
+    Uses: `dataclasses.fields`, `dataclasses.asdict`, `MESSAGE_TYPES`, `TENSOR_DTYPES`.
+    Checked: every message type comes back equal through `decode_batch` (tensors with their dtype);
+        a dataclass that is not a message, or a 2-D or float tensor, is refused with a TypeError.
+    """
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).removeprefix("torch.")
         if dtype not in TENSOR_DTYPES or value.dim() != 1:
@@ -57,17 +69,31 @@ def _encode_value(value: Any) -> Any:
         name = type(value).__name__
         if name not in MESSAGE_TYPES:
             raise TypeError(f"{name} is not a message type")
-        fields = {f.name: _encode_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        fields = {f.name: encode_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return {"__msg__": name, **fields}
     if isinstance(value, (list, tuple)):
-        return [_encode_value(v) for v in value]
+        return [encode_value(v) for v in value]
     if isinstance(value, dict):
-        return {k: _encode_value(v) for k, v in value.items()}
+        return {k: encode_value(v) for k, v in value.items()}
     return value
 
 
-def _revive(obj: Dict[str, Any]) -> Any:
-    """json's object_hook: called on every decoded object, innermost first."""
+def revive(obj: Dict[str, Any]) -> Any:
+    """Turn one decoded JSON object back into what `encode_value` made it from.
+
+    json.loads calls it on every object it decodes, innermost first, so the fields of a message are
+    already revived when the message itself is.
+
+    Receives: `obj`, a dict just decoded from JSON.
+    Returns: a tensor for a `"__tensor__"` dict (of its dtype), a SamplingParams for a
+        `"__sampling__"` dict (validated: bad values raise), a message for a `"__msg__"` dict; any
+        other dict as it is (a chat message, the scheduler's stats).
+    Leaves: nothing else changed.
+    Uses: `MESSAGE_TYPES`, `TENSOR_DTYPES`, `SamplingParams` (ch01).
+    Checked: every message comes back equal; an unknown message type, a message with the wrong
+        fields and a tensor of an unknown dtype raise ValueError naming them; bad sampling values
+        are refused as SamplingParams refuses them.
+    """
     if "__tensor__" in obj:
         dtype = TENSOR_DTYPES.get(obj.get("dtype"))
         if dtype is None:

@@ -100,7 +100,11 @@ def serve(args: ServerArgs, log_level: str = "warning") -> int:
     from .app import create_app
     from .frontend import Frontend
 
-    sock = bind(args.host, args.port)  # first: a port in use fails before any model is loaded
+    try:
+        sock = bind(args.host, args.port)  # first: a port in use fails before any model is loaded
+    except OSError as e:
+        print(f"minisgl: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr, flush=True)
+        return 1
     args.ipc_dir = tempfile.mkdtemp(prefix="minisgl-")
     procs: List[mp.Process] = []
     try:
@@ -111,8 +115,12 @@ def serve(args: ServerArgs, log_level: str = "warning") -> int:
             return 1
         frontend = Frontend(args.api_addr, args.tokenizer_addr)
         server: uvicorn.Server | None = None
-        tasks = lambda: [frontend.listen(), watch(procs, frontend, lambda: server.should_exit)]  # noqa: E731
-        app = create_app(frontend, args.model_name, tasks, {p.name.removeprefix("minisgl-"): p.pid for p in procs})
+
+        def background_tasks():  # started with the app, in its event loop
+            return [frontend.listen(), watch(procs, frontend, lambda: server.should_exit)]
+
+        workers = {p.name.removeprefix("minisgl-"): p.pid for p in procs}
+        app = create_app(frontend, args.model_name, background_tasks, workers)
         server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2))
         host, port = sock.getsockname()[:2]
         print(f"minisgl: serving {args.model_name} on http://{host}:{port}", flush=True)

@@ -80,6 +80,20 @@ class ZmqSchedulerIO:
         self.parent = ParentWatch()
 
     def receive(self, blocking: bool) -> List[BackendMsg]:
+        """The messages for the scheduler that have arrived, waiting a little only when `blocking`.
+
+        The scheduler calls it at the start of every step: with work to do it must not wait (the
+        device would idle), with none it may (the loop would spin).
+
+        Receives: `blocking`, True when the scheduler has nothing to run or handle.
+        Returns: every UserMsg and AbortBackendMsg waiting, in arrival order; [] when none came
+            (after at most POLL_MS when blocking, at once otherwise).
+        Leaves: each StatsQuery among them answered with a StatsReply of `self.stats()`, sent to
+            the tokenizer worker; the process ended (SystemExit) if its parent has gone.
+        Uses: `self.inbox.receive`, `self.outbox.send`, `self.parent.check`.
+        Checked: requests sent while a batch runs are received at the next step; an idle scheduler
+            wakes for a new request; stats come back; the workers end with the server.
+        """
         self.parent.check()
         msgs = self.inbox.receive(POLL_MS if blocking else 0)
         queries = [m for m in msgs if isinstance(m, StatsQuery)]

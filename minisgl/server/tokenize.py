@@ -84,7 +84,20 @@ class TokenizerWorker:
         return self.tokenizer.encode(msg.text or "").ids  # as LLM.encode, so outputs match LLM.generate
 
     def detokenize(self, msg: DetokenizeMsg) -> UserReply | None:
-        """The API server's reply for one of the scheduler's tokens; None for an aborted request."""
+        """The API server's reply for one of the scheduler's tokens; None for an aborted request.
+
+        Receives: `msg`, one DetokenizeMsg: a token of request `msg.uid` (`finished` on its last), or
+            the scheduler's refusal (`error` set, `next_token` -1); `self.requests`, uid ->
+            RequestInfo of the requests tokenized and not yet ended or aborted.
+        Returns: a UserReply with the new text (`next_text`), the token id, `finished`, and on the
+            last reply `finish_reason`: "stop" if the token is EOS and the request does not ignore
+            EOS, else "length"; a refusal as a reply with `error` and status 400; None for a uid
+            not in `self.requests` (aborted: its last tokens were already on their way).
+        Leaves: the request's RequestInfo updated, and removed on its last reply or refusal.
+        Uses: `next_text` (ch13), `self.tokenizer` (None: no text, ids only), `self.eos_token_id`.
+        Checked: streamed text and ids equal the offline engine's; finish reasons; interleaved
+            requests keep their own text; tokens after an abort are dropped; a refusal is a 400.
+        """
         info = self.requests.get(msg.uid)
         if info is None:
             return None  # aborted: its last tokens were already on their way
