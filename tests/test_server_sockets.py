@@ -56,7 +56,7 @@ def test_stats_queries_are_answered_and_not_passed_on(wired):
         got += io.receive(blocking=True)
         if got:
             break
-    assert [type(m).__name__ for m in got] == ["UserMsg"], f"the scheduler should get only the request, got {got}"
+    assert [type(m).__name__ for m in got] == ["UserMsg"], f"the scheduler should get only the request, got {[type(m).__name__ for m in got]}"
     replies = worker_inbox.receive(5000)
     assert replies == [StatsReply(uid=9, stats={"slots_free": 3})], f"expected the stats reply, got {replies}"
 
