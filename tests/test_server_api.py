@@ -197,6 +197,7 @@ MALFORMED = [  # (path, body, status, what the message must name)
     ("completions", {"model": NAME, "prompt": "hi", "temperature": "warm"}, 400, "temperature"),
     ("completions", {"model": NAME, "prompt": "hi " * 300, "max_tokens": 1}, 400, "context length"),
     ("completions", {"model": NAME, "prompt": [5, -3]}, 400, "vocabulary"),
+    ("completions", {"model": NAME, "prompt": [5, 2**40]}, 400, "vocabulary"),
     ("completions", {"model": NAME, "prompt": []}, 400, "prompt"),
     ("completions", {"model": NAME, "prompt": "hi", "n": 2}, 400, "n"),
     ("completions", {"model": NAME, "prompt": "hi", "stop": ["\n"]}, 400, "stop"),

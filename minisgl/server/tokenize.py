@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
+from minisgl.llm import inputs
 from minisgl.message import (AbortBackendMsg, AbortMsg, DetokenizeMsg, StatsQuery, StatsReply, TokenizeMsg,
                              UserMsg, UserReply)
 
@@ -62,17 +63,17 @@ class TokenizerWorker:
         """The scheduler's UserMsg for a request, or an error reply (status 400) if it has none."""
         try:
             ids = self._prompt_ids(msg)
-        except (ChatTemplateError, ValueError) as e:
+        except (ChatTemplateError, TypeError, ValueError) as e:
             return UserReply(uid=msg.uid, finished=True, error=str(e), status=400)
         params = msg.sampling_params
         if msg.fill_context:  # at least 1: a prompt that fills the context is refused by the scheduler
             params.max_tokens = max(1, self.context_len - len(ids))
         self.requests[msg.uid] = RequestInfo(prompt_tokens=len(ids), ignore_eos=params.ignore_eos)
-        return UserMsg(uid=msg.uid, input_ids=torch.tensor(ids, dtype=torch.int32), sampling_params=params)
+        return UserMsg(uid=msg.uid, input_ids=ids, sampling_params=params)
 
-    def _prompt_ids(self, msg: TokenizeMsg) -> List[int]:
-        if msg.input_ids is not None:
-            return list(msg.input_ids)
+    def _prompt_ids(self, msg: TokenizeMsg) -> torch.Tensor:
+        if msg.input_ids is not None:  # checked as the offline LLM checks them (ids the scheduler checks)
+            return inputs.token_ids(list(msg.input_ids), self.tokenizer)
         if self.tokenizer is None:
             raise ValueError("this model directory has no tokenizer.json: send the prompt as token ids")
         if msg.messages is not None:
@@ -80,8 +81,9 @@ class TokenizerWorker:
                 raise ChatTemplateError("this model has no chat template (chat_template.jinja or tokenizer_config.json's "
                                         "chat_template): use /v1/completions with a prompt")
             # The template writes every special token itself.
-            return self.tokenizer.encode(self.chat_template.render(msg.messages), add_special_tokens=False).ids
-        return self.tokenizer.encode(msg.text or "").ids  # as LLM.encode, so outputs match LLM.generate
+            text = self.chat_template.render(msg.messages)
+            return torch.tensor(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=torch.int32)
+        return inputs.token_ids(msg.text or "", self.tokenizer)  # as LLM.encode: outputs match LLM.generate
 
     def detokenize(self, msg: DetokenizeMsg) -> UserReply | None:
         """The API server's reply for one of the scheduler's tokens; None for an aborted request.
