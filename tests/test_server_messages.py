@@ -1,60 +1,15 @@
-"""The server's messages on the wire (minisgl/message/wire.py) and the tokenizer worker's logic
-(minisgl/server/tokenize.py), without processes or sockets."""
+"""The tokenizer worker's logic (minisgl/server/tokenize.py), without processes or sockets (the
+messages on the wire are chapter 12's: tests/test_ch12_messages.py)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from helpers import MODEL
 from minisgl.core import SamplingParams
-from minisgl.message import (AbortBackendMsg, AbortMsg, DetokenizeMsg, StatsQuery, StatsReply, TokenizeMsg, UserMsg,
-                             UserReply)
-from minisgl.message.wire import decode_batch, encode_batch
+from minisgl.message import AbortBackendMsg, AbortMsg, DetokenizeMsg, TokenizeMsg, UserMsg
 from minisgl.server.chat import load_chat_template
 from minisgl.server.tokenize import TokenizerWorker
-
-MESSAGES = [
-    UserMsg(uid=3, input_ids=torch.tensor([5, 6, 7], dtype=torch.int32),
-            sampling_params=SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_tokens=4, ignore_eos=True)),
-    AbortBackendMsg(uid=3),
-    DetokenizeMsg(uid=3, next_token=9, finished=True),
-    DetokenizeMsg(uid=4, next_token=-1, finished=True, error="the prompt is empty"),
-    TokenizeMsg(uid=5, sampling_params=SamplingParams(), messages=[{"role": "user", "content": "Héllo 🌹"}],
-                fill_context=True),
-    TokenizeMsg(uid=6, sampling_params=SamplingParams(), input_ids=[1, 2]),
-    AbortMsg(uid=5), StatsQuery(uid=7), StatsReply(uid=7, stats={"slots_free": 8, "idle_integrity": None}),
-    UserReply(uid=5, text="né", token_ids=[1, 2], finished=True, finish_reason="stop", prompt_tokens=3),
-]
-
-
-def test_every_message_survives_the_wire():
-    got = decode_batch(encode_batch(MESSAGES))
-    assert [type(m).__name__ for m in got] == [type(m).__name__ for m in MESSAGES], "types or order changed"
-    for sent, back in zip(MESSAGES, got):
-        if isinstance(sent, UserMsg):
-            assert back.input_ids.dtype == torch.int32 and back.input_ids.tolist() == [5, 6, 7], \
-                f"input_ids should come back as int32 [5, 6, 7], got {back.input_ids!r}"
-            assert back.sampling_params == sent.sampling_params, f"sampling params changed: {back.sampling_params}"
-        else:
-            assert back == sent, f"expected {sent}, got {back}"
-
-
-@pytest.mark.parametrize("frame,words", [
-    (b"\xff\xfe", "json"),
-    (b"{not json", "json"),
-    (b'{"__msg__": "AbortMsg", "uid": 1}', "array"),
-    (b'[{"__msg__": "Shutdown", "uid": 1}]', "Shutdown"),
-    (b'[{"__msg__": "AbortMsg", "pid": 1}]', "AbortMsg"),
-    (b'[{"uid": 1}]', "not a message"),
-    (b'[{"__msg__": "UserMsg", "uid": 1, "input_ids": {"__tensor__": [1], "dtype": "int32"}, '
-     b'"sampling_params": {"__sampling__": {"temperature": -1}}}]', "temperature"),
-])
-def test_a_bad_frame_is_refused_naming_the_problem(frame, words):
-    with pytest.raises(ValueError) as err:
-        decode_batch(frame)
-    assert words.lower() in str(err.value).lower(), f"the error should name {words!r}, said {err.value}"
-
 
 @pytest.fixture
 def worker():

@@ -32,7 +32,20 @@ def encode_batch(msgs: List[Any]) -> bytes:
 
 
 def decode_batch(frame: bytes) -> List[Any]:
-    """The messages of one frame; ValueError naming the problem for a frame that is not one."""
+    """The messages of one frame, in order, or a ValueError saying what is wrong with it.
+
+    A frame comes from another process, and a bad one must fail here, with a message, rather than
+    as an AttributeError deep inside the scheduler's loop.
+
+    Receives: `frame`, the bytes of one socket message: normally `encode_batch`'s output, but
+        whatever a peer sent.
+    Returns: the list of messages, each revived (`revive` as json.loads's `object_hook`).
+    Leaves: nothing changed.
+    Uses: `json.loads` with `object_hook=revive` (ch12), `MESSAGE_TYPES`.
+    Checked: every message comes back equal through `encode_batch`, in order; bytes that are not
+        UTF-8 JSON, JSON that is not an array, and an item that is not a message are each refused
+        with a ValueError naming the problem.
+    """
     try:
         items = json.loads(frame, object_hook=revive)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -52,7 +65,8 @@ def encode_value(value: Any) -> Any:
         SamplingParams, a list, tuple or dict of those, or a plain JSON value.
     Returns: the JSON form: a message as a dict of its encoded fields plus `"__msg__": <class
         name>`; a tensor as `{"__tensor__": [ids], "dtype": "int32"}`; SamplingParams as
-        `{"__sampling__": {fields}}`; lists, tuples and dicts element by element; anything else as is.
+        `{"__sampling__": {fields}}`; lists, tuples and dicts element by element; anything else
+        as it is.
     Leaves: `value` unchanged.
     Uses: `dataclasses.fields`, `dataclasses.asdict`, `MESSAGE_TYPES`, `TENSOR_DTYPES`.
     Checked: every message type comes back equal through `decode_batch` (tensors with their dtype);
@@ -65,7 +79,7 @@ def encode_value(value: Any) -> Any:
         return {"__tensor__": value.tolist(), "dtype": dtype}
     if isinstance(value, SamplingParams):
         return {"__sampling__": dataclasses.asdict(value)}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if dataclasses.is_dataclass(value):
         name = type(value).__name__
         if name not in MESSAGE_TYPES:
             raise TypeError(f"{name} is not a message type")
