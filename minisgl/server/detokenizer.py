@@ -28,13 +28,14 @@ class DecodeState:
 
 
 def next_text(tokenizer, state: DecodeState, new_ids: List[int], finished: bool) -> str:
-    """The text that `new_ids` add to a request's output; "" while a character is still incomplete.
+    """The text that `new_ids` add to a request's output, never half a character.
 
     Receives: `tokenizer`, a `tokenizers.Tokenizer` (its `decode(ids)` drops special tokens such as
         EOS); `state`, the request's DecodeState; `new_ids`, its next token ids (usually one);
         `finished`, True with the request's last tokens.
-    Returns: a str: the new text, never ending in U+FFFD unless `finished` (then whatever is left,
-        as decoding everything would give it).
+    Returns: a str: the new text; "" while nothing new can be sent (a character still misses
+        bytes); never ending in U+FFFD unless `finished` (then whatever is left, as decoding
+        everything would give it).
     Leaves: `new_ids` appended to `state.ids`; when text is returned, `prefix_offset` moved to the
         old `read_offset` and `read_offset` to the end; while waiting, both offsets unchanged.
     Uses: `tokenizer.decode`.

@@ -60,7 +60,24 @@ class TokenizerWorker:
         return to_scheduler, to_api
 
     def tokenize(self, msg: TokenizeMsg) -> UserMsg | UserReply:
-        """The scheduler's UserMsg for a request, or an error reply (status 400) if it has none."""
+        """The scheduler's UserMsg for a new request, or a 400 reply saying why it cannot have one.
+
+        Receives: `msg`, a TokenizeMsg with exactly one of `text`, `input_ids` (a list of ints from
+            the client) and `messages` (a chat); `self.tokenizer` (None: the model directory has
+            none), `self.chat_template` (None: it has none), `self.context_len`.
+        Returns: a UserMsg with the prompt's ids as a 1-D int32 tensor and the request's sampling
+            params; or, for a prompt that cannot be tokenized (text or a chat without a tokenizer,
+            a chat without a template, a chat the template refuses, ids that are not ints or do not
+            fit int32), a finished UserReply with that error and status 400.
+        Leaves: for a UserMsg, `self.requests[uid]` = RequestInfo(prompt_tokens, ignore_eos); with
+            `fill_context`, `max_tokens` set to what the context leaves after the prompt (at least
+            1); for a refusal, nothing.
+        Uses: `self._prompt_ids` (text and ids as `minisgl/llm/inputs.py` and the offline LLM take
+            them, a chat rendered by the template then encoded without special tokens).
+        Checked: text becomes the offline LLM's ids and a chat transformers' apply_chat_template's;
+            ids reach the scheduler as int32; bad ids, and chats without a template, are 400s that
+            leave nothing behind; a chat with no max_tokens fills the context.
+        """
         try:
             ids = self._prompt_ids(msg)
         except (ChatTemplateError, TypeError, ValueError) as e:
@@ -96,6 +113,7 @@ class TokenizerWorker:
             EOS, else "length"; a refusal as a reply with `error` and status 400; None for a uid
             not in `self.requests` (aborted: its last tokens were already on their way).
         Leaves: the request's RequestInfo updated, and removed on its last reply or refusal.
+            Every reply but a refusal carries the request's `prompt_tokens` (for usage).
         Uses: `next_text` (ch13), `self.tokenizer` (None: no text, ids only), `self.eos_token_id`.
         Checked: streamed text and ids equal the offline engine's; finish reasons; interleaved
             requests keep their own text; tokens after an abort are dropped; a refusal is a 400.
@@ -105,8 +123,7 @@ class TokenizerWorker:
             return None  # aborted: its last tokens were already on their way
         if msg.error is not None:  # the scheduler refused it: it can never run here
             del self.requests[msg.uid]
-            return UserReply(uid=msg.uid, finished=True, error=msg.error, status=400,
-                             prompt_tokens=info.prompt_tokens)
+            return UserReply(uid=msg.uid, finished=True, error=msg.error, status=400)
         text = next_text(self.tokenizer, info.decode, [msg.next_token], msg.finished) if self.tokenizer else ""
         reason = None
         if msg.finished:
