@@ -38,3 +38,24 @@ def test_a_directory_that_is_not_a_model_is_named(tmp_path):
     assert r.returncode == 1 and "could not start" in r.stderr and "config.json" in r.stderr, \
         f"expected exit 1 saying the model has no config.json, got {r.returncode}: {r.stderr.strip()[-300:]}"
     assert "Traceback" not in r.stderr, "a bad model directory deserves one line, not a traceback"
+
+
+def test_ctrl_c_stops_every_process():
+    """Ctrl-C in a terminal sends SIGINT to the whole foreground process group, workers included."""
+    import signal
+
+    import httpx
+
+    from minisgl.server.background import BackgroundServer, wait_gone
+
+    server = BackgroundServer("--max-seq-len", "64", "--num-pages", "256", env={"OMP_NUM_THREADS": "1"})
+    server.start()
+    try:
+        workers = list(httpx.get(server.url + "/health", timeout=30).json()["workers"].values())
+        os.killpg(server.proc.pid, signal.SIGINT)
+        code = server.proc.wait(30)
+    finally:
+        server.stop()
+    assert code == 0, f"Ctrl-C should stop the server cleanly (exit code 0), got {code}"
+    left = wait_gone(workers, 10)
+    assert not left, f"after Ctrl-C, worker process(es) {left} still run"
