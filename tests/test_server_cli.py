@@ -59,3 +59,4 @@ def test_ctrl_c_stops_every_process():
     assert code == 0, f"Ctrl-C should stop the server cleanly (exit code 0), got {code}"
     left = wait_gone(workers, 10)
     assert not left, f"after Ctrl-C, worker process(es) {left} still run"
+    assert "Traceback" not in "".join(server.log), "Ctrl-C should stop the server quietly, not with a traceback"
