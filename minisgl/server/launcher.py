@@ -71,8 +71,24 @@ def stop_workers(procs: List[mp.Process], timeout: float = 5.0) -> None:
 
 
 async def watch(procs: List[mp.Process], frontend, stopping: Callable[[], bool]) -> None:
-    """Fail the frontend as soon as a worker process has died, unless the server is stopping (a
-    SIGTERM to the whole process group reaches the workers too)."""
+    """Fail the frontend as soon as a worker process has died, unless the server is stopping.
+
+    A dead worker takes its requests with it: without this, their clients would wait forever, and
+    /health would keep saying ok.
+
+    Receives: `procs`, the worker processes (`name`; `exitcode` None while alive); `frontend`, with
+        `failure` (None while it serves) and `fail(reason)`; `stopping()`, True once the server has
+        begun to stop (a SIGTERM or Ctrl-C to the process group reaches the workers too).
+    Returns: (a coroutine, run beside the app) once it has failed the frontend, found the server
+        stopping, or found the frontend failed already.
+    Leaves: `frontend.fail(reason)` called once, the reason naming the dead worker and its exit
+        code, unless the server is stopping; a line on stderr saying so.
+    Uses: `asyncio.sleep(WATCH_S)` between looks, and once more before deciding: the signal that
+        ended the worker may be reaching this process at the same moment.
+    Checked: a worker that dies fails the frontend, naming it and its exit code; one that dies while
+        the server stops does not; nothing happens while all live; in a live server, a scheduler
+        killed mid-stream gives its client an error and /health a 503.
+    """
     while frontend.failure is None:
         dead = next((p for p in procs if p.exitcode is not None), None)
         if dead is not None:

@@ -91,7 +91,7 @@ def run_tokenizer(args: ServerArgs, ready) -> None:
     parent = ParentWatch()
     while True:
         parent.check()
-        msgs = inbox.receive(POLL_MS)
+        msgs = inbox.drain(POLL_MS)
         if msgs:
             for_scheduler, for_api = worker.handle(msgs)
             to_scheduler.send(for_scheduler)

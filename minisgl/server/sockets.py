@@ -31,8 +31,21 @@ class Inbox:
         self.socket = new_socket(ctx, zmq.PULL)
         self.socket.bind(addr)
 
-    def receive(self, timeout_ms: int) -> List[Any]:
-        """Every message waiting, after waiting up to `timeout_ms` for the first frame (0: none)."""
+    def drain(self, timeout_ms: int) -> List[Any]:
+        """Every message waiting, after waiting up to `timeout_ms` for a first frame.
+
+        One call drains the socket: a busy scheduler asks once a step, and a frame left behind
+        would wait a whole step for nothing.
+
+        Receives: `timeout_ms`, how long to wait for a first frame (0: not at all).
+        Returns: the messages of every frame waiting, decoded, in arrival order; [] when no frame
+            came in time.
+        Leaves: those frames taken off the socket.
+        Uses: `self.socket.poll(timeout_ms)` (0 when nothing came), `self.socket.recv(zmq.NOBLOCK)`
+            (raises `zmq.Again` when no frame is left), `decode_batch` (ch12).
+        Checked: several frames waiting come back from one call, in order; nothing waiting gives [];
+            a frame already waiting comes back with a zero timeout; a bad frame raises ValueError.
+        """
         msgs: List[Any] = []
         if not self.socket.poll(timeout_ms):
             return msgs
@@ -90,12 +103,13 @@ class ZmqSchedulerIO:
             (after at most POLL_MS when blocking, at once otherwise).
         Leaves: each StatsQuery among them answered with a StatsReply of `self.stats()`, sent to
             the tokenizer worker; the process ended (SystemExit) if its parent has gone.
-        Uses: `self.inbox.receive`, `self.outbox.send`, `self.parent.check`.
-        Checked: requests sent while a batch runs are received at the next step; an idle scheduler
-            wakes for a new request; stats come back; the workers end with the server.
+        Uses: `self.inbox.drain`, `self.outbox.send`, `self.parent.check`.
+        Checked: requests and aborts come back in their order; only an idle scheduler waits (up to
+            POLL_MS), a busy one not at all; stats queries are answered and not passed on; a
+            scheduler whose server died exits; the live server's tests run through it.
         """
         self.parent.check()
-        msgs = self.inbox.receive(POLL_MS if blocking else 0)
+        msgs = self.inbox.drain(POLL_MS if blocking else 0)
         queries = [m for m in msgs if isinstance(m, StatsQuery)]
         if queries:
             stats = self.stats() if self.stats is not None else {}
