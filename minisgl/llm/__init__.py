@@ -1,3 +1,3 @@
-from .llm import LLM, RequestResult
+from .llm import LLM, RequestResult, load_tokenizer
 
-__all__ = ["LLM", "RequestResult"]
+__all__ = ["LLM", "RequestResult", "load_tokenizer"]

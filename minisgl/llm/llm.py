@@ -40,7 +40,7 @@ class LLM(Scheduler):
             raise FileNotFoundError(f"model directory not found: {model_dir}")
         self._queue = QueueIO(self._on_reply)
         super().__init__(SchedulerConfig(model_path=model_dir, **options), self._queue)
-        self.tokenizer = _load_tokenizer(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
         self.results: Dict[int, RequestResult] = {}
         self._next_uid = 0
 
@@ -151,7 +151,7 @@ class LLM(Scheduler):
         self.engine.synchronize()
 
 
-def _load_tokenizer(model_dir: Path):
+def load_tokenizer(model_dir: Path):
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         return None

@@ -1,7 +1,7 @@
 """Messages between the frontend (tokenizer/detokenizer side) and the scheduler.
 
-The offline `LLM` passes them in-process; an online server would send the same objects over a
-socket."""
+The offline `LLM` passes them in-process; the server (minisgl/server/) sends the same objects over
+ZMQ sockets, encoded by `wire.py`. The API server's own messages are in `frontend.py`."""
 
 from __future__ import annotations
 
@@ -40,4 +40,7 @@ class DetokenizeMsg:
 
 BackendMsg = UserMsg | AbortBackendMsg
 
-__all__ = ["UserMsg", "AbortBackendMsg", "DetokenizeMsg", "BackendMsg"]
+from .frontend import AbortMsg, StatsQuery, StatsReply, TokenizeMsg, UserReply  # noqa: E402
+
+__all__ = ["UserMsg", "AbortBackendMsg", "DetokenizeMsg", "BackendMsg", "TokenizeMsg", "AbortMsg",
+           "StatsQuery", "StatsReply", "UserReply"]

@@ -158,6 +158,10 @@ def train_tokenizer(texts: list[str]) -> Tokenizer:
     return tok
 
 
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] | upper }}:\n{{ message['content'] }}\n\n"
+                 "{% endfor %}{% if add_generation_prompt %}ASSISTANT:\n{% endif %}")
+
+
 def save_hf(tok: Tokenizer, out: Path) -> None:
     tok.save(str(out / "tokenizer.json"))
     eos_id = tok.token_to_id(EOS)
@@ -171,6 +175,9 @@ def save_hf(tok: Tokenizer, out: Path) -> None:
         "add_bos_token": False,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
+        # The play format the model knows ("ROLE:\n" then the line): `python -m minisgl serve`
+        # renders /v1/chat/completions messages with it (README, "Serving").
+        "chat_template": CHAT_TEMPLATE,
         "added_tokens_decoder": {
             str(eos_id): {"content": EOS, "lstrip": False, "normalized": False,
                           "rstrip": False, "single_word": False, "special": True}

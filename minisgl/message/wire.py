@@ -1,0 +1,127 @@
+"""Messages as bytes, for the sockets between the server's processes.
+
+A frame holds a batch: a JSON array of messages. A message is a JSON object of its fields plus
+`"__msg__": <class name>`; a token tensor is `{"__tensor__": [ids], "dtype": "int32"}`, sampling
+parameters `{"__sampling__": {fields}}`. JSON (the standard library's) rather than pickle: a frame
+can be read by a person, written by another language, and decoding it cannot run code.
+
+    decode_batch(encode_batch(msgs)) == msgs   (tensors compared by value)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Dict, List
+
+import torch
+
+from minisgl.core import SamplingParams
+
+from . import AbortBackendMsg, DetokenizeMsg, UserMsg
+from .frontend import AbortMsg, StatsQuery, StatsReply, TokenizeMsg, UserReply
+
+MESSAGE_TYPES: Dict[str, type] = {cls.__name__: cls for cls in (
+    UserMsg, AbortBackendMsg, DetokenizeMsg, TokenizeMsg, AbortMsg, StatsQuery, StatsReply, UserReply)}
+TENSOR_DTYPES = {"int32": torch.int32, "int64": torch.int64}
+
+
+def encode_batch(msgs: List[Any]) -> bytes:
+    """One frame holding `msgs`, in order."""
+    return json.dumps([encode_value(m) for m in msgs], separators=(",", ":")).encode()
+
+
+def decode_batch(frame: bytes) -> List[Any]:
+    """The messages of one frame, in order, or a ValueError saying what is wrong with it.
+
+    A frame comes from another process, and a bad one must fail here, with a message, rather than
+    as an AttributeError deep inside the scheduler's loop.
+
+    Receives: `frame`, the bytes of one socket message: normally `encode_batch`'s output, but
+        whatever a peer sent.
+    Returns: the list of messages, each revived (`revive` as json.loads's `object_hook`).
+    Leaves: nothing changed.
+    Uses: `json.loads` with `object_hook=revive` (ch12), `MESSAGE_TYPES`.
+    Checked: every message comes back equal through `encode_batch`, in order; bytes that are not
+        UTF-8 JSON, JSON that is not an array, and an item that is not a message are each refused
+        with a ValueError naming the problem.
+    """
+    try:
+        items = json.loads(frame, object_hook=revive)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"a message frame must be JSON: {e}") from None
+    if not isinstance(items, list):
+        raise ValueError(f"a message frame must be a JSON array, got {type(items).__name__}")
+    bad = next((m for m in items if type(m).__name__ not in MESSAGE_TYPES), None)
+    if bad is not None:
+        raise ValueError(f"a message frame holds {bad!r}, which is not a message")
+    return items
+
+
+def encode_value(value: Any) -> Any:
+    """A message, or any value inside one, as plain JSON values (dicts, lists, numbers, strings).
+
+    Receives: `value`: a message (a dataclass of MESSAGE_TYPES), a 1-D int32/int64 tensor, a
+        SamplingParams, a list, tuple or dict of those, or a plain JSON value.
+    Returns: the JSON form: a message as a dict of its encoded fields plus `"__msg__": <class
+        name>`; a tensor as `{"__tensor__": [ids], "dtype": "int32"}`; SamplingParams as
+        `{"__sampling__": {fields}}`; lists, tuples and dicts element by element; anything else
+        as it is.
+    Leaves: `value` unchanged.
+    Uses: `dataclasses.fields`, `dataclasses.asdict`, `MESSAGE_TYPES`, `TENSOR_DTYPES`.
+    Checked: every message type comes back equal through `decode_batch` (tensors with their dtype);
+        a dataclass that is not a message, or a 2-D or float tensor, is refused with a TypeError.
+    """
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        if dtype not in TENSOR_DTYPES or value.dim() != 1:
+            raise TypeError(f"only 1-D int32/int64 tensors travel in messages, got {value.dim()}-D {dtype}")
+        return {"__tensor__": value.tolist(), "dtype": dtype}
+    if isinstance(value, SamplingParams):
+        return {"__sampling__": dataclasses.asdict(value)}
+    if dataclasses.is_dataclass(value):
+        name = type(value).__name__
+        if name not in MESSAGE_TYPES:
+            raise TypeError(f"{name} is not a message type")
+        fields = {f.name: encode_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {"__msg__": name, **fields}
+    if isinstance(value, (list, tuple)):
+        return [encode_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: encode_value(v) for k, v in value.items()}
+    return value
+
+
+def revive(obj: Dict[str, Any]) -> Any:
+    """Turn one decoded JSON object back into what `encode_value` made it from.
+
+    json.loads calls it on every object it decodes, innermost first, so the fields of a message are
+    already revived when the message itself is.
+
+    Receives: `obj`, a dict just decoded from JSON.
+    Returns: a tensor for a `"__tensor__"` dict (of its dtype), a SamplingParams for a
+        `"__sampling__"` dict (validated: bad values raise), a message for a `"__msg__"` dict; any
+        other dict as it is (a chat message, the scheduler's stats).
+    Leaves: nothing else changed.
+    Uses: `MESSAGE_TYPES`, `TENSOR_DTYPES`, `SamplingParams` (ch01).
+    Checked: every message comes back equal; an unknown message type, a message with the wrong
+        fields and a tensor of an unknown dtype raise ValueError naming them; bad sampling values
+        are refused as SamplingParams refuses them.
+    """
+    if "__tensor__" in obj:
+        dtype = TENSOR_DTYPES.get(obj.get("dtype"))
+        if dtype is None:
+            raise ValueError(f"a tensor in a message has dtype {obj.get('dtype')!r}")
+        return torch.tensor(obj["__tensor__"], dtype=dtype)
+    if "__sampling__" in obj:
+        return SamplingParams(**obj["__sampling__"])  # validates its fields
+    if "__msg__" in obj:
+        name = obj.pop("__msg__")
+        cls = MESSAGE_TYPES.get(name)
+        if cls is None:
+            raise ValueError(f"unknown message type {name!r}")
+        try:
+            return cls(**obj)
+        except TypeError as e:
+            raise ValueError(f"a {name} with the wrong fields: {e}") from None
+    return obj

@@ -1,0 +1,98 @@
+"""The two worker processes the API server starts: the scheduler and the tokenizer worker.
+
+Each reports on `ready` once it can serve ("ready", name) or why it cannot ("error", name,
+message). Ctrl-C in a terminal reaches every process of the group; the workers ignore it and let the
+API server stop them in order. A worker whose API server is gone exits by itself (ParentWatch).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import traceback
+from collections import Counter
+from typing import Any, Dict
+
+from .args import ServerArgs
+
+
+def run_scheduler(args: ServerArgs, ready) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import zmq
+
+    from minisgl.scheduler import Scheduler, SchedulerConfig
+
+    from .sockets import ZmqSchedulerIO
+
+    try:
+        io = ZmqSchedulerIO(zmq.Context(), args.scheduler_addr, args.tokenizer_addr)
+        scheduler = Scheduler(SchedulerConfig(model_path=args.model, **args.engine), io)
+        counts = Counter()  # aborts by the state they found the request in, and refusals
+        scheduler.events.subscribe(lambda e: counts.update(
+            [f"abort_{e['state'].replace(' ', '_')}" if e.kind == "abort" else "reject"])
+            if e.kind in ("abort", "reject") else None)
+        io.stats = lambda: {**scheduler_stats(scheduler), **counts}
+    except Exception as e:  # a bad model directory or option: say so, do not hang the launcher
+        ready.put(("error", "scheduler", f"{type(e).__name__}: {e}"))
+        return
+    ready.put(("ready", "scheduler"))
+    try:
+        while True:
+            scheduler.step()
+    except SystemExit:
+        raise
+    except BaseException:
+        # The API server notices the exit and answers every request in flight with a 500.
+        traceback.print_exc()
+        sys.exit(1)
+
+
+def scheduler_stats(scheduler) -> Dict[str, Any]:
+    """Slots and pages in use, for /debug/scheduler. `idle_integrity` is "ok" or what is wrong with
+    the KV pool when nothing runs (CacheManager.check_integrity), None while requests run."""
+    cache, table = scheduler.cache_manager, scheduler.table_manager
+    running, queued = len(scheduler.live_requests()), len(scheduler.prefill_manager.pending)
+    integrity = None
+    if running == 0 and queued == 0 and not scheduler.in_flight:
+        try:
+            cache.check_integrity()
+            integrity = "ok"
+        except AssertionError as e:
+            integrity = str(e)
+    return {"slots_total": table.capacity, "slots_free": table.available_size,
+            "pages_total": cache.num_pages, "pages_free": cache.num_free_pages,
+            "pages_available": cache.available_pages, "running": running, "queued": queued,
+            "in_flight": scheduler.in_flight, "idle_integrity": integrity}
+
+
+def run_tokenizer(args: ServerArgs, ready) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import zmq
+
+    from minisgl.llm import load_tokenizer
+    from minisgl.models import ModelConfig
+
+    from .chat import load_chat_template
+    from .sockets import POLL_MS, Inbox, Outbox, ParentWatch
+    from .tokenize import TokenizerWorker
+
+    try:
+        config = ModelConfig.from_dir(args.model)
+        context_len = args.engine.get("max_seq_len_override") or config.max_position_embeddings  # as Engine
+        worker = TokenizerWorker(load_tokenizer(args.model), load_chat_template(args.model),
+                                 config.eos_token_id, context_len)
+        ctx = zmq.Context()
+        inbox = Inbox(ctx, args.tokenizer_addr)
+        to_scheduler, to_api = Outbox(ctx, args.scheduler_addr), Outbox(ctx, args.api_addr)
+    except Exception as e:
+        ready.put(("error", "tokenizer", f"{type(e).__name__}: {e}"))
+        return
+    ready.put(("ready", "tokenizer"))
+    parent = ParentWatch()
+    while True:
+        parent.check()
+        msgs = inbox.drain(POLL_MS)
+        if msgs:
+            for_scheduler, for_api = worker.handle(msgs)
+            to_scheduler.send(for_scheduler)
+            to_api.send(for_api)

@@ -1,0 +1,155 @@
+"""The OpenAI API's shapes: what requests may hold, and the JSON and server-sent events answering
+them (https://platform.openai.com/docs/api-reference). Pure functions and pydantic models; the HTTP
+side is in app.py.
+
+Extensions, as other OpenAI-compatible servers have them: `top_k` and `ignore_eos` (sampling), and
+`return_token_ids` (each choice, and each streamed chunk, also carries the token ids it adds).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from minisgl.core import SamplingParams
+
+
+class ErrorInfo(Exception):
+    """A request the server answers with an OpenAI-style error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    @property
+    def type(self) -> str:
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    def body(self) -> Dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # fields we do not know are ignored, as OpenAI's clients expect
+
+    model: str
+    temperature: float = 1.0  # the OpenAI API's default (the offline LLM's is greedy)
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    stream: bool = False
+    stream_options: Dict[str, Any] | None = None
+    stop: str | List[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+
+    def unsupported(self) -> List[str]:
+        """Settings this server cannot honour: refused, never silently ignored."""
+        bad = []
+        if self.n != 1:
+            bad.append("n")
+        if self.stop:
+            bad.append("stop")
+        if self.seed is not None:
+            bad.append("seed")
+        if self.presence_penalty:
+            bad.append("presence_penalty")
+        if self.frequency_penalty:
+            bad.append("frequency_penalty")
+        return bad
+
+
+class CompletionRequest(_Request):
+    prompt: str | List[int]
+    max_tokens: int | None = 16  # the OpenAI API's default for completions
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def unsupported(self) -> List[str]:
+        bad = super().unsupported()
+        bad += [name for name in ("echo", "logprobs", "suffix") if getattr(self, name)]
+        if self.best_of not in (None, 1):
+            bad.append("best_of")
+        return bad
+
+
+class ContentPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | List[ContentPart]
+
+    def as_dict(self) -> Dict[str, str]:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": self.role, "content": text}
+
+
+class ChatRequest(_Request):
+    messages: List[ChatMessage]
+    max_tokens: int | None = None  # None: as long as the context allows
+    max_completion_tokens: int | None = None  # the newer name of max_tokens
+    logprobs: bool = False
+
+    def unsupported(self) -> List[str]:
+        return super().unsupported() + (["logprobs"] if self.logprobs else [])
+
+
+def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
+    """The request's sampling settings, or an ErrorInfo (400) naming the one that is wrong."""
+    try:
+        return SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                              max_tokens=max_tokens, ignore_eos=req.ignore_eos)
+    except (TypeError, ValueError) as e:
+        raise ErrorInfo(400, str(e), param=str(e).split()[0]) from None
+
+
+def sse_event(data: Dict[str, Any] | str) -> str:
+    """One server-sent event: a `data:` line and the blank line that ends the event."""
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {text}\n\n"
+
+
+SSE_DONE = sse_event("[DONE]")
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def choice(chat: bool, stream: bool, text: str, finish_reason: str | None,
+           token_ids: List[int] | None, first: bool = False) -> Dict[str, Any]:
+    """One choice of a response (stream: of a chunk). A chat's first chunk names the role."""
+    out: Dict[str, Any] = {"index": 0}
+    if chat and stream:
+        out["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+    elif chat:
+        out["message"] = {"role": "assistant", "content": text}
+    else:
+        out["text"] = text
+        out["logprobs"] = None
+    if chat:
+        out["logprobs"] = None
+    out["finish_reason"] = finish_reason
+    if token_ids is not None:
+        out["token_ids"] = token_ids
+    return out
+
+
+def envelope(chat: bool, stream: bool, rid: str, created: int, model: str,
+             choices: List[Dict[str, Any]]) -> Dict[str, Any]:
+    if chat:
+        obj = "chat.completion.chunk" if stream else "chat.completion"
+    else:
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}

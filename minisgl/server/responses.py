@@ -1,0 +1,129 @@
+"""Answering one request from its replies: a JSON body, or a stream of server-sent events.
+
+Both start from the request's first reply, which app.py waits for before answering (so that a
+refusal gets its status code), and both release the request when they end: with an abort if it has
+not finished, which is what happens when its client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from minisgl.message import UserReply
+
+from . import protocol as api
+from .frontend import Frontend
+from .protocol import ErrorInfo
+
+
+@dataclass
+class Answer:
+    """What the answer to one request looks like, whatever its replies say."""
+
+    chat: bool
+    rid: str  # the response id, "cmpl-7" or "chatcmpl-7"
+    model: str
+    return_token_ids: bool = False
+    include_usage: bool = False  # streams only: a last chunk with the usage
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def error_response(e: ErrorInfo) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+async def stream_events(frontend: Frontend, uid: int, first: UserReply, answer: Answer) -> AsyncIterator[str]:
+    """The server-sent events answering request `uid`, from its first reply to `data: [DONE]`.
+
+    Receives: `frontend`, whose `next_reply(uid)` awaits the request's next UserReply; `first`, its
+        first reply (no error: a refusal was answered before streaming began); `answer`, the shape
+        of the chunks.
+    Returns: an async generator of str, each one event (`api.sse_event`): one chunk per reply that
+        has text, or token ids to return, or finishes (a chat's first chunk names the role); after
+        the finishing chunk, a usage chunk if asked for, then `api.SSE_DONE`. A reply with an error
+        (the server failed) gives one error event (`ErrorInfo.body()`) and ends the stream, no
+        [DONE].
+    Leaves: the request released (`frontend.release`) when the generator ends, however it ends:
+        with `abort=True` unless it finished or failed, so a client that leaves aborts it.
+    Uses: `frontend.next_reply`, `frontend.release`; `api.sse_event`, `api.choice`, `api.envelope`,
+        `api.usage`, `api.SSE_DONE`.
+    Checked: events are `data: ` lines ended by a blank line, [DONE] last; only the last chunk has a
+        finish_reason; the text and token ids joined equal the offline engine's; usage counts the
+        prompt's and the reply's tokens; a client that leaves mid-stream aborts its request and every
+        slot and page comes back; a scheduler crash mid-stream gives an error event, not a hang.
+    """
+    done, reply, n_tokens, is_first = False, first, 0, True
+    try:
+        while True:
+            if reply.error is not None:
+                done = True
+                yield api.sse_event(ErrorInfo(reply.status, reply.error).body())
+                return
+            n_tokens += len(reply.token_ids)
+            if reply.text or reply.finished or answer.return_token_ids or is_first:
+                choice = api.choice(answer.chat, True, reply.text, reply.finish_reason,
+                                    reply.token_ids if answer.return_token_ids else None, first=is_first)
+                yield api.sse_event(api.envelope(answer.chat, True, answer.rid, answer.created, answer.model, [choice]))
+                is_first = False
+            if reply.finished:
+                done = True
+                break
+            reply = await frontend.next_reply(uid)
+        if answer.include_usage:
+            tail = api.envelope(answer.chat, True, answer.rid, answer.created, answer.model, [])
+            tail["usage"] = api.usage(first.prompt_tokens, n_tokens)
+            yield api.sse_event(tail)
+        yield api.SSE_DONE
+    finally:
+        frontend.release(uid, abort=not done)
+
+
+async def collect(frontend: Frontend, uid: int, first: UserReply, answer: Answer, request: Request) -> JSONResponse:
+    """The JSON answer to a request that is not streamed: every reply's text joined. A client that
+    leaves before the end aborts the request (499: nobody reads the answer)."""
+    gone = asyncio.ensure_future(disconnected(request))
+    texts, ids, reply, done = [], [], first, False
+    try:
+        while True:
+            if reply.error is not None:
+                done = True
+                return error_response(ErrorInfo(reply.status, reply.error))
+            texts.append(reply.text)
+            ids.extend(reply.token_ids)
+            if reply.finished:
+                done = True
+                break
+            reply = await first_of(frontend.next_reply(uid), gone)
+            if reply is None:
+                return JSONResponse({}, status_code=499)
+    finally:
+        gone.cancel()
+        frontend.release(uid, abort=not done)
+    choice = api.choice(answer.chat, False, "".join(texts), reply.finish_reason, ids if answer.return_token_ids else None)
+    body = api.envelope(answer.chat, False, answer.rid, answer.created, answer.model, [choice])
+    body["usage"] = api.usage(first.prompt_tokens, len(ids))
+    return JSONResponse(body)
+
+
+async def first_of(reply, gone: asyncio.Future):
+    """The awaited reply, or None if `gone` (the client's disconnect) comes first."""
+    task = asyncio.ensure_future(reply)
+    await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    return None
+
+
+async def disconnected(request: Request) -> None:
+    """Returns once the client has disconnected (its body has been read, so nothing else comes)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
