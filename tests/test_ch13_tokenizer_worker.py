@@ -142,7 +142,7 @@ def worker():
     from minisgl.llm import load_tokenizer
 
     tok = load_tokenizer(MODEL)
-    return TokenizerWorker(tok, load_chat_template(MODEL), eos_token_id=tok.token_to_id("<|endoftext|>"), context_len=64)
+    return TokenizerWorker(tok, load_chat_template(MODEL), eos_token_ids={tok.token_to_id("<|endoftext|>")}, context_len=64)
 
 
 def test_text_is_tokenized_as_the_offline_llm_does(worker):
@@ -180,10 +180,22 @@ def test_a_prompt_that_fills_the_context_still_asks_for_one_token(worker):
         f"a {len(out.input_ids)}-token prompt in a 4-token context: max_tokens should be 1, got {out.sampling_params.max_tokens}"
 
 
+def test_any_end_id_of_the_model_is_a_stop(worker):
+    # Instruct checkpoints list several end ids (Llama-3: end of text, of message, of turn).
+    from minisgl.server.tokenize import TokenizerWorker
+
+    several = TokenizerWorker(worker.tokenizer, None, eos_token_ids={7, 9, 11}, context_len=64)
+    for uid, end in enumerate((7, 9, 11), start=1):
+        several.handle([TokenizeMsg(uid=uid, sampling_params=SamplingParams(), text="a")])
+        _, (last,) = several.handle([DetokenizeMsg(uid, end, True)])
+        assert last.finish_reason == "stop", \
+            f"end ids {{7, 9, 11}}, last token {end}: expected finish_reason 'stop', got {last.finish_reason!r}"
+
+
 @pytest.mark.parametrize("ignore_eos,reason", [(False, "stop"), (True, "length")])
 def test_finish_reason(worker, ignore_eos, reason):
     worker.handle([TokenizeMsg(uid=1, sampling_params=SamplingParams(ignore_eos=ignore_eos), text="a")])
-    _, (first, last) = worker.handle([DetokenizeMsg(1, 41, False), DetokenizeMsg(1, worker.eos_token_id, True)])
+    _, (first, last) = worker.handle([DetokenizeMsg(1, 41, False), DetokenizeMsg(1, next(iter(worker.eos_token_ids)), True)])
     assert first.finish_reason is None and last.finished, "only the last reply finishes"
     assert last.finish_reason == reason, f"EOS last with ignore_eos={ignore_eos}: expected {reason!r}, got {last.finish_reason!r}"
     assert last.prompt_tokens == 1 and not last.text, f"EOS adds no text and the prompt had 1 token, got {last}"
@@ -227,7 +239,7 @@ def test_a_refusal_becomes_a_400(worker):
 
 
 def test_text_without_a_tokenizer_is_a_400():
-    worker = TokenizerWorker(None, None, eos_token_id=None, context_len=64)
+    worker = TokenizerWorker(None, None, eos_token_ids=(), context_len=64)
     _, (reply,) = worker.handle([TokenizeMsg(uid=1, sampling_params=SamplingParams(), text="hi")])
     assert reply.status == 400 and "token ids" in reply.error, f"expected a 400 asking for token ids, got {reply}"
     (msg,), _ = worker.handle([TokenizeMsg(uid=2, sampling_params=SamplingParams(), input_ids=[3, 4])])

@@ -69,6 +69,10 @@ class GenerationDefaults:
         SamplingParams(**sampling)
         return cls(eos_token_ids=ids, sampling=sampling)
 
+    def end_token_ids(self, config_ids: Tuple[int, ...]) -> frozenset:
+        """The ids that end generation: this file's list if it has one, else config.json's."""
+        return frozenset(config_ids if self.eos_token_ids is None else self.eos_token_ids)
+
 
 def _number(raw: Dict[str, Any], name: str, default: float) -> float:
     value = raw.get(name)

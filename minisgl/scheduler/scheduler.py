@@ -56,8 +56,7 @@ class Scheduler:
         # The model's own generation settings: its end ids (generation_config.json's list replaces
         # config.json's, as in transformers) and sampling defaults for what a request leaves unset.
         self.generation_defaults = GenerationDefaults.from_dir(config.model_path)
-        gen_eos = self.generation_defaults.eos_token_ids
-        self.eos_token_ids = frozenset(engine.model_config.eos_token_ids if gen_eos is None else gen_eos)
+        self.eos_token_ids = self.generation_defaults.end_token_ids(engine.model_config.eos_token_ids)
         self.vocab_size = engine.model_config.vocab_size
         self.token_pool, self.page_table = engine.token_pool, engine.page_table
         self.table_manager = TableManager(config.max_running_req, self.events)

@@ -71,6 +71,7 @@ def run_tokenizer(args: ServerArgs, ready) -> None:
 
     from minisgl.llm import load_tokenizer
     from minisgl.models import ModelConfig
+    from minisgl.models.generation import GenerationDefaults
 
     from .chat import load_chat_template
     from .sockets import POLL_MS, Inbox, Outbox, ParentWatch
@@ -79,8 +80,8 @@ def run_tokenizer(args: ServerArgs, ready) -> None:
     try:
         config = ModelConfig.from_dir(args.model)
         context_len = args.engine.get("max_seq_len_override") or config.max_position_embeddings  # as Engine
-        worker = TokenizerWorker(load_tokenizer(args.model), load_chat_template(args.model),
-                                 config.eos_token_id, context_len)
+        end_ids = GenerationDefaults.from_dir(args.model).end_token_ids(config.eos_token_ids)  # as Scheduler
+        worker = TokenizerWorker(load_tokenizer(args.model), load_chat_template(args.model), end_ids, context_len)
         ctx = zmq.Context()
         inbox = Inbox(ctx, args.tokenizer_addr)
         to_scheduler, to_api = Outbox(ctx, args.scheduler_addr), Outbox(ctx, args.api_addr)

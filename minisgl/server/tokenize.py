@@ -8,7 +8,7 @@ can say why a request finished and how long its prompt was.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterable, List, Tuple
 
 import torch
 
@@ -28,11 +28,11 @@ class RequestInfo:
 
 
 class TokenizerWorker:
-    def __init__(self, tokenizer, chat_template: ChatTemplate | None, eos_token_id: int | None,
+    def __init__(self, tokenizer, chat_template: ChatTemplate | None, eos_token_ids: Iterable[int],
                  context_len: int) -> None:
         self.tokenizer = tokenizer  # None: the model directory has no tokenizer.json (ids only)
         self.chat_template = chat_template
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = frozenset(eos_token_ids)  # any of them ends a request (empty: none)
         self.context_len = context_len
         self.requests: Dict[int, RequestInfo] = {}
 
@@ -114,7 +114,7 @@ class TokenizerWorker:
             not in `self.requests` (aborted: its last tokens were already on their way).
         Leaves: the request's RequestInfo updated, and removed on its last reply or refusal.
             Every reply but a refusal carries the request's `prompt_tokens` (for usage).
-        Uses: `next_text` (ch13), `self.tokenizer` (None: no text, ids only), `self.eos_token_id`.
+        Uses: `next_text` (ch13), `self.tokenizer` (None: no text, ids only), `self.eos_token_ids`.
         Checked: streamed text and ids equal the offline engine's; finish reasons; interleaved
             requests keep their own text; tokens after an abort are dropped; a refusal is a 400.
         """
@@ -128,7 +128,7 @@ class TokenizerWorker:
         reason = None
         if msg.finished:
             del self.requests[msg.uid]
-            ended_by_model = msg.next_token == self.eos_token_id and not info.ignore_eos
+            ended_by_model = msg.next_token in self.eos_token_ids and not info.ignore_eos
             reason = "stop" if ended_by_model else "length"
         return UserReply(uid=msg.uid, text=text, token_ids=[msg.next_token], finished=msg.finished,
                          finish_reason=reason, prompt_tokens=info.prompt_tokens)
