@@ -69,10 +69,19 @@ def offline(model: Path, prompts, outputs, engine: Dict) -> float:
     return sum(outputs) / elapsed
 
 
-async def one_request(client, url: str, model: str, prompt: List[int], max_tokens: int, delay: float) -> Dict:
+async def one_request(
+    client, url: str, model: str, prompt: List[int], max_tokens: int, delay: float
+) -> Dict:
     await asyncio.sleep(delay)
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "return_token_ids": True}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     sent = time.perf_counter()
     stamps: List[float] = []
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
@@ -102,18 +111,29 @@ async def run_rate(url: str, model: str, prompts, outputs, rate: float, seed: in
             t += rng.expovariate(rate)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
-        results = await asyncio.gather(*[one_request(client, url, model, p, m, d)
-                                         for p, m, d in zip(prompts, outputs, delays)])
+        results = await asyncio.gather(
+            *[one_request(client, url, model, p, m, d) for p, m, d in zip(prompts, outputs, delays)]
+        )
     ttft = [r["stamps"][0] - r["sent"] for r in results]
     itl = [b - a for r in results for a, b in zip(r["stamps"], r["stamps"][1:])]
     span = max(r["stamps"][-1] for r in results) - min(r["sent"] for r in results)
-    return {"rate": rate, "throughput": sum(outputs) / span, "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
-            "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99)}
+    return {
+        "rate": rate,
+        "throughput": sum(outputs) / span,
+        "ttft_p50": pct(ttft, 50),
+        "ttft_p99": pct(ttft, 99),
+        "itl_p50": pct(itl, 50),
+        "itl_p99": pct(itl, 99),
+    }
 
 
 def pct(values: List[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))] if ordered else float("nan")
+    return (
+        ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+        if ordered
+        else float("nan")
+    )
 
 
 def main() -> None:
@@ -122,15 +142,24 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=BUNDLED_MODEL)
-    ap.add_argument("--dummy-qwen3-0.6b", dest="dummy", action="store_true", help="random weights of Qwen3-0.6B's shape (GPU)")
+    ap.add_argument(
+        "--dummy-qwen3-0.6b",
+        dest="dummy",
+        action="store_true",
+        help="random weights of Qwen3-0.6B's shape (GPU)",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-running-req", type=int, default=16)
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--min-len", type=int, default=16)
     ap.add_argument("--max-len", type=int, default=64)
-    ap.add_argument("--rates", default="2,8,inf", help="requests per second, comma-separated; inf: all at once")
-    ap.add_argument("--quick", action="store_true", help="16 requests of 8-24 tokens at 4/s and all at once")
+    ap.add_argument(
+        "--rates", default="2,8,inf", help="requests per second, comma-separated; inf: all at once"
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="16 requests of 8-24 tokens at 4/s and all at once"
+    )
     ap.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = ap.parse_args()
     if args.quick:
@@ -150,28 +179,46 @@ def main() -> None:
     engine = {"device": args.device, "max_running_req": args.max_running_req}
     if args.dtype:
         engine["dtype"] = args.dtype
-    print(f"{model.name} on {args.device}: {len(prompts)} requests, input and output lengths in "
-          f"[{args.min_len}, {args.max_len}] ({sum(outputs)} output tokens), max_running_req {args.max_running_req}")
+    print(
+        f"{model.name} on {args.device}: {len(prompts)} requests, input and output lengths in "
+        f"[{args.min_len}, {args.max_len}] ({sum(outputs)} output tokens), max_running_req "
+        f"{args.max_running_req}"
+    )
 
     figures = {"offline_tok_s": offline(model, prompts, outputs, engine), "server": []}
     print(f"offline LLM.generate: {figures['offline_tok_s']:.0f} output tok/s")
 
-    server_args = ["--model", str(model), "--device", args.device, "--max-running-req", str(args.max_running_req)]
+    server_args = [
+        "--model",
+        str(model),
+        "--device",
+        args.device,
+        "--max-running-req",
+        str(args.max_running_req),
+    ]
     if args.dtype:
         server_args += ["--dtype", args.dtype]
     with BackgroundServer(*server_args) as url:
         name = model.name
         asyncio.run(run_rate(url, name, prompts[:2], [4, 4], math.inf))  # warm-up
-        print(f"{'rate (req/s)':>12} {'tok/s':>8} {'vs offline':>10} {'TTFT p50':>9} {'TTFT p99':>9} "
-              f"{'ITL p50':>8} {'ITL p99':>8}   (ms)")
+        print(
+            f"{'rate (req/s)':>12} {'tok/s':>8} {'vs offline':>10} {'TTFT p50':>9} {'TTFT p99':>9} "
+            f"{'ITL p50':>8} {'ITL p99':>8}   (ms)"
+        )
         for rate in rates:
             f = asyncio.run(run_rate(url, name, prompts, outputs, rate))
             figures["server"].append(f)
-            print(f"{rate:>12g} {f['throughput']:>8.0f} {f['throughput'] / figures['offline_tok_s']:>9.0%} "
-                  f"{f['ttft_p50'] * 1e3:>9.1f} {f['ttft_p99'] * 1e3:>9.1f} {f['itl_p50'] * 1e3:>8.1f} "
-                  f"{f['itl_p99'] * 1e3:>8.1f}")
+            print(
+                f"{rate:>12g} {f['throughput']:>8.0f} "
+                f"{f['throughput'] / figures['offline_tok_s']:>9.0%} "
+                f"{f['ttft_p50'] * 1e3:>9.1f} {f['ttft_p99'] * 1e3:>9.1f} "
+                f"{f['itl_p50'] * 1e3:>8.1f} "
+                f"{f['itl_p99'] * 1e3:>8.1f}"
+            )
     if args.out:
-        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, **figures}, indent=1))
+        args.out.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, **figures}, indent=1)
+        )
 
 
 if __name__ == "__main__":

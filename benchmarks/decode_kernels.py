@@ -37,8 +37,11 @@ from minisgl.kernel import triton_ops  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTER, VOCAB = 16, 8, 128, 1024, 3072, 151936
 LINEARS = {  # name: (out_features, in_features) of one decode step's products
-    "qkv_proj": ((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), "o_proj": (HIDDEN, HEADS * HEAD_DIM),
-    "gate_up_proj": (2 * INTER, HIDDEN), "down_proj": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN),
+    "qkv_proj": ((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
+    "o_proj": (HIDDEN, HEADS * HEAD_DIM),
+    "gate_up_proj": (2 * INTER, HIDDEN),
+    "down_proj": (HIDDEN, INTER),
+    "lm_head": (VOCAB, HIDDEN),
 }
 PER_STEP = {"qkv_proj": 28, "o_proj": 28, "gate_up_proj": 28, "down_proj": 28, "lm_head": 1}
 
@@ -59,10 +62,14 @@ def attention(quick: bool) -> None:
         v_cache = torch.randn_like(k_cache)
         q = torch.randn(batch, HEADS, HEAD_DIM, generator=g, device="cuda").bfloat16()
         # each request's keys where the allocator would put them: consecutive locations
-        page_table = torch.arange(batch * ctx_len, device="cuda", dtype=torch.int32).view(batch, ctx_len)
+        page_table = torch.arange(batch * ctx_len, device="cuda", dtype=torch.int32).view(
+            batch, ctx_len
+        )
         rows = torch.randperm(batch, generator=g, device="cuda")
         lo = max(1, ctx_len // 4)  # lengths spread like a real batch's: from a quarter to all of it
-        seqlens = torch.randint(lo, ctx_len + 1, (batch,), generator=g, device="cuda", dtype=torch.int32)
+        seqlens = torch.randint(
+            lo, ctx_len + 1, (batch,), generator=g, device="cuda", dtype=torch.int32
+        )
         kv_bytes = int(seqlens.sum()) * KV_HEADS * HEAD_DIM * 2 * 2
         default = num_splits(batch, KV_HEADS)
         splits = sorted({min(16, s) for s in (1, default, 2 * default, max(1, default // 2))})
@@ -73,18 +80,35 @@ def attention(quick: bool) -> None:
         for block_n, warps, stages, splits in grid:
             tune = dict(block_n=block_n, num_warps=warps, num_stages=stages, splits=min(splits, 16))
             try:
-                us = bench_us(lambda: paged_decode_attention(q, k_cache, v_cache, page_table, rows, seqlens,
-                                                             1 / math.sqrt(HEAD_DIM), tune))
-            except Exception as e:  # a setting that does not compile (shared memory) is just skipped
+                us = bench_us(
+                    lambda: paged_decode_attention(
+                        q,
+                        k_cache,
+                        v_cache,
+                        page_table,
+                        rows,
+                        seqlens,
+                        1 / math.sqrt(HEAD_DIM),
+                        tune,
+                    )
+                )
+            except (
+                Exception
+            ) as e:  # a setting that does not compile (shared memory) is just skipped
                 print(f"    skipped {tune}: {type(e).__name__}")
                 continue
             results.append((us, tune))
         results.sort(key=lambda r: r[0])
-        base = bench_us(lambda: paged_decode_attention(q, k_cache, v_cache, page_table, rows, seqlens,
-                                                       1 / math.sqrt(HEAD_DIM)))
-        print(f"\nattention, batch {batch}, lengths U[{lo}, {ctx_len}] ({kv_bytes / 1e6:.0f} MB "
+        base = bench_us(
+            lambda: paged_decode_attention(
+                q, k_cache, v_cache, page_table, rows, seqlens, 1 / math.sqrt(HEAD_DIM)
+            )
+        )
+        print(
+            f"\nattention, batch {batch}, lengths U[{lo}, {ctx_len}] ({kv_bytes / 1e6:.0f} MB "
             "of KV): "
-              f"the code's settings {base:.1f} us = {kv_bytes / base / 1e6:.2f} TB/s; the best ones:")
+            f"the code's settings {base:.1f} us = {kv_bytes / base / 1e6:.2f} TB/s; the best ones:"
+        )
         for us, tune in results[:6]:
             print(f"    {us:8.1f} us  {kv_bytes / us / 1e6:5.2f} TB/s  {base / us:4.2f}x  {tune}")
 
@@ -105,13 +129,17 @@ def linears() -> None:
             if m == 1:
                 total["torch"] += t_torch * PER_STEP[name]
                 total["triton"] += t_triton * PER_STEP[name]
-            print(f"  M={m} {name:13s} {n:6d}x{k:4d}  torch {t_torch:7.1f} us "
+            print(
+                f"  M={m} {name:13s} {n:6d}x{k:4d}  torch {t_torch:7.1f} us "
                 f"{gb / t_torch * 1e3:5.2f} TB/s   "
-                  f"triton {t_triton:7.1f} us {gb / t_triton * 1e3:5.2f} TB/s  "
-                  f"({t_torch / t_triton:4.2f}x, "
-                  f"max diff {err:.3f})")
-    print(f"  a batch-1 step's products: torch {total['torch']:.0f} us, triton "
-        f"{total['triton']:.0f} us")
+                f"triton {t_triton:7.1f} us {gb / t_triton * 1e3:5.2f} TB/s  "
+                f"({t_torch / t_triton:4.2f}x, "
+                f"max diff {err:.3f})"
+            )
+    print(
+        f"  a batch-1 step's products: torch {total['torch']:.0f} us, triton "
+        f"{total['triton']:.0f} us"
+    )
     print("  Triton settings at M=1, best first:")
     for name, (n, k) in LINEARS.items():
         w = torch.randn(n, k, device="cuda").bfloat16()
@@ -122,7 +150,10 @@ def linears() -> None:
             timed.append((bench_us(lambda: triton_ops.small_batch_linear(x, w, tune)), tune))
         timed.sort(key=lambda r: r[0])
         gb = n * k * 2 / 1e9
-        print(f"    {name:13s} " + "   ".join(f"{us:6.1f} us {gb / us * 1e3:4.2f} TB/s {t}" for us, t in timed[:3]))
+        print(
+            f"    {name:13s} "
+            + "   ".join(f"{us:6.1f} us {gb / us * 1e3:4.2f} TB/s {t}" for us, t in timed[:3])
+        )
 
 
 def main() -> None:

@@ -39,13 +39,27 @@ from minisgl.env import ENV  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 
 QWEN3_06B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
-    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-    "intermediate_size": 3072, "vocab_size": 151936, "tie_word_embeddings": True,
-    "max_position_embeddings": 40960, "rope_theta": 1000000.0,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "rms_norm_eps": 1e-6,
-    "hidden_act": "silu", "attention_bias": False, "bos_token_id": 151643, "eos_token_id": 151645,
-    "dtype": "bfloat16", "torch_dtype": "bfloat16", "use_cache": True,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 1024,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 3072,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "dtype": "bfloat16",
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
 }
 
 
@@ -102,13 +116,22 @@ def workload(n: int, lo: int, hi: int, vocab: int, seed: int = 0):
     return prompts, params
 
 
-def build(model_dir: Path, max_running_req: int, graphs: bool, max_tokens_per_req: int,
-          num_tokens: int) -> TimedLLM:
+def build(
+    model_dir: Path, max_running_req: int, graphs: bool, max_tokens_per_req: int, num_tokens: int
+) -> TimedLLM:
     """Naive cache: the same prompts run more than once, and a prefix-cache hit would flatter
     whichever run comes second."""
-    return TimedLLM(model_dir, dtype=torch.bfloat16, device="cuda", max_running_req=max_running_req,
-                    use_cuda_graph=graphs, cuda_graph_max_bs=max_running_req, cache_type="naive",
-                    max_seq_len_override=max_tokens_per_req, num_page_override=num_tokens)
+    return TimedLLM(
+        model_dir,
+        dtype=torch.bfloat16,
+        device="cuda",
+        max_running_req=max_running_req,
+        use_cuda_graph=graphs,
+        cuda_graph_max_bs=max_running_req,
+        cache_type="naive",
+        max_seq_len_override=max_tokens_per_req,
+        num_page_override=num_tokens,
+    )
 
 
 def release(llm) -> None:
@@ -123,7 +146,11 @@ def warm_up(llm: LLM, vocab: int, n: int = 64) -> None:
     """Every batch size from n down to 1 once: compiles each kernel variant, settles cuBLAS."""
     rng = random.Random(1)
     prompts = [[rng.randrange(vocab) for _ in range(32)] for _ in range(n)]
-    llm.generate(prompts, [SamplingParams(max_tokens=i + 1, ignore_eos=True) for i in range(n)], progress=False)
+    llm.generate(
+        prompts,
+        [SamplingParams(max_tokens=i + 1, ignore_eos=True) for i in range(n)],
+        progress=False,
+    )
     llm.clear()
 
 
@@ -146,21 +173,33 @@ def run_workload(llm: TimedLLM, prompts, params) -> Dict[str, float]:
         ph["steps"] += 1
         ph["wall_s"] += end - begin
         ph["gpu_s"] += ms / 1000
-    return dict(wall_s=wall, out_tok_s=out_tokens / wall, total_tok_s=(out_tokens + sum(map(len, prompts))) / wall,
-                steps=len(llm.spans), gpu_busy=busy / wall, phases=phases)
+    return dict(
+        wall_s=wall,
+        out_tok_s=out_tokens / wall,
+        total_tok_s=(out_tokens + sum(map(len, prompts))) / wall,
+        steps=len(llm.spans),
+        gpu_busy=busy / wall,
+        phases=phases,
+    )
 
 
 def kernel_union_busy(prof) -> Tuple[float, float, List[Tuple[str, float]]]:
     """From a profiler trace: (union of GPU activity / window, window ms, top kernels by time)."""
     spans, by_name = [], {}
     for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.time_range.end > ev.time_range.start:
+        if (
+            ev.device_type == torch.autograd.DeviceType.CUDA
+            and ev.time_range.end > ev.time_range.start
+        ):
             spans.append((ev.time_range.start, ev.time_range.end))
             by_name[ev.name] = by_name.get(ev.name, 0.0) + (ev.time_range.end - ev.time_range.start)
     if not spans:  # no device events in this torch's trace: fall back to the kernels' total time
         avg = prof.key_averages()
         total = sum(getattr(e, "self_device_time_total", 0.0) for e in avg)
-        top = sorted(((e.key, getattr(e, "self_device_time_total", 0.0) / 1000) for e in avg), key=lambda x: -x[1])
+        top = sorted(
+            ((e.key, getattr(e, "self_device_time_total", 0.0) / 1000) for e in avg),
+            key=lambda x: -x[1],
+        )
         return float("nan"), total / 1000, top[:8]
     spans.sort()
     busy, cur_s, cur_e = 0.0, spans[0][0], spans[0][1]
@@ -197,13 +236,16 @@ def profile_window(llm: TimedLLM, prompts, params, skip: int, steps: int):
     return kernel_union_busy(prof)
 
 
-def decode_step_times(llm: TimedLLM, vocab: int, batch: int, prompt_len: int, steps: int,
-                      profile_steps: int = 0):
+def decode_step_times(
+    llm: TimedLLM, vocab: int, batch: int, prompt_len: int, steps: int, profile_steps: int = 0
+):
     """Wall and GPU ms per decode step at a fixed batch size (overlap loop)."""
     rng = random.Random(2)
     for _ in range(batch):
-        llm.add_request([rng.randrange(vocab) for _ in range(prompt_len)],
-                        SamplingParams(max_tokens=steps + profile_steps + 8, ignore_eos=True))
+        llm.add_request(
+            [rng.randrange(vocab) for _ in range(prompt_len)],
+            SamplingParams(max_tokens=steps + profile_steps + 8, ignore_eos=True),
+        )
     first = llm._step
     while llm.prefill_manager.pending or llm._step < first + 4:  # the prefills, then a few decodes
         llm.step()
@@ -214,7 +256,11 @@ def decode_step_times(llm: TimedLLM, vocab: int, batch: int, prompt_len: int, st
         llm.step()
     torch.cuda.synchronize()
     wall_ms = (time.perf_counter() - t0) * 1000 / steps
-    gpu = [t for t, (_, _, phase, size) in zip(llm.gpu_ms(), llm.spans) if phase == "decode" and size == batch]
+    gpu = [
+        t
+        for t, (_, _, phase, size) in zip(llm.gpu_ms(), llm.spans)
+        if phase == "decode" and size == batch
+    ]
     if profile_steps:  # where a step's GPU time goes
         from torch.profiler import ProfilerActivity, profile
 
@@ -224,9 +270,11 @@ def decode_step_times(llm: TimedLLM, vocab: int, batch: int, prompt_len: int, st
             torch.cuda.synchronize()
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         frac, window_ms, top = kernel_union_busy(prof)
-        print(f"    profile of {profile_steps} steps at batch {batch}: "
+        print(
+            f"    profile of {profile_steps} steps at batch {batch}: "
             f"{len(kernels) / profile_steps:.0f} kernels "
-              f"a step, GPU busy {100 * frac:.1f}% of {window_ms:.2f} ms")
+            f"a step, GPU busy {100 * frac:.1f}% of {window_ms:.2f} ms"
+        )
         for name, ms in top[:6]:
             print(f"    {ms / profile_steps * 1000:8.1f} us/step  {name[:90]}")
     llm.run_until_idle()
@@ -236,12 +284,27 @@ def decode_step_times(llm: TimedLLM, vocab: int, batch: int, prompt_len: int, st
 
 def hf_generate_tok_s(model, vocab: int, batch: int, prompt_len: int, new_tokens: int) -> float:
     rng = random.Random(3)
-    ids = torch.tensor([[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(batch)], device="cuda")
-    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-              do_sample=False, pad_token_id=0)
+    ids = torch.tensor(
+        [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(batch)], device="cuda"
+    )
+    kw = dict(
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
     with torch.no_grad():
-        model.generate(ids[:, :16], **{**kw, "max_new_tokens": 4, "min_new_tokens": 4,
-                                      "attention_mask": torch.ones_like(ids[:, :16])})  # warm-up
+        # warm-up
+        model.generate(
+            ids[:, :16],
+            **{
+                **kw,
+                "max_new_tokens": 4,
+                "min_new_tokens": 4,
+                "attention_mask": torch.ones_like(ids[:, :16]),
+            },
+        )
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = model.generate(ids, **kw)
@@ -250,7 +313,9 @@ def hf_generate_tok_s(model, vocab: int, batch: int, prompt_len: int, new_tokens
     return batch * new_tokens / (time.perf_counter() - t0)
 
 
-def engine_generate_tok_s(llm: LLM, vocab: int, batch: int, prompt_len: int, new_tokens: int) -> float:
+def engine_generate_tok_s(
+    llm: LLM, vocab: int, batch: int, prompt_len: int, new_tokens: int
+) -> float:
     rng = random.Random(3)
     prompts = [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(batch)]
     torch.cuda.synchronize()
@@ -262,16 +327,23 @@ def engine_generate_tok_s(llm: LLM, vocab: int, batch: int, prompt_len: int, new
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="64 requests of 100-256 tokens (smoke test)")
+    ap.add_argument(
+        "--quick", action="store_true", help="64 requests of 100-256 tokens (smoke test)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/overlap_ablation.py measures a GPU: it needs a CUDA GPU (and Triton); "
-                 "on a CPU, benchmarks/throughput.py compares the loops")
+        sys.exit(
+            "benchmarks/overlap_ablation.py measures a GPU: it needs a CUDA GPU (and Triton); "
+            "on a CPU, benchmarks/throughput.py compares the loops"
+        )
     n, lo, hi = (64, 100, 256) if args.quick else (256, 100, 1024)
     vocab = QWEN3_06B["vocab_size"]
-    res: Dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "date": time.strftime("%Y-%m-%d")}
+    res: Dict[str, object] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     tmp = Path(tempfile.mkdtemp(prefix="qwen3-0.6b-dummy-"))
     t = time.perf_counter()
     hf = make_dummy_model(tmp)
@@ -294,22 +366,33 @@ def main() -> None:
     res["engine_tok_s"] = {bs: engine_generate_tok_s(llm, vocab, bs, 256, 128) for bs in (1, 64)}
     for bs in (1, 64):
         ratio = res["engine_tok_s"][bs] / res["hf_tok_s"][bs]
-        print(f"engine generate        batch {bs:3d}: {res['engine_tok_s'][bs]:9.1f} tok/s  "
+        print(
+            f"engine generate        batch {bs:3d}: {res['engine_tok_s'][bs]:9.1f} tok/s  "
             f"({ratio:.1f}x transformers)",
-              flush=True)
+            flush=True,
+        )
     res["workload"] = {}
     for overlap in (True, False):
         ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
         r = run_workload(llm, prompts, params)
         res["workload"]["on" if overlap else "off"] = r
-        print(f"overlap {'on ' if overlap else 'off'}: {r['wall_s']:6.2f}s  "
+        print(
+            f"overlap {'on ' if overlap else 'off'}: {r['wall_s']:6.2f}s  "
             f"{r['out_tok_s']:8.0f} output tok/s  "
-              f"{r['total_tok_s']:8.0f} total tok/s  {r['steps']} steps  GPU busy (events) "
-              f"{100 * r['gpu_busy']:.1f}%",
-              flush=True)
-        print("    " + ";  ".join(f"{name}: {ph['steps']} steps, {ph['wall_s']:.2f} s wall, {ph['gpu_s']:.2f} s "
-            "in steps "
-                                   f"on the engine stream" for name, ph in r["phases"].items()), flush=True)
+            f"{r['total_tok_s']:8.0f} total tok/s  {r['steps']} steps  GPU busy (events) "
+            f"{100 * r['gpu_busy']:.1f}%",
+            flush=True,
+        )
+        print(
+            "    "
+            + ";  ".join(
+                f"{name}: {ph['steps']} steps, {ph['wall_s']:.2f} s wall, {ph['gpu_s']:.2f} s "
+                "in steps "
+                f"on the engine stream"
+                for name, ph in r["phases"].items()
+            ),
+            flush=True,
+        )
     on, off = res["workload"]["on"], res["workload"]["off"]
     res["overlap_speedup"] = on["out_tok_s"] / off["out_tok_s"]
     print(f"overlap speed-up: {res['overlap_speedup']:.2f}x", flush=True)
@@ -320,9 +403,12 @@ def main() -> None:
         frac, window_ms, top = profile_window(llm, prompts, params, skip=40, steps=30)
         key = "on" if overlap else "off"
         res["profile"][key] = dict(busy=frac, window_ms=window_ms, top=top)
-        print(f"profiled 30 decode-heavy steps, overlap {key}: GPU busy (kernel union) "
+        print(
+            f"profiled 30 decode-heavy steps, overlap {key}: GPU busy (kernel union) "
             f"{100 * frac:.1f}% "
-              f"of {window_ms:.1f} ms", flush=True)
+            f"of {window_ms:.1f} ms",
+            flush=True,
+        )
         for name, ms in top:
             print(f"    {ms:8.2f} ms  {name[:100]}")
     ENV.DISABLE_OVERLAP_SCHEDULING.value = False
@@ -334,11 +420,18 @@ def main() -> None:
         llm = build(tmp, 64, graphs, 1024, 64 * 1024 + 4096)
         warm_up(llm, vocab)
         for bs in (1, 64):
-            wall_ms, gpu_ms = decode_step_times(llm, vocab, bs, 512, 64, profile_steps=10 if graphs else 0)
-            res["decode_step"][f"graphs={'on' if graphs else 'off'},bs={bs}"] = dict(wall_ms=wall_ms, gpu_ms=gpu_ms)
-            print(f"decode step, batch {bs:2d}, graphs {'on ' if graphs else 'off'}: "
+            wall_ms, gpu_ms = decode_step_times(
+                llm, vocab, bs, 512, 64, profile_steps=10 if graphs else 0
+            )
+            res["decode_step"][f"graphs={'on' if graphs else 'off'},bs={bs}"] = dict(
+                wall_ms=wall_ms, gpu_ms=gpu_ms
+            )
+            print(
+                f"decode step, batch {bs:2d}, graphs {'on ' if graphs else 'off'}: "
                 f"{wall_ms:7.3f} ms wall/step "
-                  f"(overlap loop), {gpu_ms:7.3f} ms GPU/step", flush=True)
+                f"(overlap loop), {gpu_ms:7.3f} ms GPU/step",
+                flush=True,
+            )
         release(llm)
 
     if args.out is not None:

@@ -19,12 +19,22 @@ import torch
 
 
 def make_prompts(tokenizer, n: int) -> list[list[int]]:
-    seeds = ["ROMEO:\n", "JULIET:\n", "HAMLET:\nTo be, or not to be", "KING LEAR:\n",
-             "MACBETH:\nIs this a dagger", "PORTIA:\nThe quality of mercy", "OTHELLO:\n", "PUCK:\n"]
+    seeds = [
+        "ROMEO:\n",
+        "JULIET:\n",
+        "HAMLET:\nTo be, or not to be",
+        "KING LEAR:\n",
+        "MACBETH:\nIs this a dagger",
+        "PORTIA:\nThe quality of mercy",
+        "OTHELLO:\n",
+        "PUCK:\n",
+    ]
     return [tokenizer.encode(seeds[i % len(seeds)] * (1 + i % 3)).ids for i in range(n)]
 
 
-def bench_minisgl(model: Path, prompts, new_tokens: int, overlap: bool, device: str, dtype) -> float:
+def bench_minisgl(
+    model: Path, prompts, new_tokens: int, overlap: bool, device: str, dtype
+) -> float:
     from minisgl import SamplingParams
     from minisgl.env import ENV
     from minisgl.llm import LLM
@@ -50,9 +60,17 @@ def bench_hf(model: Path, prompts, new_tokens: int, device: str, dtype) -> float
     pad = 0
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad)
+    kw = dict(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad
+    )
     with torch.no_grad():
-        hf.generate(input_ids=ids[:1], attention_mask=mask[:1], max_new_tokens=4, do_sample=False, pad_token_id=pad)
+        hf.generate(
+            input_ids=ids[:1],
+            attention_mask=mask[:1],
+            max_new_tokens=4,
+            do_sample=False,
+            pad_token_id=pad,
+        )
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -67,7 +85,9 @@ def bench_hf(model: Path, prompts, new_tokens: int, device: str, dtype) -> float
 def main() -> None:
     from minisgl.models import BUNDLED_MODEL
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", type=Path, default=BUNDLED_MODEL)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -77,11 +97,15 @@ def main() -> None:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(args.model / "tokenizer.json"))
-    print(f"model {args.model.name}, device {args.device}, dtype {dtype}, {args.new_tokens} new "
+    print(
+        f"model {args.model.name}, device {args.device}, dtype {dtype}, {args.new_tokens} new "
         "tokens per request, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'requests':>8} {'minisgl overlap':>16} {'minisgl normal':>15} {'transformers':>13} "
-        f"{'best/HF':>8}")
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    print(
+        f"{'requests':>8} {'minisgl overlap':>16} {'minisgl normal':>15} {'transformers':>13} "
+        f"{'best/HF':>8}"
+    )
     for n in args.batches:
         prompts = make_prompts(tok, n)
         on = bench_minisgl(args.model, prompts, args.new_tokens, True, args.device, dtype)

@@ -35,7 +35,11 @@ from .registry import DEFAULT_REGISTRY
 from .settings import REGISTRY
 
 # Used where the file does not say otherwise (the file may set "floor", "factor", "default").
-FLOOR = {"cpu": 5.0, "cuda": 10.0}  # seconds: even a test the reference runs in 20 ms gets this much
+# seconds: even a test the reference runs in 20 ms gets this much
+FLOOR = {
+    "cpu": 5.0,
+    "cuda": 10.0,
+}
 FACTOR = 10.0  # x the reference's time: slow but correct code (a Python loop, a busy laptop) passes
 # A test with no measured time yet. On a GPU, until its times are measured, the old flat timeout:
 # its first runs compile Triton kernels and warm up CUDA, which the CPU's times know nothing of.
@@ -82,8 +86,15 @@ class Budgets:
 
     def spec(self, packages: Sequence[str]) -> BudgetSpec:
         """What the test process needs (timer.py); the running time of `packages` counts."""
-        return BudgetSpec(measured=self.measured, floor=self.floor, factor=self.factor, default=self.default,
-                          hard=self.hard, not_counted=list(NOT_COUNTED), packages=list(packages))
+        return BudgetSpec(
+            measured=self.measured,
+            floor=self.floor,
+            factor=self.factor,
+            default=self.default,
+            hard=self.hard,
+            not_counted=list(NOT_COUNTED),
+            packages=list(packages),
+        )
 
 
 # ---------------------------------------------------------------------- measuring
@@ -95,7 +106,11 @@ def measure(chapter_keys: List[str], device: str, repeat: int) -> int:
     from .runner import RunOptions
 
     registry = load_registry()
-    chapters = [registry.chapter(k) for k in chapter_keys] if chapter_keys else list(registry.chapters.values())
+    chapters = (
+        [registry.chapter(k) for k in chapter_keys]
+        if chapter_keys
+        else list(registry.chapters.values())
+    )
     file = path()
     data = load(file)
     key = device_key(device)
@@ -109,23 +124,33 @@ def measure(chapter_keys: List[str], device: str, repeat: int) -> int:
             verdict = judge([chapter], {}, RunOptions(device=device, budgets={}), mode="measure")
             bad = [t.test for t in verdict.tests if not t.ok]
             if verdict.general or bad or not verdict.tests:
-                print(f"{chapter.key}: the reference does not pass "
+                print(
+                    f"{chapter.key}: the reference does not pass "
                     f"({'; '.join(verdict.general + bad)[:300]}); "
-                      "its times are left as they were", file=sys.stderr)
+                    "its times are left as they were",
+                    file=sys.stderr,
+                )
                 failed = True
                 break
             if i == 0:
                 continue
-            for t in verdict.tests:  # CPU time (load stretches wall time); the largest of the counted runs
+            for t in (
+                verdict.tests
+            ):  # CPU time (load stretches wall time); the largest of the counted runs
                 spent = t.cpu if t.cpu is not None else t.duration
                 best[test_key(t.test)] = max(best.get(test_key(t.test), 0.0), spent)
-            print(f"{chapter.key}: run {i}: {len(verdict.tests)} tests, {time.monotonic() - t0:.1f} s")
+            print(
+                f"{chapter.key}: run {i}: {len(verdict.tests)} tests, {time.monotonic() - t0:.1f} s"
+            )
         if best:
             files = {f.name for f in chapter.test_files}
-            times = {k: v for k, v in times.items() if k.split("::")[0] not in files}  # drop removed tests
+            # drop removed tests
+            times = {k: v for k, v in times.items() if k.split("::")[0] not in files}
             times.update({k: round(v, 3) for k, v in best.items()})
-    data["about"] = ("Each test's CPU time on the reference, in seconds, per device: the base of its time "
-                     "budget (judge/budgets.py). Written by `python -m judge.budgets`.")
+    data["about"] = (
+        "Each test's CPU time on the reference, in seconds, per device: the base of its time "
+        "budget (judge/budgets.py). Written by `python -m judge.budgets`."
+    )
     data.setdefault("times", {})[key] = dict(sorted(times.items()))
     file.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {file} ({len(times)} tests on {key})")
@@ -133,11 +158,16 @@ def measure(chapter_keys: List[str], device: str, repeat: int) -> int:
 
 
 def main(argv: List[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m judge.budgets", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m judge.budgets",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("chapters", nargs="*", help="chapters to measure (default: all)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--repeat", type=int, default=2, help="counted runs per chapter; the slowest is kept")
+    p.add_argument(
+        "--repeat", type=int, default=2, help="counted runs per chapter; the slowest is kept"
+    )
     args = p.parse_args(argv)
     return measure(args.chapters, args.device, args.repeat)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import List, Sequence
 
 from . import settings
-from .settings import SettingError
 from .registry import REPO, Chapter, RegistryError, UnknownChapter, load_registry, variant_files
+from .settings import SettingError
 
 NOTEBOOKS_ENV = settings.NOTEBOOKS.name
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -36,36 +36,68 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python judge.py",
         description="Judge your exercises: swap your functions into the reference engine and "
-            "run the "
-                    "chapter's tests. With no chapter: show your progress.",
+        "run the "
+        "chapter's tests. With no chapter: show your progress.",
         epilog="examples:  python judge.py ch03 | python judge.py ch11 --device cuda | "
-               "python judge.py ch09 --hint | python judge.py ch11 --variant upstream | "
-               "python judge.py --selfcheck ch09")
+        "python judge.py ch09 --hint | python judge.py ch11 --variant upstream | "
+        "python judge.py --selfcheck ch09",
+    )
     p.add_argument("chapter", nargs="?", help="ch00 .. ch11 (or just 11)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--file", type=Path, help="judge this Python file (top-level defs named like the targets)")
-    src.add_argument("--notebook", type=Path, help="judge this notebook instead of notebooks/chNN_*.ipynb")
-    src.add_argument("--solution", action="store_true", help="run the tests on the reference engine")
-    src.add_argument("--variant", metavar="NAME", help="run a known-wrong variant (judge/variants/chNN_NAME*.py) "
-                                                       "and show which tests catch it; 'list' lists them")
-    p.add_argument("--cumulative", action="store_true",
-                   help="swap in your exercises of every chapter up to this one and run all their tests")
+    src.add_argument(
+        "--file", type=Path, help="judge this Python file (top-level defs named like the targets)"
+    )
+    src.add_argument(
+        "--notebook", type=Path, help="judge this notebook instead of notebooks/chNN_*.ipynb"
+    )
+    src.add_argument(
+        "--solution", action="store_true", help="run the tests on the reference engine"
+    )
+    src.add_argument(
+        "--variant",
+        metavar="NAME",
+        help="run a known-wrong variant (judge/variants/chNN_NAME*.py) "
+        "and show which tests catch it; 'list' lists them",
+    )
+    p.add_argument(
+        "--cumulative",
+        action="store_true",
+        help="swap in your exercises of every chapter up to this one and run all their tests",
+    )
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu", help="default: cpu")
     p.add_argument("--exercise", metavar="NAME", help="run only the tests of this exercise")
-    p.add_argument("-k", dest="keyword", metavar="EXPR", help="run only the tests matching EXPR (as pytest -k)")
-    p.add_argument("--timeout", type=float, default=None, help="hard cap in seconds on each test's whole time (default 60 on cpu, 120 on cuda); "
-                        "learner code is stopped sooner, at the test's budget (judge/budgets.json)")
-    p.add_argument("--time-limit", type=float, default=None, help="seconds for the whole run (default 900)")
-    p.add_argument("--hint", action="count", default=0,
-                   help="show hints for the unfinished exercises instead of judging; repeat (or --hint "
-                       "N) for more")
+    p.add_argument(
+        "-k", dest="keyword", metavar="EXPR", help="run only the tests matching EXPR (as pytest -k)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="hard cap in seconds on each test's whole time (default 60 on cpu, 120 on cuda); "
+        "learner code is stopped sooner, at the test's budget (judge/budgets.json)",
+    )
+    p.add_argument(
+        "--time-limit", type=float, default=None, help="seconds for the whole run (default 900)"
+    )
+    p.add_argument(
+        "--hint",
+        action="count",
+        default=0,
+        help="show hints for the unfinished exercises instead of judging; repeat (or --hint "
+        "N) for more",
+    )
     p.add_argument("--hint-level", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="list every test, passing ones too")
-    p.add_argument("--selfcheck", action="store_true",
-                   help="prove the judge: reference passes, each stub fails exactly its tests, variants "
-                       "are caught")
-    p.add_argument("--workers", type=int, default=2, help="parallel test processes for --selfcheck (default 2)")
+    p.add_argument(
+        "--selfcheck",
+        action="store_true",
+        help="prove the judge: reference passes, each stub fails exactly its tests, variants "
+        "are caught",
+    )
+    p.add_argument(
+        "--workers", type=int, default=2, help="parallel test processes for --selfcheck (default 2)"
+    )
     return p
 
 
@@ -113,8 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # the judge's own bug: say so briefly, never a wall of traceback
         if debug:
             traceback.print_exc()
-        err.print(f"[bold red]judge: internal error:[/] {_escape(type(e).__name__ + ': ' + str(e))}\n"
-                  "(this is a bug in the judge, not in your code; MINISGL_JUDGE_DEBUG=1 shows where)")
+        err.print(
+            f"[bold red]judge: internal error:[/] {_escape(type(e).__name__ + ': ' + str(e))}\n"
+            "(this is a bug in the judge, not in your code; MINISGL_JUDGE_DEBUG=1 shows where)"
+        )
         return EXIT_INTERNAL
 
 
@@ -125,10 +159,19 @@ def _main(args: argparse.Namespace, console) -> int:
     if args.selfcheck:
         from .selfcheck import selfcheck
 
-        chapters = [registry.chapter(args.chapter)] if args.chapter else list(registry.chapters.values())
+        chapters = (
+            [registry.chapter(args.chapter)] if args.chapter else list(registry.chapters.values())
+        )
         return selfcheck(registry, chapters, console, workers=args.workers, device=args.device)
     if args.chapter is None:
-        if args.hint or args.hint_level or args.file or args.notebook or args.solution or args.variant:
+        if (
+            args.hint
+            or args.hint_level
+            or args.file
+            or args.notebook
+            or args.solution
+            or args.variant
+        ):
             raise UsageError("name a chapter, e.g. `python judge.py ch03 ...`")
         progress.show(registry, notebooks_dir(), console)
         return EXIT_OK
@@ -148,23 +191,39 @@ def _main(args: argparse.Namespace, console) -> int:
 
     not_recorded = None
     if args.solution:
-        verdict = judge(chapters, {}, options, mode="solution", origin="minisgl", selectors=selectors)
+        verdict = judge(
+            chapters, {}, options, mode="solution", origin="minisgl", selectors=selectors
+        )
     else:
         codes = {c.key: _learner_code(c, args, is_target=(c.key == chapter.key)) for c in chapters}
         origin = ", ".join(sorted({codes[c.key].origin for c in chapters}, key=str))
         if _nothing_can_run(codes, chapters):
             verdict = _static_verdict(chapters, codes, options, origin)
         else:
-            verdict = judge(chapters, codes, options, mode="learner", origin=origin, selectors=selectors)
+            verdict = judge(
+                chapters, codes, options, mode="learner", origin=origin, selectors=selectors
+            )
         not_recorded = _not_recorded(chapter, args, options)
         if not_recorded is None:
             progress.record(verdict, chapters, codes)
     if args.json:
-        print(json.dumps(report.to_json(verdict, chapters, not_recorded=None if args.solution else not_recorded),
-                         indent=1))
+        print(
+            json.dumps(
+                report.to_json(
+                    verdict, chapters, not_recorded=None if args.solution else not_recorded
+                ),
+                indent=1,
+            )
+        )
     else:
-        report.render(verdict, chapters, console, verbose=args.verbose, hint_command=_hint_command(chapter, args),
-                      not_recorded=None if args.solution else not_recorded)
+        report.render(
+            verdict,
+            chapters,
+            console,
+            verbose=args.verbose,
+            hint_command=_hint_command(chapter, args),
+            not_recorded=None if args.solution else not_recorded,
+        )
     return EXIT_OK if verdict.passed else EXIT_FAILED
 
 
@@ -192,9 +251,16 @@ def _is_chapter_notebook(chapter: Chapter, path: Path) -> bool:
 
 def _hint_command(chapter: Chapter, args: argparse.Namespace) -> str:
     """How to ask for hints about what was just judged."""
-    source = (f" --file {args.file}" if args.file is not None else
-              f" --notebook {args.notebook}" if args.notebook is not None else "")
-    return f"python judge.py {chapter.key}{source}{' --cumulative' if args.cumulative else ''} --hint"
+    source = (
+        f" --file {args.file}"
+        if args.file is not None
+        else f" --notebook {args.notebook}"
+        if args.notebook is not None
+        else ""
+    )
+    return (
+        f"python judge.py {chapter.key}{source}{' --cumulative' if args.cumulative else ''} --hint"
+    )
 
 
 def _options(args: argparse.Namespace):
@@ -202,8 +268,12 @@ def _options(args: argparse.Namespace):
 
     if any(v is not None and v <= 0 for v in (args.timeout, args.time_limit)):
         raise UsageError("--timeout and --time-limit must be positive")
-    return RunOptions(device=args.device, test_timeout=args.timeout, time_limit=args.time_limit,
-                      keyword=args.keyword)
+    return RunOptions(
+        device=args.device,
+        test_timeout=args.timeout,
+        time_limit=args.time_limit,
+        keyword=args.keyword,
+    )
 
 
 def _selectors(chapter: Chapter, name: str) -> List[str]:
@@ -247,11 +317,16 @@ def _nothing_can_run(codes, chapters: Sequence[Chapter]) -> bool:
 def _static_verdict(chapters, codes, options, origin: str):
     from .judging import ERROR, ExerciseVerdict, Verdict
 
-    exercises = [ExerciseVerdict(c.key, e.name, e.target, ERROR, problem=codes[c.key].problems[e.name])
-                 for c in chapters for e in c.exercises]
+    exercises = [
+        ExerciseVerdict(c.key, e.name, e.target, ERROR, problem=codes[c.key].problems[e.name])
+        for c in chapters
+        for e in c.exercises
+    ]
     general = [g for c in chapters for g in codes[c.key].general_problems]
     general.append("no test was run: fix the problems above first")
-    return Verdict([c.key for c in chapters], "learner", origin, options.device, exercises, [], general, 0.0)
+    return Verdict(
+        [c.key for c in chapters], "learner", origin, options.device, exercises, [], general, 0.0
+    )
 
 
 def _hints(chapters: Sequence[Chapter], chapter: Chapter, level: int, args, console) -> int:
@@ -271,8 +346,11 @@ def _hints(chapters: Sequence[Chapter], chapter: Chapter, level: int, args, cons
                 require_some_exercise(code, c, args.file)
                 unfinished += [e.id for e in c.exercises if code.swaps(e.name)]
                 continue
-            path = args.notebook if c.key == chapter.key and args.notebook is not None else \
-                find_notebook(c, notebooks_dir())
+            path = (
+                args.notebook
+                if c.key == chapter.key and args.notebook is not None
+                else find_notebook(c, notebooks_dir())
+            )
             code = from_notebook(path, c)
         except SourceError as e:
             if args.file is not None or args.notebook is not None:
@@ -291,7 +369,7 @@ def _hints(chapters: Sequence[Chapter], chapter: Chapter, level: int, args, cons
 
 
 def variant_name(chapter: Chapter, path: Path) -> str:
-    return path.stem[len(chapter.key) + 1:]
+    return path.stem[len(chapter.key) + 1 :]
 
 
 def _variants(chapter: Chapter, chapters, args, console) -> int:
@@ -310,7 +388,9 @@ def _variants(chapter: Chapter, chapters, args, console) -> int:
         return EXIT_OK
     paths = variant_files(chapter, args.variant)
     if not paths:
-        raise UsageError(f"no variant {args.variant!r} for {chapter.key}; known: {', '.join(known) or 'none'}")
+        raise UsageError(
+            f"no variant {args.variant!r} for {chapter.key}; known: {', '.join(known) or 'none'}"
+        )
     options = _options(args)
     selectors = _selectors(chapter, args.exercise) if args.exercise else None
     all_caught = True
@@ -318,19 +398,35 @@ def _variants(chapter: Chapter, chapters, args, console) -> int:
     for path in paths:
         code = from_file(path, chapter, missing="reference", origin=f"judge/variants/{path.name}")
         name = variant_name(chapter, path)
-        verdict = judge(chapters, {chapter.key: code}, options, mode=f"variant {name}",
-                        origin=variant_doc(path), selectors=selectors)
+        verdict = judge(
+            chapters,
+            {chapter.key: code},
+            options,
+            mode=f"variant {name}",
+            origin=variant_doc(path),
+            selectors=selectors,
+        )
         caught = [t.test for t in verdict.tests if not t.ok]
         broken = bool(code.problems) or any(t.standin for t in verdict.tests)
         all_caught &= bool(caught) and not broken
-        results.append({"variant": name, "caught_by": caught, "broken": broken,
-                        "verdict": report.to_json(verdict, chapters)})
+        results.append(
+            {
+                "variant": name,
+                "caught_by": caught,
+                "broken": broken,
+                "verdict": report.to_json(verdict, chapters),
+            }
+        )
         if not args.json:
             report.render(verdict, chapters, console, verbose=args.verbose)
             if broken:
-                console.print(Text(f"variant {name} itself does not load: see above", style="bold red"))
+                console.print(
+                    Text(f"variant {name} itself does not load: see above", style="bold red")
+                )
             elif caught:
-                console.print(Text(f"variant {name} is caught by {len(caught)} test(s).", style="bold green"))
+                console.print(
+                    Text(f"variant {name} is caught by {len(caught)} test(s).", style="bold green")
+                )
             else:
                 console.print(Text(f"variant {name} is NOT caught by any test.", style="bold red"))
             console.print()

@@ -26,18 +26,33 @@ import sys
 import threading
 from typing import Dict, List, Tuple
 
-BASE = ["pytest", "pytest_timeout", "judge.timer", "_pytest.python", "_pytest.assertion.rewrite", "judge.plugin",
-        "judge.swap"]
+BASE = [
+    "pytest",
+    "pytest_timeout",
+    "judge.timer",
+    "_pytest.python",
+    "_pytest.assertion.rewrite",
+    "judge.plugin",
+    "judge.swap",
+]
 # What minisgl's tests import: the engine, and transformers for the Hugging Face references.
 ENGINE = ["torch", "safetensors.torch", "tokenizers", "minisgl.llm", "minisgl.tiny_engine"]
-REFERENCES = ["transformers", "transformers.models.qwen3.modeling_qwen3", "transformers.models.llama.modeling_llama"]
+REFERENCES = [
+    "transformers",
+    "transformers.models.qwen3.modeling_qwen3",
+    "transformers.models.llama.modeling_llama",
+]
 
 
 def preload_for(modules: List[str], references: bool = True) -> List[str]:
     """Modules worth importing before forking, for runs whose targets live in `modules`.
     `references`: transformers too (the tests' Hugging Face references when their disk cache is
     cold; seconds to import, so not for a single learner run)."""
-    heavy = (ENGINE + (REFERENCES if references else [])) if any(m.split(".")[0] == "minisgl" for m in modules) else []
+    heavy = (
+        (ENGINE + (REFERENCES if references else []))
+        if any(m.split(".")[0] == "minisgl" for m in modules)
+        else []
+    )
     return BASE + heavy + [m for m in modules if m not in heavy]
 
 
@@ -74,11 +89,20 @@ class ForkServer:
 
     def __init__(self, repo: str, preload: List[str]) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([repo] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [repo] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
         env["PYTHONDONTWRITEBYTECODE"] = "1"
-        self.proc = subprocess.Popen([sys.executable, "-m", "judge.forkserver", *preload], cwd=repo, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "judge.forkserver", *preload],
+            cwd=repo,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        )
         self.ready = self.proc.stdout.readline().strip() == "ready"
         self.lock = threading.Lock()
         self.runs: Dict[int, _Run] = {}
@@ -104,14 +128,28 @@ class ForkServer:
             run.started.set()
             run.ended.set()
 
-    def run(self, args: List[str], env: Dict[str, str], cwd: str, output: str, time_left: float,
-            threads: int | None) -> Tuple[int | None, bool]:
+    def run(
+        self,
+        args: List[str],
+        env: Dict[str, str],
+        cwd: str,
+        output: str,
+        time_left: float,
+        threads: int | None,
+    ) -> Tuple[int | None, bool]:
         """Run `python -m pytest *args` in a forked child; returns (exit code, killed on time)."""
         run = _Run()
         with self.lock:
             rid = next(self.ids)
             self.runs[rid] = run
-            request = {"id": rid, "args": args, "env": env, "cwd": cwd, "output": output, "threads": threads}
+            request = {
+                "id": rid,
+                "args": args,
+                "env": env,
+                "cwd": cwd,
+                "output": output,
+                "threads": threads,
+            }
             try:
                 if not self.ready:
                     raise OSError("not running")
@@ -200,7 +238,7 @@ def serve(preload: List[str]) -> None:
 def _answer(msg: Dict) -> None:
     data = (json.dumps(msg) + "\n").encode()
     while data:
-        data = data[os.write(1, data):]
+        data = data[os.write(1, data) :]
 
 
 def _child(request: Dict) -> None:
@@ -220,9 +258,13 @@ def _child(request: Dict) -> None:
         for path in reversed(request["env"].get("PYTHONPATH", "").split(os.pathsep)):
             if path and path not in sys.path:
                 sys.path.insert(0, path)
-        if request.get("threads") and "torch" in sys.modules:  # preloaded: the env var is read too late
+        if (
+            request.get("threads") and "torch" in sys.modules
+        ):  # preloaded: the env var is read too late
             sys.modules["torch"].set_num_threads(int(request["threads"]))
-        if "minisgl.env" in sys.modules:  # preloaded: its switches were read with the server's environment
+        if (
+            "minisgl.env" in sys.modules
+        ):  # preloaded: its switches were read with the server's environment
             sys.modules["minisgl.env"].ENV.reload()
         import pytest
 

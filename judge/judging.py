@@ -8,8 +8,8 @@ import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, List, Sequence
 
 from .protocol import ExerciseSpec, SnippetSpec, UnitSpec
@@ -19,7 +19,13 @@ from .sources import LearnerCode
 
 # An exercise's status, in the order a learner cares about them.
 PASSING, FAILING, NOT_ATTEMPTED, ERROR, NO_TESTS, REFERENCE = (
-    "passing", "failing", "not attempted", "error", "no tests", "reference")
+    "passing",
+    "failing",
+    "not attempted",
+    "error",
+    "no tests",
+    "reference",
+)
 
 
 @dataclass
@@ -93,15 +99,21 @@ class Verdict:
     def passed_in(self, chapter: Chapter) -> bool:
         """Whether this chapter's own tests and exercises all passed (a cumulative run judges
         several)."""
-        return self._all_pass(self.tests_of(chapter), [e for e in self.exercises if e.chapter == chapter.key])
+        return self._all_pass(
+            self.tests_of(chapter), [e for e in self.exercises if e.chapter == chapter.key]
+        )
 
     def tests_of(self, chapter: Chapter) -> List[TestResult]:
         files = {f.name for f in chapter.test_files}
         return [t for t in self.tests if t.test.split("::")[0].rsplit("/", 1)[-1] in files]
 
     def _all_pass(self, tests: Sequence[TestResult], exercises: Sequence[ExerciseVerdict]) -> bool:
-        return (not self.general and bool(tests) and all(t.ok for t in tests)
-                and all(e.status in (PASSING, NO_TESTS, REFERENCE) for e in exercises))
+        return (
+            not self.general
+            and bool(tests)
+            and all(t.ok for t in tests)
+            and all(e.status in (PASSING, NO_TESTS, REFERENCE) for e in exercises)
+        )
 
     @property
     def counts(self) -> Dict[str, int]:
@@ -109,7 +121,6 @@ class Verdict:
         for t in self.tests:
             out[t.outcome] = out.get(t.outcome, 0) + 1
         return out
-
 
 
 def path_env(units: Sequence[UnitSpec], chapters: Sequence[Chapter]) -> Dict[str, str]:
@@ -129,22 +140,40 @@ def path_env(units: Sequence[UnitSpec], chapters: Sequence[Chapter]) -> Dict[str
 def spec_unit(code: LearnerCode, chapter: Chapter) -> UnitSpec:
     """What the test process swaps from: the snippets and, per exercise, whether to swap it and
     what is already known to be wrong with it."""
-    exercises = [ExerciseSpec(id=ex.id, name=ex.name, target=ex.target, swap=code.swaps(ex.name),
-                              problem=code.problems.get(ex.name), tests=list(ex.tests),
-                              attempted=code.attempted.get(ex.name, True))
-                 for ex in chapter.exercises]
+    exercises = [
+        ExerciseSpec(
+            id=ex.id,
+            name=ex.name,
+            target=ex.target,
+            swap=code.swaps(ex.name),
+            problem=code.problems.get(ex.name),
+            tests=list(ex.tests),
+            attempted=code.attempted.get(ex.name, True),
+        )
+        for ex in chapter.exercises
+    ]
     snippets = [SnippetSpec(s.label, s.source, s.exercise) for s in code.snippets]
     return UnitSpec(chapter.key, code.origin, code.missing, snippets, exercises)
 
 
-def judge(chapters: Sequence[Chapter], codes: Dict[str, LearnerCode | None], options: RunOptions,
-          mode: str = "learner", origin: str = "", selectors: Sequence[str] | None = None) -> Verdict:
+def judge(
+    chapters: Sequence[Chapter],
+    codes: Dict[str, LearnerCode | None],
+    options: RunOptions,
+    mode: str = "learner",
+    origin: str = "",
+    selectors: Sequence[str] | None = None,
+) -> Verdict:
     """Run the tests of `chapters` (or only `selectors`, 'file::test' ids) with `codes[chapter]`
     swapped in (None: the reference stays)."""
     filtered = selectors is not None or bool(options.keyword)
     start = time.monotonic()
     units = [spec_unit(codes[c.key], c) for c in chapters if codes.get(c.key) is not None]
-    files: List[str] = list(selectors) if selectors is not None else [str(f) for c in chapters for f in c.test_files]
+    files: List[str] = (
+        list(selectors)
+        if selectors is not None
+        else [str(f) for c in chapters for f in c.test_files]
+    )
     general: List[str] = []
     for c in chapters:
         code = codes.get(c.key)
@@ -158,13 +187,23 @@ def judge(chapters: Sequence[Chapter], codes: Dict[str, LearnerCode | None], opt
     if not options.packages:  # the time a test spends in these counts against its budget
         packages = sorted({e.target.split(".")[0] for c in chapters for e in c.exercises})
         options = dataclasses.replace(options, packages=tuple(packages))
-    server = _fork_server(units, chapters, options) if mode == "learner" and len(chapters) == 1 else None
+    server = (
+        _fork_server(units, chapters, options) if mode == "learner" and len(chapters) == 1 else None
+    )
     if server is not None:
         options = dataclasses.replace(options, launcher=server)
     try:
         run = run_pytest(units, files, options) if files else RunResult()
-        verdict = Verdict(chapters=[c.key for c in chapters], mode=mode, origin=origin, device=options.device,
-                          exercises=[], tests=run.tests, general=general + run.general, wall=0.0)
+        verdict = Verdict(
+            chapters=[c.key for c in chapters],
+            mode=mode,
+            origin=origin,
+            device=options.device,
+            exercises=[],
+            tests=run.tests,
+            general=general + run.general,
+            wall=0.0,
+        )
         if mode in ("solution", "reference"):
             verdict.general += _stale_budgets(run)
         for c in chapters:
@@ -189,8 +228,13 @@ def _fork_server(units: List[UnitSpec], chapters: Sequence[Chapter], options: Ru
 
     swapped = [e for u in units for e in u.exercises if e.swap]
     attempted = [e for e in swapped if e.attempted and not e.problem]
-    if options.launcher is not None or options.device != "cpu" or not forkserver.available() \
-            or len(swapped) < 2 or not attempted:
+    if (
+        options.launcher is not None
+        or options.device != "cpu"
+        or not forkserver.available()
+        or len(swapped) < 2
+        or not attempted
+    ):
         return None
     modules = sorted({e.module for c in chapters for e in c.exercises})
     return forkserver.server_for(options.device, modules, references=False)
@@ -200,10 +244,14 @@ def _stale_budgets(run: RunResult) -> List[str]:
     """A reference run that spent more than a test's time budget: the budgets file is stale."""
     if not run.over_budget:
         return []
-    tests = ", ".join(t.split("::", 1)[-1] for t in list(run.over_budget)[:3]) + (" ..." if len(run.over_budget) > 3 else "")
-    return [f"the reference spent more than its time budget in {len(run.over_budget)} test(s) "
+    tests = ", ".join(t.split("::", 1)[-1] for t in list(run.over_budget)[:3]) + (
+        " ..." if len(run.over_budget) > 3 else ""
+    )
+    return [
+        f"the reference spent more than its time budget in {len(run.over_budget)} test(s) "
         f"({tests}): "
-            "the budgets are stale; measure them again with `python -m judge.budgets`"]
+        "the budgets are stale; measure them again with `python -m judge.budgets`"
+    ]
 
 
 def _selector(nodeid: str, chapter: Chapter) -> str:
@@ -213,7 +261,9 @@ def _selector(nodeid: str, chapter: Chapter) -> str:
     return f"{path}::{rest}"
 
 
-def _blame(verdict: Verdict, units: List[UnitSpec], chapter: Chapter, options: RunOptions, deadline: float) -> None:
+def _blame(
+    verdict: Verdict, units: List[UnitSpec], chapter: Chapter, options: RunOptions, deadline: float
+) -> None:
     """A test that goes through the whole engine judges several exercises at once, so one wrong
     function fails the tests of its neighbours too. An exercise whose failed tests all judge
     another of the learner's exercises that is not passing (failing, still a stub, or not loaded)
@@ -228,25 +278,38 @@ def _blame(verdict: Verdict, units: List[UnitSpec], chapter: Chapter, options: R
     at its first failed test, as many at a time as there are cores, forked from the
     run's server when it has one. The reruns share what is left of the run's time limit; an
     exercise not rerun in time stays failing."""
-    rerun = [ex for ex in verdict.exercises if ex.status == FAILING and _may_be_correct(ex, verdict)]
+    rerun = [
+        ex for ex in verdict.exercises if ex.status == FAILING and _may_be_correct(ex, verdict)
+    ]
     if not rerun:
         return
-    known = [e for e in verdict.exercises if e.status in (FAILING, NOT_ATTEMPTED, ERROR) and e not in rerun]
+    known = [
+        e
+        for e in verdict.exercises
+        if e.status in (FAILING, NOT_ATTEMPTED, ERROR) and e not in rerun
+    ]
 
     def passes(exercises: List[ExerciseVerdict], stop: bool) -> bool:
         left = deadline - time.monotonic()
         if left < 1:
             return False
-        failed = sorted({_selector(t.test, chapter) for ex in exercises for t in ex.tests if not t.ok})
-        run = run_pytest([u.only([ex.id for ex in exercises]) for u in units], failed,
-                         dataclasses.replace(options, time_limit=left, stop_at_first_failure=stop))
+        failed = sorted(
+            {_selector(t.test, chapter) for ex in exercises for t in ex.tests if not t.ok}
+        )
+        run = run_pytest(
+            [u.only([ex.id for ex in exercises]) for u in units],
+            failed,
+            dataclasses.replace(options, time_limit=left, stop_at_first_failure=stop),
+        )
         return bool(run.tests) and not run.general and all(t.ok for t in run.tests)
 
     def cleared(ex: ExerciseVerdict, instead: str) -> None:
         ex.status = PASSING
         failed = sum(not t.ok for t in ex.tests)
-        ex.note = f"correct on its own: its {failed} failed test(s) pass with the reference in " \
+        ex.note = (
+            f"correct on its own: its {failed} failed test(s) pass with the reference in "
             f"place of {instead}"
+        )
 
     if known and len(rerun) > 1 and passes(rerun, stop=True):
         names = ", ".join(e.name for e in known)
@@ -265,7 +328,9 @@ def _blame(verdict: Verdict, units: List[UnitSpec], chapter: Chapter, options: R
 
 def _may_be_correct(ex: ExerciseVerdict, verdict: Verdict) -> bool:
     """Whether every failed test of `ex` may have failed because of another exercise."""
-    suspects = [e for e in verdict.exercises if e is not ex and e.status in (FAILING, NOT_ATTEMPTED, ERROR)]
+    suspects = [
+        e for e in verdict.exercises if e is not ex and e.status in (FAILING, NOT_ATTEMPTED, ERROR)
+    ]
     for t in ex.tests:
         if t.ok or _not_run(t):
             continue  # a test not run after a timeout says nothing: the timeout decides
@@ -278,10 +343,16 @@ def _may_be_correct(ex: ExerciseVerdict, verdict: Verdict) -> bool:
 
 def _not_run(t: TestResult) -> bool:
     """Not run because an exercise it judges had already timed out (timer.py)."""
-    return t.outcome == "error" and (t.message or "").startswith("not run: ") and "already timed out" in t.message
+    return (
+        t.outcome == "error"
+        and (t.message or "").startswith("not run: ")
+        and "already timed out" in t.message
+    )
 
 
-def _exercise_verdict(ex: Exercise, code: LearnerCode | None, run: RunResult, filtered: bool) -> ExerciseVerdict:
+def _exercise_verdict(
+    ex: Exercise, code: LearnerCode | None, run: RunResult, filtered: bool
+) -> ExerciseVerdict:
     tests = [t for t in run.tests if ex.judges(t.test)]
     v = ExerciseVerdict(ex.chapter, ex.name, ex.target, PASSING, tests=tests)
     if code is None or not code.swaps(ex.name):

@@ -1,11 +1,11 @@
-"""`judge.check("chNN")` in a notebook's last cell: judge the definitions live in the kernel, without
-saving the notebook.
+"""`judge.check("chNN")` in a notebook's last cell: judge the definitions live in the kernel,
+without saving the notebook.
 
 The source of each exercise function is taken with `inspect.getsource` (IPython keeps every cell's
 source, so this works for functions defined in cells), together with the learner's own helpers the
-functions use (functions and classes defined in the notebook, modules they name, literal constants). The judging
-itself happens in a fresh subprocess, exactly as `python judge.py` does: the kernel never imports
-the engine for it and none of the learner's objects are touched.
+functions use (functions and classes defined in the notebook, modules they name, literal constants).
+The judging itself happens in a fresh subprocess, exactly as `python judge.py` does: the kernel
+never imports the engine for it and none of the learner's objects are touched.
 """
 
 from __future__ import annotations
@@ -19,9 +19,16 @@ from .registry import Chapter, load_registry
 from .sources import from_sources
 
 
-def check(chapter: str, namespace: Dict[str, Any] | None = None, device: str = "cpu",
-          timeout: float | None = None, time_limit: float | None = None, hint: int = 0, verbose: bool = False,
-          _depth: int = 1):
+def check(
+    chapter: str,
+    namespace: Dict[str, Any] | None = None,
+    device: str = "cpu",
+    timeout: float | None = None,
+    time_limit: float | None = None,
+    hint: int = 0,
+    verbose: bool = False,
+    _depth: int = 1,
+):
     """Judge `chapter` against the functions defined in `namespace` (default: the caller's globals,
     i.e. the notebook's). Shows the report and returns the verdict. The time limits default as for
     `python judge.py` (runner.RunOptions)."""
@@ -35,25 +42,39 @@ def check(chapter: str, namespace: Dict[str, Any] | None = None, device: str = "
     registry = load_registry()
     target = registry.chapter(chapter)
     sources = collect_sources(target, namespace)
-    code = from_sources(target, sources, origin="live notebook",
-                        missing_hint=" in the kernel (run the exercise's cell first)")
+    code = from_sources(
+        target,
+        sources,
+        origin="live notebook",
+        missing_hint=" in the kernel (run the exercise's cell first)",
+    )
     options = RunOptions(device=device, test_timeout=timeout, time_limit=time_limit)
 
     def run():
-        verdict = judge([target], {target.key: code}, options, mode="learner", origin="the live notebook")
-        progress.record(verdict, [target], {target.key: code})  # the notebook's standing, as a saved run's
+        verdict = judge(
+            [target], {target.key: code}, options, mode="learner", origin="the live notebook"
+        )
+        # the notebook's standing, as a saved run's
+        progress.record(verdict, [target], {target.key: code})
         return verdict
 
     def render(verdict, console) -> None:
-        report.render(verdict, [target], console, hint_level=hint, verbose=verbose,
-                      hint_command=f'judge.check("{target.key}", hint=1)')
+        report.render(
+            verdict,
+            [target],
+            console,
+            hint_level=hint,
+            verbose=verbose,
+            hint_command=f'judge.check("{target.key}", hint=1)',
+        )
 
     verdict = notebook_report.shown(_running_line(target, device), run, render)
     return _Shown(verdict)
 
 
 def _running_line(chapter: Chapter, device: str) -> str:
-    """"judging ch11: running its 23 tests on cpu" (the count from the budgets file, when it knows)."""
+    """ "judging ch11: running its 23 tests on cpu" (the count from the budgets file, when it
+    knows)."""
     from . import budgets
 
     names = {f.name for f in chapter.test_files}
@@ -92,7 +113,9 @@ def collect_sources(chapter: Chapter, namespace: Dict[str, Any]) -> Dict[str | N
             continue  # not defined here (e.g. minisgl's own, imported): reported as missing
         src = _source(fn)
         if src is None:
-            out[ex.name] = f"{ex.attr} = None  # the judge could not read the source of `{ex.attr}`\n"
+            out[ex.name] = (
+                f"{ex.attr} = None  # the judge could not read the source of `{ex.attr}`\n"
+            )
             continue
         seen.add(id(fn))
         out[ex.name] = src
@@ -120,8 +143,14 @@ def _source(obj: Any) -> str | None:
         return None
 
 
-def _helpers(fn: types.FunctionType, namespace: Dict[str, Any], home: str, seen: Set[int], out: List[str],
-             extra: Set[str] = frozenset()) -> None:
+def _helpers(
+    fn: types.FunctionType,
+    namespace: Dict[str, Any],
+    home: str,
+    seen: Set[int],
+    out: List[str],
+    extra: Set[str] = frozenset(),
+) -> None:
     """Add the notebook-defined functions, classes and constants `fn` refers to (transitively)."""
     for name in sorted(_global_names(fn.__code__) | set(extra)):
         value = namespace.get(name)
@@ -132,12 +161,19 @@ def _helpers(fn: types.FunctionType, namespace: Dict[str, Any], home: str, seen:
             real = value.__name__
             out.append(f"import {real}" if real == name else f"import {real} as {name}")
             continue
-        if isinstance(value, (int, float, str, bool, tuple)) and not isinstance(value, type) and _literal(value):
+        if (
+            isinstance(value, (int, float, str, bool, tuple))
+            and not isinstance(value, type)
+            and _literal(value)
+        ):
             seen.add(id(value))
             out.append(f"{name} = {value!r}")
             continue
         inner = _function_of(value) or value
-        if not isinstance(inner, (types.FunctionType, type)) or getattr(inner, "__module__", None) != home:
+        if (
+            not isinstance(inner, (types.FunctionType, type))
+            or getattr(inner, "__module__", None) != home
+        ):
             continue  # imported from a library or from minisgl: the reference module has its own
         src = _source(inner)
         if src is None:
@@ -156,7 +192,12 @@ def _decorator_names(source: str) -> Set[str]:
         node = ast.parse(source).body[0]
     except (SyntaxError, IndexError):
         return set()
-    return {n.id for d in getattr(node, "decorator_list", []) for n in ast.walk(d) if isinstance(n, ast.Name)}
+    return {
+        n.id
+        for d in getattr(node, "decorator_list", [])
+        for n in ast.walk(d)
+        if isinstance(n, ast.Name)
+    }
 
 
 def _global_names(code: types.CodeType) -> Set[str]:
@@ -164,7 +205,9 @@ def _global_names(code: types.CodeType) -> Set[str]:
     helper that happens to share one (`wait_stream`) must not be carried along."""
     import dis
 
-    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    names = {
+        i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")
+    }
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _global_names(const)

@@ -23,15 +23,35 @@ T = TypeVar("T")
 
 # Readable on white and on near-black alike (rich's default export theme has #800000 for red).
 THEME = TerminalTheme(
-    (255, 255, 255), (0, 0, 0),
-    [(0, 0, 0), (211, 47, 47), (56, 142, 60), (181, 137, 0), (25, 118, 210), (194, 24, 91), (0, 131, 143),
-     (136, 136, 136)],
-    [(100, 100, 100), (229, 57, 53), (67, 160, 71), (205, 155, 0), (30, 136, 229), (216, 27, 96),
-     (0, 151, 167), (160, 160, 160)],
+    (255, 255, 255),
+    (0, 0, 0),
+    [
+        (0, 0, 0),
+        (211, 47, 47),
+        (56, 142, 60),
+        (181, 137, 0),
+        (25, 118, 210),
+        (194, 24, 91),
+        (0, 131, 143),
+        (136, 136, 136),
+    ],
+    [
+        (100, 100, 100),
+        (229, 57, 53),
+        (67, 160, 71),
+        (205, 155, 0),
+        (30, 136, 229),
+        (216, 27, 96),
+        (0, 151, 167),
+        (160, 160, 160),
+    ],
 )
-PRE = ("<pre class='minisgl-judge' style='margin:0;padding:2px 0;white-space:pre-wrap;overflow-wrap:break-word;word-break:normal;"
-       "line-height:1.45;font-size:var(--jp-code-font-size,13px);"
-       "font-family:var(--jp-code-font-family,monospace);background:none;color:inherit'>{code}</pre>")
+PRE = (
+    "<pre class='minisgl-judge' style='margin:0;padding:2px "
+    "0;white-space:pre-wrap;overflow-wrap:break-word;word-break:normal;"
+    "line-height:1.45;font-size:var(--jp-code-font-size,13px);"
+    "font-family:var(--jp-code-font-family,monospace);background:none;color:inherit'>{code}</pre>"
+)
 WIDTH = 100  # the table's width; long lines are not cut at it (soft wrap), the browser wraps them
 
 
@@ -45,8 +65,16 @@ def in_notebook() -> bool:
 
 
 def recording_console() -> Console:
-    return Console(record=True, file=io.StringIO(), width=WIDTH, soft_wrap=True, highlight=False,
-                   color_system="truecolor", force_jupyter=False, force_terminal=True)
+    return Console(
+        record=True,
+        file=io.StringIO(),
+        width=WIDTH,
+        soft_wrap=True,
+        highlight=False,
+        color_system="truecolor",
+        force_jupyter=False,
+        force_terminal=True,
+    )
 
 
 def as_html(console: Console) -> str:

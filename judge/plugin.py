@@ -18,7 +18,17 @@ from typing import Any, Dict, List
 import pytest
 
 from . import settings
-from .protocol import Collected, CollectError, Event, Fatal, Finished, Result, RunSpec, Start, Swapped
+from .protocol import (
+    Collected,
+    CollectError,
+    Event,
+    Fatal,
+    Finished,
+    Result,
+    RunSpec,
+    Start,
+    Swapped,
+)
 
 SPEC_ENV = settings.SPEC.name
 SENTINEL = re.compile(r"^(ch\d\d\.\w+):")
@@ -53,7 +63,9 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     _judge = _Judge(path)
     if _judge.spec.device == "cuda" and not _cuda_available():
-        _judge.write(Fatal("--device cuda, but there is no usable CUDA GPU here (use --device cpu, or auto)"))
+        _judge.write(
+            Fatal("--device cuda, but there is no usable CUDA GPU here (use --device cpu, or auto)")
+        )
         pytest.exit("no CUDA GPU", returncode=4)
     from . import swap
 
@@ -87,7 +99,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     from . import swap
 
     if _judge.swapped is not None:
-        swap.rescan(_judge.swapped, _judge.test_dirs)  # test modules hold module-level functions too
+        # test modules hold module-level functions too
+        swap.rescan(_judge.swapped, _judge.test_dirs)
     _judge.write(Collected([item.nodeid for item in session.items]))
 
 
@@ -141,7 +154,9 @@ def _final_record(nodeid: str, phases: List[pytest.TestReport]) -> Result:
             if isinstance(skip.longrepr, tuple) and len(skip.longrepr) == 3:
                 record.message = str(skip.longrepr[2]).removeprefix("Skipped: ")
         return record
-    info = getattr(bad, "_judge_info", None) or {"message": _shorten(str(bad.longrepr), keep_end=True)}
+    info = getattr(bad, "_judge_info", None) or {
+        "message": _shorten(str(bad.longrepr), keep_end=True)
+    }
     for name in ("message", "sentinel", "standin", "where", "culprit"):
         if name in info:
             setattr(record, name, info[name])
@@ -159,13 +174,23 @@ def _describe(excinfo: pytest.ExceptionInfo) -> Dict[str, Any]:
 
     exc = excinfo.value
     chain = _chain(exc)
-    sentinel = next((m.group(1) for e in chain if isinstance(e, NotImplementedError)
-                     for m in [SENTINEL.match(str(e))] if m), None)
+    sentinel = next(
+        (
+            m.group(1)
+            for e in chain
+            if isinstance(e, NotImplementedError)
+            for m in [SENTINEL.match(str(e))]
+            if m
+        ),
+        None,
+    )
     standin = any(isinstance(e, LearnerCodeError) for e in chain)
     if isinstance(exc, AssertionError):
         message = _assertion_message(str(exc)) or _bare_assert(exc)
     elif sentinel or standin:
-        message = str(next(e for e in chain if isinstance(e, (NotImplementedError, LearnerCodeError))))
+        message = str(
+            next(e for e in chain if isinstance(e, (NotImplementedError, LearnerCodeError)))
+        )
         message = f"{'NotImplementedError' if sentinel else 'LearnerCodeError'}: {message}"
     else:
         message = excinfo.exconly()
@@ -175,8 +200,13 @@ def _describe(excinfo: pytest.ExceptionInfo) -> Dict[str, Any]:
     timeout = isinstance(exc, BaseException) and "Timeout" in text and "pytest-timeout" in text
     if timeout:
         text = "the test did not finish in time (an endless loop, or far too slow)"
-    return {"message": _shorten(summarize_reprs(text)), "sentinel": sentinel, "standin": standin,
-            "where": None if timeout else _learner_frame(chain), "timeout": timeout}
+    return {
+        "message": _shorten(summarize_reprs(text)),
+        "sentinel": sentinel,
+        "standin": standin,
+        "where": None if timeout else _learner_frame(chain),
+        "timeout": timeout,
+    }
 
 
 def _assertion_message(text: str) -> str:
@@ -192,7 +222,9 @@ def _assertion_message(text: str) -> str:
     own = "\n".join(lines[:start]).strip()
     if own:
         return own
-    explanation = [ln.strip() for ln in lines[start + 1:] if ln.strip() and not ln.lstrip().startswith("+")]
+    explanation = [
+        ln.strip() for ln in lines[start + 1 :] if ln.strip() and not ln.lstrip().startswith("+")
+    ]
     detail = next((ln for ln in explanation if ln.startswith(DETAIL_PREFIX)), None)
     return lines[start] + (f" ({detail})" if detail else "")
 
@@ -204,7 +236,8 @@ def _bare_assert(exc: AssertionError) -> str:
     if not frames:
         return "AssertionError (without a message)"
     f = frames[-1]
-    learners = _judge is not None and f.filename in _judge.labels  # its "in your code" line says where
+    # its "in your code" line says where
+    learners = _judge is not None and f.filename in _judge.labels
     where = "" if learners else f" ({_short_path(f.filename)}, line {f.lineno})"
     return f"an assert without a message failed{where}: {(f.line or '').strip()[:100]}"
 
@@ -261,7 +294,11 @@ def pytest_assertrepr_compare(config, op: str, left: Any, right: Any):
     if _judge is None:
         return None
     line = f"{brief(left)} {op} {brief(right)}"
-    if op == "==" and isinstance(left, (list, tuple, str)) and isinstance(right, (list, tuple, str)):
+    if (
+        op == "=="
+        and isinstance(left, (list, tuple, str))
+        and isinstance(right, (list, tuple, str))
+    ):
         i = next((i for i, (a, b) in enumerate(zip(left, right)) if a != b), None)
         if i is not None:
             return [line, f"{DETAIL_PREFIX} at index {i}, {brief(left[i])} != {brief(right[i])}"]
@@ -285,9 +322,11 @@ def summarize_reprs(text: str) -> str:
         end = _closing(text, m.end() - 1)
         if end is None or end - m.start() <= REPR_MAX:
             continue
-        out.append(text[pos:m.start()] + "tensor([...])")
+        out.append(text[pos : m.start()] + "tensor([...])")
         pos = end + 1
-        if text[pos:pos + 1] == ")":  # the repr's own closing parenthesis (after `, dtype=...` too)
+        if (
+            text[pos : pos + 1] == ")"
+        ):  # the repr's own closing parenthesis (after `, dtype=...` too)
             pos += 1
         elif text.startswith(", ", pos):
             close = text.find(")", pos)
@@ -334,8 +373,9 @@ def _learner_frame(chain: List[BaseException]) -> str | None:
     return None
 
 
-def _shorten(text: str, keep_end: bool = False, max_lines: int | None = None,
-             max_chars: int | None = None) -> str:
+def _shorten(
+    text: str, keep_end: bool = False, max_lines: int | None = None, max_chars: int | None = None
+) -> str:
     """At most `max_lines` lines and `max_chars` characters: a test's message is short (it is read
     in a list of failures), a collection error keeps its end (where the traceback says what
     broke)."""

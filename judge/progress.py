@@ -33,12 +33,18 @@ def progress_path() -> Path:
 def load() -> Dict:
     try:
         data = json.loads(progress_path().read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) and isinstance(data.get("chapters"), dict) else {"chapters": {}}
+        return (
+            data
+            if isinstance(data, dict) and isinstance(data.get("chapters"), dict)
+            else {"chapters": {}}
+        )
     except (OSError, ValueError):
         return {"chapters": {}}  # missing or damaged: start afresh rather than fail
 
 
-def record(verdict: Verdict, chapters: Sequence[Chapter], codes: Dict[str, LearnerCode] | None = None) -> None:
+def record(
+    verdict: Verdict, chapters: Sequence[Chapter], codes: Dict[str, LearnerCode] | None = None
+) -> None:
     """Remember the outcome of judging the learner's notebook (saved, or live in the kernel), per
     chapter and exercise, with a fingerprint of each exercise's code (see `fingerprints`). Only the
     notebook's runs come here: a `--file` run is shown, not recorded (cli.py)."""
@@ -87,15 +93,25 @@ def passing_now(chapter: Chapter, code: LearnerCode) -> Set[str]:
     entry = load()["chapters"].get(chapter.key) or {}
     status, prints = entry.get("exercises", {}), entry.get("fingerprints")
     now = fingerprints(code, chapter)
-    return {name for name, st in status.items()
-            if st in (PASSING, NO_TESTS) and code.attempted.get(name)
-            and (prints is None or (name in now and prints.get(name) == now[name]))}
+    return {
+        name
+        for name, st in status.items()
+        if st in (PASSING, NO_TESTS)
+        and code.attempted.get(name)
+        and (prints is None or (name in now and prints.get(name) == now[name]))
+    }
 
 
 def show(registry: Registry, notebooks_dir: Path, console: Console) -> None:
     data = load()["chapters"]
-    table = Table(title="minisgl workbook: progress", title_style="bold", header_style="bold",
-                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table = Table(
+        title="minisgl workbook: progress",
+        title_style="bold",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     table.add_column("chapter", no_wrap=True, min_width=7)
     table.add_column("title", no_wrap=True, overflow="ellipsis", max_width=28)
     for col in ("tried", "passing"):
@@ -113,16 +129,22 @@ def show(registry: Registry, notebooks_dir: Path, console: Console) -> None:
         entry = data.get(chapter.key)
         if entry:
             ok = sum(s in (PASSING, NO_TESTS) for s in entry.get("exercises", {}).values())
-            passing = Text(f"{ok}/{n}", style="green" if entry.get("passed") else "yellow" if ok else "red")
+            passing = Text(
+                f"{ok}/{n}", style="green" if entry.get("passed") else "yellow" if ok else "red"
+            )
             last = str(entry.get("last_run", "?")).replace("T", " ")[5:16]
             tests = f"{entry.get('tests_passed', 0)}/{entry.get('tests_total', 0)}"
         else:
             passing, last, tests = Text("-"), "never", "-"
         table.add_row(chapter.key, chapter.title, attempted, passing, last, tests)
     console.print(table)
-    console.print(Text("tried: exercises no longer a stub in the saved notebook; passing: at its last "
-        "judged run\n"
-                       "(python judge.py chNN, or judge.check in the notebook; --file runs are not "
-                       "recorded).\n"
-                       "Judge a chapter: python judge.py ch03   ·   all options: python judge.py --help",
-                       style="dim"))
+    console.print(
+        Text(
+            "tried: exercises no longer a stub in the saved notebook; passing: at its last "
+            "judged run\n"
+            "(python judge.py chNN, or judge.check in the notebook; --file runs are not "
+            "recorded).\n"
+            "Judge a chapter: python judge.py ch03   ·   all options: python judge.py --help",
+            style="dim",
+        )
+    )

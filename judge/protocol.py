@@ -22,7 +22,9 @@ from typing import Any, ClassVar, Dict, List, Sequence, Type
 class SnippetSpec:
     label: str  # the file name tracebacks show ("ch11_overlap.ipynb cell 14")
     source: str
-    exercise: str | None = None  # the exercise it defines; None: support code every exercise may use
+    exercise: str | None = (
+        None  # the exercise it defines; None: support code every exercise may use
+    )
 
 
 @dataclass
@@ -31,7 +33,9 @@ class ExerciseSpec:
     name: str
     target: str  # "package.module:Class.attr"
     swap: bool  # put the learner's code in place (False: the reference stays)
-    problem: str | None = None  # already known to be unusable (sources.py found it): a stand-in goes in
+    problem: str | None = (
+        None  # already known to be unusable (sources.py found it): a stand-in goes in
+    )
     tests: List[str] = field(default_factory=list)  # the registry's tests of this exercise
     attempted: bool = True  # False: still the stub
 
@@ -58,8 +62,12 @@ class UnitSpec:
         """This unit with only these exercises swapped in; every other one is left to the
         reference."""
         keep = set(exercise_ids)
-        return dataclasses.replace(self, exercises=[dataclasses.replace(e, swap=e.swap and e.id in keep)
-                                                    for e in self.exercises])
+        return dataclasses.replace(
+            self,
+            exercises=[
+                dataclasses.replace(e, swap=e.swap and e.id in keep) for e in self.exercises
+            ],
+        )
 
 
 @dataclass
@@ -86,9 +94,11 @@ class RunSpec:
     results: str  # the events file the child appends to
     units: List[UnitSpec] = field(default_factory=list)
     test_dirs: List[str] = field(default_factory=list)
-    done: List[str] = field(default_factory=list)  # tests of an earlier, interrupted attempt: not run again
+    # tests of an earlier, interrupted attempt: not run again
+    done: List[str] = field(default_factory=list)
     device: str = "cpu"
-    timed_out: Dict[str, str] = field(default_factory=dict)  # exercise id -> the test it timed out in
+    # exercise id -> the test it timed out in
+    timed_out: Dict[str, str] = field(default_factory=dict)
     budget: BudgetSpec | None = None  # None: no budgets (no signals here), only the hard cap
 
     @property
@@ -105,9 +115,16 @@ class RunSpec:
     @classmethod
     def from_json(cls, text: str) -> "RunSpec":
         data = json.loads(text)
-        units = [UnitSpec(**{**u, "snippets": [SnippetSpec(**s) for s in u["snippets"]],
-                             "exercises": [ExerciseSpec(**e) for e in u["exercises"]]})
-                 for u in data.pop("units", [])]
+        units = [
+            UnitSpec(
+                **{
+                    **u,
+                    "snippets": [SnippetSpec(**s) for s in u["snippets"]],
+                    "exercises": [ExerciseSpec(**e) for e in u["exercises"]],
+                }
+            )
+            for u in data.pop("units", [])
+        ]
         budget = data.pop("budget", None)
         return cls(**data, units=units, budget=BudgetSpec(**budget) if budget is not None else None)
 
@@ -136,7 +153,8 @@ class Swapped(Event):
     """The learner's code is in place (or stand-ins where it could not be)."""
 
     kind: ClassVar[str] = "swapped"
-    problems: Dict[str, str] = field(default_factory=dict)  # exercise id -> why its code is not in place
+    # exercise id -> why its code is not in place
+    problems: Dict[str, str] = field(default_factory=dict)
     general: List[str] = field(default_factory=list)  # problems not tied to one exercise
 
 
@@ -168,7 +186,9 @@ class Result(Event):
     outcome: str = "passed"
     duration: float = 0.0
     message: str | None = None  # one short line or three: what was expected, what happened
-    sentinel: str | None = None  # "chNN.name" when the exercise stub's NotImplementedError caused it
+    sentinel: str | None = (
+        None  # "chNN.name" when the exercise stub's NotImplementedError caused it
+    )
     standin: bool = False  # failed because an exercise's code could not be put in place
     where: str | None = None  # the learner's line the failure came from
     culprit: str | None = None  # a timeout: the exercise whose code was running
@@ -205,8 +225,10 @@ class Fatal(Event):
     message: str = ""
 
 
-EVENTS: Dict[str, Type[Event]] = {c.kind: c for c in (Swapped, Collected, CollectError, Start, Result, CpuTime,
-                                                      OverBudget, Finished, Fatal)}
+EVENTS: Dict[str, Type[Event]] = {
+    c.kind: c
+    for c in (Swapped, Collected, CollectError, Start, Result, CpuTime, OverBudget, Finished, Fatal)
+}
 
 
 def event_from_json(line: str) -> Event | None:

@@ -144,7 +144,9 @@ def load_registry(path: str | Path | None = None) -> Registry:
     for key, table in raw.items():
         if chapter_key(key) != key or not isinstance(table, dict):
             raise RegistryError(f"{path}: [{key}] is not a chapter table like [ch03]")
-        exercises = tuple(_exercise(path, key, i, e) for i, e in enumerate(table.get("exercises", [])))
+        exercises = tuple(
+            _exercise(path, key, i, e) for i, e in enumerate(table.get("exercises", []))
+        )
         names = [e.name for e in exercises]
         if len(set(names)) != len(names):
             raise RegistryError(f"{path}: [{key}] lists an exercise name twice")
@@ -166,19 +168,35 @@ def _exercise(path: Path, chapter: str, i: int, e: object) -> Exercise:
         if not isinstance(e.get(field), str) or not e[field]:
             raise RegistryError(f"{where} needs a `{field}` string")
     if not re.fullmatch(r"[\w.]+:[\w.]+", e["target"]):
-        raise RegistryError(f"{where}: target {e['target']!r} is not 'package.module:Qualified.name'")
+        raise RegistryError(
+            f"{where}: target {e['target']!r} is not 'package.module:Qualified.name'"
+        )
     for field in ("tests", "hints"):
         if not all(isinstance(x, str) for x in e.get(field, [])):
             raise RegistryError(f"{where}: `{field}` must be a list of strings")
     equivalents = []
     for m in e.get("equivalent_mutants", []):
-        if not (isinstance(m, dict) and isinstance(m.get("id"), str) and isinstance(m.get("why"), str)
-                and m["id"] and m["why"].strip()):
-            raise RegistryError(f"{where}: each of `equivalent_mutants` needs an `id` and a `why` string")
+        if not (
+            isinstance(m, dict)
+            and isinstance(m.get("id"), str)
+            and isinstance(m.get("why"), str)
+            and m["id"]
+            and m["why"].strip()
+        ):
+            raise RegistryError(
+                f"{where}: each of `equivalent_mutants` needs an `id` and a `why` string"
+            )
         equivalents.append((m["id"], m["why"].strip()))
-    return Exercise(chapter=chapter, name=e["name"], target=e["target"], tests=tuple(e.get("tests", [])),
-                    hints=tuple(e.get("hints", [])), todo=str(e.get("todo", "")),
-                    equivalent_mutants=tuple(equivalents), engine_env=_engine_env(where, e.get("engine_env", {})))
+    return Exercise(
+        chapter=chapter,
+        name=e["name"],
+        target=e["target"],
+        tests=tuple(e.get("tests", [])),
+        hints=tuple(e.get("hints", [])),
+        todo=str(e.get("todo", "")),
+        equivalent_mutants=tuple(equivalents),
+        engine_env=_engine_env(where, e.get("engine_env", {})),
+    )
 
 
 def _engine_env(where: str, table: object) -> Tuple[Tuple[str, str], ...]:
@@ -187,12 +205,16 @@ def _engine_env(where: str, table: object) -> Tuple[Tuple[str, str], ...]:
     from minisgl.env import SETTINGS
 
     if not isinstance(table, dict):
-        raise RegistryError(f"{where}: `engine_env` must be a table like {{ MINISGL_FUSED_KERNELS = \"0\" }}")
+        raise RegistryError(
+            f'{where}: `engine_env` must be a table like {{ MINISGL_FUSED_KERNELS = "0" }}'
+        )
     known = {s.name: s for s in SETTINGS}
     for name, value in table.items():
         if name not in known:
-            raise RegistryError(f"{where}: engine_env names {name}, which is not a setting of minisgl/env.py "
-                                f"(they are {', '.join(known)})")
+            raise RegistryError(
+                f"{where}: engine_env names {name}, which is not a setting of minisgl/env.py "
+                f"(they are {', '.join(known)})"
+            )
         if not isinstance(value, str):
             raise RegistryError(f"{where}: engine_env {name} must be a string, got {value!r}")
         try:

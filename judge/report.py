@@ -13,7 +13,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .judging import ERROR, FAILING, NO_TESTS, NOT_ATTEMPTED, PASSING, REFERENCE, ExerciseVerdict, Verdict
+from .judging import (
+    ERROR,
+    FAILING,
+    NO_TESTS,
+    NOT_ATTEMPTED,
+    PASSING,
+    REFERENCE,
+    ExerciseVerdict,
+    Verdict,
+)
 from .registry import Chapter, Exercise
 from .runner import TestResult
 
@@ -26,13 +35,24 @@ STATUS_STYLE = {
     REFERENCE: ("= reference", "dim"),
 }
 OUTCOME_STYLE = {
-    "passed": ("✔", "green"), "skipped": ("–", "dim"), "failed": ("✘", "red"), "error": ("!", "red"),
-    "timeout": ("⧗", "magenta"), "crashed": ("☠", "bold red"),
+    "passed": ("✔", "green"),
+    "skipped": ("–", "dim"),
+    "failed": ("✘", "red"),
+    "error": ("!", "red"),
+    "timeout": ("⧗", "magenta"),
+    "crashed": ("☠", "bold red"),
 }
 
 
-def render(verdict: Verdict, chapters: Sequence[Chapter], console: Console, hint_level: int = 0,
-           verbose: bool = False, hint_command: str | None = None, not_recorded: str | None = None) -> None:
+def render(
+    verdict: Verdict,
+    chapters: Sequence[Chapter],
+    console: Console,
+    hint_level: int = 0,
+    verbose: bool = False,
+    hint_command: str | None = None,
+    not_recorded: str | None = None,
+) -> None:
     """The report. `hint_command`: how to ask for hints where the learner is (a notebook cell or a
     terminal); `not_recorded`: why this run is not saved as the learner's progress (last line)."""
     console.print(_title(verdict, chapters))
@@ -47,8 +67,10 @@ def render(verdict: Verdict, chapters: Sequence[Chapter], console: Console, hint
     for ex in verdict.exercises:
         label, style = STATUS_STYLE[ex.status]
         name = ex.id if len(verdict.chapters) > 1 else ex.name
-        tests = Text(f"{ex.passed_count}/{len(ex.tests)}" if ex.tests else "-",
-                     style="red" if ex.status in (FAILING, ERROR) else "")
+        tests = Text(
+            f"{ex.passed_count}/{len(ex.tests)}" if ex.tests else "-",
+            style="red" if ex.status in (FAILING, ERROR) else "",
+        )
         if ex.alone:
             label += " on its own"
         elif ex.status == REFERENCE and verdict.mode == "learner":
@@ -65,35 +87,57 @@ def render(verdict: Verdict, chapters: Sequence[Chapter], console: Console, hint
     _summary(verdict, console)
     key = verdict.chapters[-1]
     if hint_level:
-        render_hints(hinted(chapters, {e.id: e.status for e in verdict.exercises}), console, hint_level,
-                     in_notebook=(hint_command or "").startswith("judge.check"))
-    elif verdict.mode == "learner" and not verdict.passed and any(
-            e.status in (FAILING, NOT_ATTEMPTED) for e in verdict.exercises):
+        render_hints(
+            hinted(chapters, {e.id: e.status for e in verdict.exercises}),
+            console,
+            hint_level,
+            in_notebook=(hint_command or "").startswith("judge.check"),
+        )
+    elif (
+        verdict.mode == "learner"
+        and not verdict.passed
+        and any(e.status in (FAILING, NOT_ATTEMPTED) for e in verdict.exercises)
+    ):
         command = hint_command or f"python judge.py {key} --hint"
         more = "hint=2" if command.startswith("judge.check") else "--hint 2"
-        console.print(Text(f"Stuck? `{command}` gives a hint for each unfinished exercise ({more} for more).",
-                           style="dim"))
+        console.print(
+            Text(
+                f"Stuck? `{command}` gives a hint for each unfinished exercise ({more} for more).",
+                style="dim",
+            )
+        )
     if not_recorded:
         console.print(Text(f"not recorded in your progress: {not_recorded}", style="dim"))
 
 
 def _kind(verdict: Verdict) -> str:
-    return "notebook" if verdict.origin.endswith(".ipynb") or "notebook" in verdict.origin else "file"
+    return (
+        "notebook" if verdict.origin.endswith(".ipynb") or "notebook" in verdict.origin else "file"
+    )
 
 
 def _table_note(verdict: Verdict, not_in_file: List[str]) -> str:
     """What the tests column counts: each exercise's own tests, which overlap when a test runs the
     whole engine; so the column need not add up to the run's total, and the note says so."""
-    listed = [t for e in verdict.exercises if e.status != REFERENCE or verdict.mode != "learner" for t in e.tests]
+    listed = [
+        t
+        for e in verdict.exercises
+        if e.status != REFERENCE or verdict.mode != "learner"
+        for t in e.tests
+    ]
     shared = len(listed) > len({t.test for t in listed})
     note = f"tests: each exercise's own tests, of the {len(verdict.tests)} in this run"
     if shared:
-        note += " (a test that runs the engine judges several exercises, so it counts in each " \
+        note += (
+            " (a test that runs the engine judges several exercises, so it counts in each "
             "of their rows)"
+        )
     if not_in_file:
-        note += (f"\nnot in your {_kind(verdict)}, so the reference stayed in place: "
+        note += (
+            f"\nnot in your {_kind(verdict)}, so the reference stayed in place: "
             f"{', '.join(not_in_file)}"
-                 " (their tests still ran, with your code around them)")
+            " (their tests still ran, with your code around them)"
+        )
     return note
 
 
@@ -103,22 +147,30 @@ def _title(verdict: Verdict, chapters: Sequence[Chapter]) -> Text:
     else:
         head = f"{chapters[0].key}–{chapters[-1].key} (cumulative)"
     what = {"learner": f"judging {verdict.origin}", "solution": "the reference solution"}.get(
-        verdict.mode, verdict.mode + (f" ({verdict.origin})" if verdict.origin else ""))
+        verdict.mode, verdict.mode + (f" ({verdict.origin})" if verdict.origin else "")
+    )
     t = Text(head, style="bold")
     t.append(f"\n{what} · device {verdict.device} · {verdict.wall:.1f} s", style="dim")
     return t
 
 
-def _exercise_details(ex: ExerciseVerdict, verdict: Verdict, console: Console, verbose: bool) -> None:
+def _exercise_details(
+    ex: ExerciseVerdict, verdict: Verdict, console: Console, verbose: bool
+) -> None:
     name = ex.id if len(verdict.chapters) > 1 else ex.name
     if ex.status == ERROR and ex.problem:
         console.print(Text(f"! {name}: ", style="bold red") + Text(ex.problem))
     elif ex.status == NOT_ATTEMPTED:
         failed = len(ex.tests) - ex.passed_count
-        console.print(Text(f"· {name}: ", style="yellow") + Text(
-            f"not attempted yet (still the stub): {failed} of its {len(ex.tests)} test(s) "
-            "fail until you write it"
-            if ex.tests else "not attempted yet (still the stub)"))
+        console.print(
+            Text(f"· {name}: ", style="yellow")
+            + Text(
+                f"not attempted yet (still the stub): {failed} of its {len(ex.tests)} test(s) "
+                "fail until you write it"
+                if ex.tests
+                else "not attempted yet (still the stub)"
+            )
+        )
         return
     bad = [t for t in ex.tests if not t.ok and not _stub_failure(t, verdict)]
     stopped = [t for t in ex.tests if not t.ok and _stub_failure(t, verdict)]
@@ -136,12 +188,21 @@ def _exercise_details(ex: ExerciseVerdict, verdict: Verdict, console: Console, v
     shown = ex.tests if verbose else bad
     if ex.status == ERROR and not verbose:
         shown = [t for t in bad if not t.standin][:3]  # the stand-in's message is the problem above
-    _test_lines([t for t in shown], console, verbose, lambda t: ex.where(t) if ex.status != REFERENCE else None)
+    _test_lines(
+        [t for t in shown],
+        console,
+        verbose,
+        lambda t: ex.where(t) if ex.status != REFERENCE else None,
+    )
     if stopped and ex.status == FAILING and not verbose:
         stubs = sorted({t.sentinel.split(".", 1)[1] for t in stopped})
-        console.print(Text(f"   {len(stopped)} more of its failed test(s) stopped first at "
-            f"{', '.join(stubs)}, "
-                           "still a stub: they judge this exercise once that is written"))
+        console.print(
+            Text(
+                f"   {len(stopped)} more of its failed test(s) stopped first at "
+                f"{', '.join(stubs)}, "
+                "still a stub: they judge this exercise once that is written"
+            )
+        )
     console.print()
 
 
@@ -173,8 +234,9 @@ def _test_line(t: TestResult, console: Console, indent: str, where: str | None =
 
 def _stub_failure(t: TestResult, verdict: Verdict) -> bool:
     """Failed only because an exercise is still its stub (said once, on the exercise's line)."""
-    return t.sentinel is not None and any(e.id == t.sentinel and e.status == NOT_ATTEMPTED
-                                          for e in verdict.exercises)
+    return t.sentinel is not None and any(
+        e.id == t.sentinel and e.status == NOT_ATTEMPTED for e in verdict.exercises
+    )
 
 
 def _other_tests(verdict: Verdict, console: Console, verbose: bool) -> None:
@@ -184,8 +246,12 @@ def _other_tests(verdict: Verdict, console: Console, verbose: bool) -> None:
         return
     bad = [t for t in other if not t.ok and not _stub_failure(t, verdict)]
     passed = sum(t.ok for t in other)
-    console.print(Text(f"Other tests of the chapter (not tied to one exercise): {passed}/{len(other)} passed",
-                       style="bold" if bad else "dim"))
+    console.print(
+        Text(
+            f"Other tests of the chapter (not tied to one exercise): {passed}/{len(other)} passed",
+            style="bold" if bad else "dim",
+        )
+    )
     _test_lines(other if verbose else bad, console, verbose, lambda t: t.where)
     if bad or verbose:
         console.print()
@@ -198,7 +264,9 @@ def _summary(verdict: Verdict, console: Console) -> None:
     parts = [f"{passed}/{total} tests passed"]
     # Tests not run (after a timeout, or once the process had stopped) are errors to pytest, but
     # the lines above say "not run": so does the summary.
-    c["not run"] = sum(t.outcome == "error" and (t.message or "").startswith("not run: ") for t in verdict.tests)
+    c["not run"] = sum(
+        t.outcome == "error" and (t.message or "").startswith("not run: ") for t in verdict.tests
+    )
     c["error"] = c.get("error", 0) - c["not run"]
     for outcome in ("failed", "error", "timeout", "crashed", "not run", "skipped"):
         if c.get(outcome):
@@ -212,10 +280,14 @@ def _summary(verdict: Verdict, console: Console) -> None:
         parts.append(f"{untested} exercise(s) without tests run")
     style = "bold green" if verdict.passed else "bold red"
     head = "PASSED" if verdict.passed else "NOT PASSED"
-    console.print(Text(f"{head}: ", style=style) + Text(", ".join(parts) + f" ({verdict.wall:.1f} s)"))
+    console.print(
+        Text(f"{head}: ", style=style) + Text(", ".join(parts) + f" ({verdict.wall:.1f} s)")
+    )
 
 
-def hinted(chapters: Sequence[Chapter], status: Dict[str, str], only: str | None = None) -> List[Exercise]:
+def hinted(
+    chapters: Sequence[Chapter], status: Dict[str, str], only: str | None = None
+) -> List[Exercise]:
     """The exercises to give hints for: `only` (a name or id), else every one whose status (by id)
     is not passing."""
     exercises = [ex for chapter in chapters for ex in chapter.exercises]
@@ -224,26 +296,41 @@ def hinted(chapters: Sequence[Chapter], status: Dict[str, str], only: str | None
     return [ex for ex in exercises if status.get(ex.id) not in (PASSING, REFERENCE)]
 
 
-def render_hints(exercises: Sequence[Exercise], console: Console, level: int, in_notebook: bool = False) -> None:
+def render_hints(
+    exercises: Sequence[Exercise], console: Console, level: int, in_notebook: bool = False
+) -> None:
     """Hints 1..level for each of `exercises` (see `hinted`); `in_notebook`: asked with
     judge.check."""
     for ex in exercises:
         console.print(Text(f"Hints for {ex.id} (`def {ex.attr}`):", style="bold cyan"))
         if not ex.hints:
-            console.print(Text("   (no hints written for this exercise yet: read its docstring and the "
-                               "chapter's notebook)", style="dim"))
+            console.print(
+                Text(
+                    "   (no hints written for this exercise yet: read its docstring and the "
+                    "chapter's notebook)",
+                    style="dim",
+                )
+            )
         for i, h in enumerate(ex.hints[:level], start=1):
             console.print(Text(f"   {i}. ") + Text(h))
         if ex.hints and level < len(ex.hints):
             more = min(level + 1, len(ex.hints))
-            console.print(Text(f"   ({len(ex.hints) - level} more: "
-                f"{f'hint={more}' if in_notebook else f'--hint {more}'})",
-                               style="dim"))
+            console.print(
+                Text(
+                    f"   ({len(ex.hints) - level} more: "
+                    f"{f'hint={more}' if in_notebook else f'--hint {more}'})",
+                    style="dim",
+                )
+            )
     if not exercises:
-        console.print(Text("Every exercise here passed when your notebook was last judged, and none has "
-            "changed "
-                           "since: no hints needed (--exercise NAME shows one exercise's hints anyway).",
-                           style="green"))
+        console.print(
+            Text(
+                "Every exercise here passed when your notebook was last judged, and none has "
+                "changed "
+                "since: no hints needed (--exercise NAME shows one exercise's hints anyway).",
+                style="green",
+            )
+        )
 
 
 def to_json(verdict: Verdict, chapters: Sequence[Chapter], not_recorded: str | None = None) -> Dict:
@@ -262,10 +349,21 @@ def to_json(verdict: Verdict, chapters: Sequence[Chapter], not_recorded: str | N
         "counts": verdict.counts,
         "general": verdict.general,
         "exercises": [
-            {"id": e.id, "chapter": e.chapter, "name": e.name, "target": e.target, "status": e.status,
-             "problem": e.problem, "attempted": e.attempted, "note": e.note, "alone": e.alone,
-             "passed": e.passed_count, "total": len(e.tests), "tests": [t.test for t in e.tests],
-             "where": {t.test: e.where(t) for t in e.tests if not t.ok and e.where(t)}}
+            {
+                "id": e.id,
+                "chapter": e.chapter,
+                "name": e.name,
+                "target": e.target,
+                "status": e.status,
+                "problem": e.problem,
+                "attempted": e.attempted,
+                "note": e.note,
+                "alone": e.alone,
+                "passed": e.passed_count,
+                "total": len(e.tests),
+                "tests": [t.test for t in e.tests],
+                "where": {t.test: e.where(t) for t in e.tests if not t.ok and e.where(t)},
+            }
             for e in verdict.exercises
         ],
         "tests": [dataclasses.asdict(t) for t in verdict.tests],
@@ -276,4 +374,3 @@ def _short_id(nodeid: str) -> str:
     """'tests/test_ch01_core.py::test_x[a]' -> 'test_ch01_core.py::test_x[a]'."""
     path, sep, rest = nodeid.partition("::")
     return path.rsplit("/", 1)[-1] + sep + rest
-

@@ -31,8 +31,21 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from . import budgets as budgets_file
 from . import settings
-from .protocol import (Collected, CollectError, CpuTime, Event, Fatal, Finished, OverBudget, Result, RunSpec,
-                       Start, Swapped, UnitSpec, read_events)
+from .protocol import (
+    Collected,
+    CollectError,
+    CpuTime,
+    Event,
+    Fatal,
+    Finished,
+    OverBudget,
+    Result,
+    RunSpec,
+    Start,
+    Swapped,
+    UnitSpec,
+    read_events,
+)
 from .registry import REPO
 
 SPEC_ENV = settings.SPEC.name  # the spec file's path, for the test process (plugin.py)
@@ -46,15 +59,23 @@ MAX_RESTARTS = 3
 @dataclass
 class RunOptions:
     device: str = "cpu"  # cpu | cuda | auto
-    test_timeout: float | None = None  # per test, hard cap, seconds; None: 60 on a CPU, 120 where a GPU may be
+    test_timeout: float | None = (
+        None  # per test, hard cap, seconds; None: 60 on a CPU, 120 where a GPU may be
+    )
     time_limit: float | None = None  # whole run, seconds; None: 900
     keyword: str | None = None  # pytest -k
     threads: int | None = None  # torch/OpenMP threads in the subprocess (None: its default)
     env: Dict[str, str] = field(default_factory=dict)
-    launcher: Any = None  # a forkserver.ForkServer to fork the test process from (judging._fork_server)
-    stop_at_first_failure: bool = False  # pytest -x: mutation testing needs one failing test, not all
+    launcher: Any = (
+        None  # a forkserver.ForkServer to fork the test process from (judging._fork_server)
+    )
+    stop_at_first_failure: bool = (
+        False  # pytest -x: mutation testing needs one failing test, not all
+    )
     budgets: Dict | None = None  # the budgets file's content; None: read budgets.json (budgets.py)
-    packages: Tuple[str, ...] = ()  # whose running time counts against a budget; (): the targets' packages
+    packages: Tuple[
+        str, ...
+    ] = ()  # whose running time counts against a budget; (): the targets' packages
 
     def __post_init__(self) -> None:
         if self.test_timeout is None:
@@ -69,7 +90,9 @@ class TestResult:
     outcome: str  # passed | failed | error | skipped | timeout | crashed
     duration: float = 0.0
     message: str | None = None
-    sentinel: str | None = None  # "chNN.name" when the exercise stub's NotImplementedError caused it
+    sentinel: str | None = (
+        None  # "chNN.name" when the exercise stub's NotImplementedError caused it
+    )
     standin: bool = False  # failed because an exercise's code could not be put in place
     where: str | None = None  # the learner's line the failure came from
     culprit: str | None = None  # a timeout: the exercise ("chNN.name") whose code was running
@@ -85,21 +108,27 @@ class TestResult:
 @dataclass
 class RunResult:
     tests: List[TestResult] = field(default_factory=list)
-    problems: Dict[str, str] = field(default_factory=dict)  # exercise id -> why its code is not in place
+    # exercise id -> why its code is not in place
+    problems: Dict[str, str] = field(default_factory=dict)
     general: List[str] = field(default_factory=list)  # problems not tied to a test
     collected: List[str] = field(default_factory=list)
     output_tail: str = ""
-    over_budget: Dict[str, float] = field(default_factory=dict)  # a reference run: test -> budget it passed
+    # a reference run: test -> budget it passed
+    over_budget: Dict[str, float] = field(default_factory=dict)
 
 
-def run_pytest(units: List[UnitSpec], test_files: Sequence[str | Path], options: RunOptions) -> RunResult:
+def run_pytest(
+    units: List[UnitSpec], test_files: Sequence[str | Path], options: RunOptions
+) -> RunResult:
     """Run the tests (files, or 'file::test' node ids) with the units' code swapped in; never raises
     for anything learner code does."""
     start = time.monotonic()
     result = RunResult()
     missing = sorted({_file_of(f) for f in test_files if not Path(_file_of(f)).is_file()})
     if missing:
-        result.general.append("test file(s) not found: " + ", ".join(_rel(Path(m)) for m in missing))
+        result.general.append(
+            "test file(s) not found: " + ", ".join(_rel(Path(m)) for m in missing)
+        )
         return result
     tmp = Path(tempfile.mkdtemp(prefix="minisgl-judge-"))
     try:
@@ -107,16 +136,22 @@ def run_pytest(units: List[UnitSpec], test_files: Sequence[str | Path], options:
         for attempt in range(MAX_RESTARTS + 1):
             left = options.time_limit - (time.monotonic() - start)
             if left <= 1:
-                result.general.append(f"the run was stopped after its time limit of {options.time_limit:.0f} s")
+                result.general.append(
+                    f"the run was stopped after its time limit of {options.time_limit:.0f} s"
+                )
                 break
             finished = _one_process(units, test_files, options, tmp, attempt, done, left, result)
             if finished:
                 break
         else:
-            result.general.append(f"the test process died {MAX_RESTARTS + 1} times; the remaining tests were not run")
+            result.general.append(
+                f"the test process died {MAX_RESTARTS + 1} times; the remaining tests were not run"
+            )
         not_run = [t for t in result.collected if t not in {r.test for r in result.tests}]
         for t in not_run:
-            result.tests.append(TestResult(t, "error", message="not run: the test process had stopped"))
+            result.tests.append(
+                TestResult(t, "error", message="not run: the test process had stopped")
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
@@ -132,44 +167,95 @@ class _Launch:
     output: Path  # where a forked process's output goes
 
 
-def _one_process(units: List[UnitSpec], test_files, options: RunOptions, tmp: Path, attempt: int,
-                 done: List[str], time_left: float, result: RunResult) -> bool:
+def _one_process(
+    units: List[UnitSpec],
+    test_files,
+    options: RunOptions,
+    tmp: Path,
+    attempt: int,
+    done: List[str],
+    time_left: float,
+    result: RunResult,
+) -> bool:
     """One pytest process. Returns True when no further attempt is needed."""
     launch = _build(units, test_files, options, tmp, attempt, done, result)
     returncode, killed, result.output_tail = _launch(launch, options, time_left)
     return _replay(read_events(launch.results), returncode, killed, options, done, result)
 
 
-def _build(units: List[UnitSpec], test_files, options: RunOptions, tmp: Path, attempt: int, done: List[str],
-           result: RunResult) -> _Launch:
+def _build(
+    units: List[UnitSpec],
+    test_files,
+    options: RunOptions,
+    tmp: Path,
+    attempt: int,
+    done: List[str],
+    result: RunResult,
+) -> _Launch:
     """Write the spec (what to swap, which tests are already done, the budgets) and put together the
     command line and environment of one pytest process."""
     results_path = tmp / f"results{attempt}.jsonl"
     spec_path = tmp / f"spec{attempt}.json"
     test_dirs = sorted({str(Path(_file_of(f)).resolve().parent) for f in test_files})
-    spec = RunSpec(results=str(results_path), units=units, test_dirs=test_dirs, done=list(done),
-                   device=options.device, timed_out=_timed_out(result.tests, units))
+    spec = RunSpec(
+        results=str(results_path),
+        units=units,
+        test_dirs=test_dirs,
+        done=list(done),
+        device=options.device,
+        timed_out=_timed_out(result.tests, units),
+    )
     if _timer_usable():
         data = options.budgets if options.budgets is not None else budgets_file.load()
-        packages = options.packages or sorted({e.target.split(".")[0] for u in units
-                                               for e in u.exercises}) or ["minisgl"]
-        spec.budget = budgets_file.Budgets(data, options.device, options.test_timeout).spec(packages)
+        packages = (
+            options.packages
+            or sorted({e.target.split(".")[0] for u in units for e in u.exercises})
+            or ["minisgl"]
+        )
+        spec.budget = budgets_file.Budgets(data, options.device, options.test_timeout).spec(
+            packages
+        )
     spec.write(spec_path)
     results_path.touch()
 
     files = [Path(_file_of(f)).resolve() for f in test_files]
     # pytest names tests relative to its rootdir, and not at all outside it.
-    rootdir = REPO if all(_inside(f, REPO) for f in files) else Path(os.path.commonpath([f.parent for f in files]))
+    rootdir = (
+        REPO
+        if all(_inside(f, REPO) for f in files)
+        else Path(os.path.commonpath([f.parent for f in files]))
+    )
     # no:unraisableexception: at exit it runs gc.collect() five times, seconds with torch loaded.
-    cmd = [sys.executable, "-m", "pytest", "-p", "judge.plugin", "-p", "no:cacheprovider",
-           "-p", "no:unraisableexception",
-           "-q", "--tb=no", "--show-capture=no", "--no-header", "-o", "console_output_style=classic",
-           "--rootdir", str(rootdir), "-c", str(REPO / "pyproject.toml")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "judge.plugin",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:unraisableexception",
+        "-q",
+        "--tb=no",
+        "--show-capture=no",
+        "--no-header",
+        "-o",
+        "console_output_style=classic",
+        "--rootdir",
+        str(rootdir),
+        "-c",
+        str(REPO / "pyproject.toml"),
+    ]
     if _timer_usable():
         cmd += ["-p", "judge.timer"]  # budgets and the hard cap
     elif _has_pytest_timeout():  # no signals to interrupt a test with (Windows): the hard cap only
-        cmd += ["-p", "pytest_timeout", f"--timeout={options.test_timeout:g}",
-                f"--timeout-method={_timeout_method()}"]
+        cmd += [
+            "-p",
+            "pytest_timeout",
+            f"--timeout={options.test_timeout:g}",
+            f"--timeout-method={_timeout_method()}",
+        ]
     repo_tests = (REPO / "tests").resolve()
     if any(f.parent == repo_tests for f in files):
         cmd += ["--device", options.device]  # the repo's conftest defines it
@@ -181,7 +267,9 @@ def _build(units: List[UnitSpec], test_files, options: RunOptions, tmp: Path, at
 
     env = dict(os.environ)
     env.update(options.env)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # the judge writes nothing into the learner's checkout
     env["PYTHONUNBUFFERED"] = "1"
     # Installed pytest plugins (nbval, benchmark, ...) cost seconds to import and judge nothing.
@@ -198,16 +286,28 @@ def _launch(launch: _Launch, options: RunOptions, time_left: float):
     a fresh subprocess."""
     if options.launcher is not None and options.launcher.ready:
         try:
-            returncode, killed = options.launcher.run(launch.cmd[3:], launch.env, str(REPO), str(launch.output),
-                                                      time_left, options.threads)
+            returncode, killed = options.launcher.run(
+                launch.cmd[3:],
+                launch.env,
+                str(REPO),
+                str(launch.output),
+                time_left,
+                options.threads,
+            )
             return returncode, killed, _file_tail(launch.output)
         except RuntimeError:
             pass  # the server is gone: start the process afresh
     return _popen(launch.cmd, launch.env, time_left)
 
 
-def _replay(events: List[Event], returncode: int | None, killed: bool, options: RunOptions, done: List[str],
-            result: RunResult) -> bool:
+def _replay(
+    events: List[Event],
+    returncode: int | None,
+    killed: bool,
+    options: RunOptions,
+    done: List[str],
+    result: RunResult,
+) -> bool:
     """Fold one process's events into `result`; after a process that did not finish, report the test
     it was in. Returns True when no further attempt is needed."""
     started: str | None = None
@@ -252,8 +352,13 @@ def _replay(events: List[Event], returncode: int | None, killed: bool, options: 
     if started is not None:
         if not killed and _PYTEST_TIMEOUT_EXIT.search(result.output_tail[-4000:]):
             # pytest-timeout's thread method (no signals: Windows) ends the process on a hang
-            outcome, message = "timeout", (f"the test did not finish in {options.test_timeout:g} s "
-                                           "(an endless loop, or far too slow)")
+            outcome, message = (
+                "timeout",
+                (
+                    f"the test did not finish in {options.test_timeout:g} s "
+                    "(an endless loop, or far too slow)"
+                ),
+            )
         else:
             outcome, message = ("timeout" if killed else "crashed"), why + " during this test"
         result.tests.append(TestResult(started, outcome, message=message))
@@ -267,8 +372,15 @@ def _replay(events: List[Event], returncode: int | None, killed: bool, options: 
 
 def _popen(cmd: List[str], env: Dict[str, str], time_left: float):
     """(exit code, killed on time, output tail) of a fresh subprocess in its own process group."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=(os.name == "posix"))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=(os.name == "posix"),
+    )
     tail = _Tail(proc.stdout)
     killed = False
     try:
@@ -291,7 +403,11 @@ def _file_tail(path: Path) -> str:
             data = f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
-    return (f"[... {size - OUTPUT_KEEP} bytes of output cut ...]\n" + data) if size > OUTPUT_KEEP else data
+    return (
+        (f"[... {size - OUTPUT_KEEP} bytes of output cut ...]\n" + data)
+        if size > OUTPUT_KEEP
+        else data
+    )
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -315,8 +431,16 @@ def _timed_out(tests: List[TestResult], units: List[UnitSpec]) -> Dict[str, str]
     for t in tests:
         if t.outcome != "timeout":
             continue
-        ids = [t.culprit] if t.culprit else [e.id for u in units for e in u.exercises if e.swap
-                                             and any(test_matches(r, t.test) for r in e.tests)]
+        ids = (
+            [t.culprit]
+            if t.culprit
+            else [
+                e.id
+                for u in units
+                for e in u.exercises
+                if e.swap and any(test_matches(r, t.test) for r in e.tests)
+            ]
+        )
         for i in ids:
             out.setdefault(i, t.test)
     return out
@@ -384,7 +508,12 @@ class _Tail:
         self.thread.start()
 
     def _drain(self) -> None:
-        for chunk in iter(lambda: self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536), b""):
+        for chunk in iter(
+            lambda: (
+                self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536)
+            ),
+            b"",
+        ):
             self.total += len(chunk)
             self.buf += chunk
             if len(self.buf) > 2 * OUTPUT_KEEP:
@@ -399,4 +528,8 @@ class _Tail:
 
     def text(self) -> str:
         data = bytes(self.buf[-OUTPUT_KEEP:]).decode("utf-8", errors="replace")
-        return (f"[... {self.total - OUTPUT_KEEP} bytes of output cut ...]\n" + data) if self.total > OUTPUT_KEEP else data
+        return (
+            (f"[... {self.total - OUTPUT_KEEP} bytes of output cut ...]\n" + data)
+            if self.total > OUTPUT_KEEP
+            else data
+        )

@@ -30,6 +30,7 @@ from .runner import RunOptions
 from .sources import LearnerCode, from_file, from_sources
 from .stubs import reference_source, stub_source
 
+
 @dataclass
 class Job:
     chapter: Chapter
@@ -47,8 +48,13 @@ class Outcome:
     wall: float = 0.0
 
 
-def selfcheck(registry: Registry, chapters: Sequence[Chapter], console: Console, workers: int = 2,
-              device: str = "cpu") -> int:
+def selfcheck(
+    registry: Registry,
+    chapters: Sequence[Chapter],
+    console: Console,
+    workers: int = 2,
+    device: str = "cpu",
+) -> int:
     start = time.monotonic()
     jobs: List[Job] = []
     static: List[Outcome] = []
@@ -59,32 +65,58 @@ def selfcheck(registry: Registry, chapters: Sequence[Chapter], console: Console,
                 stub = stub_source(chapter.key, ex)
                 problem = _signature_mismatch(stub, reference_source(chapter.key, ex))
             except (LookupError, OSError, SyntaxError, ValueError) as e:
-                static.append(Outcome(Job(chapter, "stub", ex.name, exercise=ex), False,
-                                      [f"cannot make the stub: {e}"]))
+                static.append(
+                    Outcome(
+                        Job(chapter, "stub", ex.name, exercise=ex),
+                        False,
+                        [f"cannot make the stub: {e}"],
+                    )
+                )
                 continue
             if problem:
                 static.append(Outcome(Job(chapter, "stub", ex.name, exercise=ex), False, [problem]))
-            code = from_sources(chapter, {ex.name: stub}, origin=f"stub {ex.id}", missing="reference")
+            code = from_sources(
+                chapter, {ex.name: stub}, origin=f"stub {ex.id}", missing="reference"
+            )
             jobs.append(Job(chapter, "stub", ex.name, code, ex))
         for path in variant_files(chapter):
-            code = from_file(path, chapter, missing="reference", origin=f"judge/variants/{path.name}")
-            jobs.append(Job(chapter, "variant", path.stem[len(chapter.key) + 1:], code))
+            code = from_file(
+                path, chapter, missing="reference", origin=f"judge/variants/{path.name}"
+            )
+            jobs.append(Job(chapter, "variant", path.stem[len(chapter.key) + 1 :], code))
     threads = 1 if workers > 1 else None
-    console.print(Text(f"selfcheck: {len(jobs)} runs over {len(chapters)} chapter(s), {workers} at a time",
-                       style="bold"))
+    console.print(
+        Text(
+            f"selfcheck: {len(jobs)} runs over {len(chapters)} chapter(s), {workers} at a time",
+            style="bold",
+        )
+    )
     # One server forks every run (several at once); None on a GPU: plain subprocesses there.
-    server = forkserver.server_for(device, sorted({e.module for c in chapters for e in c.exercises}))
+    server = forkserver.server_for(
+        device, sorted({e.module for c in chapters for e in c.exercises})
+    )
 
     def run(job: Job) -> Outcome:
         t0 = time.monotonic()
-        options = RunOptions(device=device, test_timeout=120.0, time_limit=900.0, threads=threads,
-                             launcher=server)
-        verdict = judge([job.chapter], {job.chapter.key: job.code} if job.code else {}, options,
-                        mode=job.kind, origin=job.name)
+        options = RunOptions(
+            device=device, test_timeout=120.0, time_limit=900.0, threads=threads, launcher=server
+        )
+        verdict = judge(
+            [job.chapter],
+            {job.chapter.key: job.code} if job.code else {},
+            options,
+            mode=job.kind,
+            origin=job.name,
+        )
         outcome = EVALUATE[job.kind](job, verdict)
         outcome.wall = time.monotonic() - t0
         mark = Text("ok  ", style="green") if outcome.ok else Text("FAIL", style="bold red")
-        console.print(mark + Text(f" {job.chapter.key} {job.kind} {job.name}".rstrip() + f"  ({outcome.wall:.1f} s)"))
+        console.print(
+            mark
+            + Text(
+                f" {job.chapter.key} {job.kind} {job.name}".rstrip() + f"  ({outcome.wall:.1f} s)"
+            )
+        )
         return outcome
 
     try:
@@ -105,12 +137,16 @@ def _reference(job: Job, v: Verdict) -> Outcome:
     out.details += v.general
     for t in v.tests:
         if not t.ok:
-            out.details.append(f"the reference fails {t.test} ({t.outcome}): {_first_line(t.message)}")
+            out.details.append(
+                f"the reference fails {t.test} ({t.outcome}): {_first_line(t.message)}"
+            )
     ids = [t.test for t in v.tests]
     for ex in job.chapter.exercises:
         for ref in ex.tests:
             if not any(_matches(ref, i) for i in ids):
-                out.details.append(f"{ex.id}: the registry lists {ref}, which is not a test of the chapter")
+                out.details.append(
+                    f"{ex.id}: the registry lists {ref}, which is not a test of the chapter"
+                )
     if not v.tests and not v.general:
         out.details.append("no test ran")
     out.ok = not out.details
@@ -127,17 +163,25 @@ def _stub(job: Job, v: Verdict) -> Outcome:
     expected = {t.test for t in v.tests if ex.judges(t.test) and t.outcome != "skipped"}
     passing = sorted(expected - set(failing))
     if passing:
-        out.details.append(f"listed for {ex.id} but pass with its stub (drop them from its tests): "
-                           + ", ".join(_refs(passing)))
+        out.details.append(
+            f"listed for {ex.id} but pass with its stub (drop them from its tests): "
+            + ", ".join(_refs(passing))
+        )
     unlisted = sorted(set(failing) - expected)
     if unlisted:
-        out.details.append(f"fail with the stub of {ex.id} but are not in its tests (add them): "
-                           + ", ".join(f'"{r}"' for r in _refs(unlisted)))
+        out.details.append(
+            f"fail with the stub of {ex.id} but are not in its tests (add them): "
+            + ", ".join(f'"{r}"' for r in _refs(unlisted))
+        )
     for test, t in sorted(failing.items()):
         if t.sentinel != ex.id:
-            out.details.append(f"{test} fails with something else than {ex.id}'s NotImplementedError: "
-                               f"{_first_line(t.message)}")
-    problems = [e.problem for e in v.exercises if e.problem and "NotImplementedError" not in e.problem]
+            out.details.append(
+                f"{test} fails with something else than {ex.id}'s NotImplementedError: "
+                f"{_first_line(t.message)}"
+            )
+    problems = [
+        e.problem for e in v.exercises if e.problem and "NotImplementedError" not in e.problem
+    ]
     out.details += [f"the stub does not load: {p}" for p in problems]
     out.ok = not out.details
     return out
@@ -152,8 +196,11 @@ def _variant(job: Job, v: Verdict) -> Outcome:
     if not caught:
         out.details.append("no test catches this variant")
     out.ok = not out.details
-    out.details = out.details or [f"caught by {len(caught)} test(s): " + ", ".join(_short(c) for c in caught[:4])
-                                  + (" ..." if len(caught) > 4 else "")]
+    out.details = out.details or [
+        f"caught by {len(caught)} test(s): "
+        + ", ".join(_short(c) for c in caught[:4])
+        + (" ..." if len(caught) > 4 else "")
+    ]
     return out
 
 
@@ -162,7 +209,9 @@ EVALUATE = {"reference": _reference, "stub": _stub, "variant": _variant}
 
 def _signature_mismatch(stub: str, reference: str) -> str | None:
     def args(src: str) -> str:
-        node = next(n for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        node = next(
+            n for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        )
         return ast.dump(node.args) + ast.dump(node.returns) if node.returns else ast.dump(node.args)
 
     if args(stub) != args(reference):
@@ -195,7 +244,9 @@ def _short(nodeid: str) -> str:
     return nodeid.split("::", 1)[-1]
 
 
-def _summary(chapters: Sequence[Chapter], outcomes: List[Outcome], console: Console, wall: float) -> None:
+def _summary(
+    chapters: Sequence[Chapter], outcomes: List[Outcome], console: Console, wall: float
+) -> None:
     table = Table(title="selfcheck", header_style="bold")
     for col in ("chapter", "reference", "stubs", "variants", "time"):
         table.add_column(col, justify="left" if col == "chapter" else "right")
@@ -209,8 +260,13 @@ def _summary(chapters: Sequence[Chapter], outcomes: List[Outcome], console: Cons
             ok = sum(o.ok for o in got)
             return Text(f"{ok}/{len(got)}", style="green" if ok == len(got) else "bold red")
 
-        table.add_row(chapter.key, cell("reference"), cell("stub"), cell("variant"),
-                      f"{sum(o.wall for o in mine):.0f} s")
+        table.add_row(
+            chapter.key,
+            cell("reference"),
+            cell("stub"),
+            cell("variant"),
+            f"{sum(o.wall for o in mine):.0f} s",
+        )
     console.print(table)
     for o in outcomes:
         if o.ok and o.job.kind != "variant":
@@ -220,5 +276,10 @@ def _summary(chapters: Sequence[Chapter], outcomes: List[Outcome], console: Cons
         for d in o.details:
             console.print(Text(f"{'ok' if o.ok else 'FAIL'} {head}: ", style=style) + Text(d))
     bad = sum(not o.ok for o in outcomes)
-    console.print(Text(f"selfcheck {'passed' if not bad else f'FAILED ({bad} of {len(outcomes)} checks)'} "
-                       f"in {wall:.0f} s", style="bold green" if not bad else "bold red"))
+    console.print(
+        Text(
+            f"selfcheck {'passed' if not bad else f'FAILED ({bad} of {len(outcomes)} checks)'} "
+            f"in {wall:.0f} s",
+            style="bold green" if not bad else "bold red",
+        )
+    )

@@ -8,14 +8,30 @@ from minisgl.env import Setting, SettingError, flag
 
 __all__ = ["SETTINGS", "Setting", "SettingError"]
 
-DEBUG = flag("MINISGL_JUDGE_DEBUG", False, "on: an internal error of the judge prints its traceback")
-SPEC = Setting("MINISGL_JUDGE_SPEC", "the spec file of a judged test process; the judge sets it for the process it "
-               "starts (judge/protocol.py)")
-REGISTRY = Setting("MINISGL_JUDGE_REGISTRY", "the exercise registry to judge by; unset: `judge/exercises.toml`")
-NOTEBOOKS = Setting("MINISGL_JUDGE_NOTEBOOKS", "where the learner's notebooks are; unset: `notebooks/`")
-VARIANTS = Setting("MINISGL_JUDGE_VARIANTS", "where the known-wrong variants are; unset: `judge/variants/`")
-PROGRESS = Setting("MINISGL_JUDGE_PROGRESS", "where the learner's progress is recorded; unset: `.judge_progress.json`")
-MUTANTS_RESULTS = Setting("MINISGL_MUTANTS_RESULTS", "where `python -m tools.mutants` keeps each exercise's last "
-                          "run; unset: `build/mutants/`")
+DEBUG = flag(
+    "MINISGL_JUDGE_DEBUG", False, "on: an internal error of the judge prints its traceback"
+)
+SPEC = Setting(
+    "MINISGL_JUDGE_SPEC",
+    "the spec file of a judged test process; the judge sets it for the process it "
+    "starts (judge/protocol.py)",
+)
+REGISTRY = Setting(
+    "MINISGL_JUDGE_REGISTRY", "the exercise registry to judge by; unset: `judge/exercises.toml`"
+)
+NOTEBOOKS = Setting(
+    "MINISGL_JUDGE_NOTEBOOKS", "where the learner's notebooks are; unset: `notebooks/`"
+)
+VARIANTS = Setting(
+    "MINISGL_JUDGE_VARIANTS", "where the known-wrong variants are; unset: `judge/variants/`"
+)
+PROGRESS = Setting(
+    "MINISGL_JUDGE_PROGRESS",
+    "where the learner's progress is recorded; unset: `.judge_progress.json`",
+)
+MUTANTS_RESULTS = Setting(
+    "MINISGL_MUTANTS_RESULTS",
+    "where `python -m tools.mutants` keeps each exercise's last run; unset: `build/mutants/`",
+)
 
 SETTINGS = (DEBUG, SPEC, REGISTRY, NOTEBOOKS, VARIANTS, PROGRESS, MUTANTS_RESULTS)

@@ -36,7 +36,9 @@ class SourceError(Exception):
 class Snippet:
     label: str  # shown in tracebacks and reports: "ch11_overlap.ipynb cell 12"
     source: str
-    exercise: str | None = None  # the exercise name of an exercise cell; None for files and support cells
+    exercise: str | None = (
+        None  # the exercise name of an exercise cell; None for files and support cells
+    )
 
 
 @dataclass
@@ -48,9 +50,11 @@ class LearnerCode:
     # define every exercise) or "reference" (variants and stubs define only what they change).
     missing: str = "error"
     problems: Dict[str, str] = field(default_factory=dict)  # exercise name -> why it cannot run
-    general_problems: List[str] = field(default_factory=list)  # e.g. a support cell that does not parse
+    # e.g. a support cell that does not parse
+    general_problems: List[str] = field(default_factory=list)
     attempted: Dict[str, bool] = field(default_factory=dict)  # exercise name -> not a stub any more
-    notes: Dict[str, str] = field(default_factory=dict)  # exercise name -> a "did you mean" for one left out
+    # exercise name -> a "did you mean" for one left out
+    notes: Dict[str, str] = field(default_factory=dict)
 
     def swaps(self, name: str) -> bool:
         """Whether exercise `name` is judged from this code (else the reference stays in place)."""
@@ -79,21 +83,29 @@ def _read(path: Path, what: str) -> str:
         raise SourceError(f"cannot read {what} {path}: {e}") from None
 
 
-def from_file(path: str | Path, chapter: Chapter, *, missing: str = "error", origin: str | None = None) -> LearnerCode:
+def from_file(
+    path: str | Path, chapter: Chapter, *, missing: str = "error", origin: str | None = None
+) -> LearnerCode:
     path = Path(path)
     text = _read(path, "file")
-    code = LearnerCode(chapter.key, origin or str(path), [Snippet(str(path), text)], missing=missing)
+    code = LearnerCode(
+        chapter.key, origin or str(path), [Snippet(str(path), text)], missing=missing
+    )
     return analyze(code, chapter)
 
 
 def find_notebook(chapter: Chapter, notebooks_dir: Path) -> Path:
     found = sorted(p for p in notebooks_dir.glob(f"{chapter.key}_*.ipynb") if p.is_file())
     if not found:
-        raise SourceError(f"no notebook for {chapter.key}: expected {notebooks_dir}/{chapter.key}_*.ipynb "
-                          "(judge a file with --file, or the reference with --solution)")
+        raise SourceError(
+            f"no notebook for {chapter.key}: expected {notebooks_dir}/{chapter.key}_*.ipynb "
+            "(judge a file with --file, or the reference with --solution)"
+        )
     if len(found) > 1:
         names = ", ".join(p.name for p in found)
-        raise SourceError(f"several notebooks for {chapter.key} ({names}): pick one with --notebook")
+        raise SourceError(
+            f"several notebooks for {chapter.key} ({names}): pick one with --notebook"
+        )
     return found[0]
 
 
@@ -103,8 +115,10 @@ def from_notebook(path: str | Path, chapter: Chapter) -> LearnerCode:
     try:
         nb = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise SourceError(f"{path} is not a valid notebook: broken JSON at line {e.lineno}, column {e.colno} "
-                          "(was it saved completely? Jupyter keeps a copy in .ipynb_checkpoints/)") from None
+        raise SourceError(
+            f"{path} is not a valid notebook: broken JSON at line {e.lineno}, column {e.colno} "
+            "(was it saved completely? Jupyter keeps a copy in .ipynb_checkpoints/)"
+        ) from None
     cells = nb.get("cells") if isinstance(nb, dict) else None
     if not isinstance(cells, list):
         raise SourceError(f"{path} is not a notebook: it has no list of cells")
@@ -132,10 +146,18 @@ def from_notebook(path: str | Path, chapter: Chapter) -> LearnerCode:
     return analyze(code, chapter)
 
 
-def from_sources(chapter: Chapter, sources: Dict[str | None, str], origin: str, *, missing: str = "error",
-                 missing_hint: str = "") -> LearnerCode:
+def from_sources(
+    chapter: Chapter,
+    sources: Dict[str | None, str],
+    origin: str,
+    *,
+    missing: str = "error",
+    missing_hint: str = "",
+) -> LearnerCode:
     """From source text already in hand: {exercise name or None: source} (used by judge.check)."""
-    snippets = [Snippet(f"<{origin}: {name or 'helpers'}>", src, name) for name, src in sources.items()]
+    snippets = [
+        Snippet(f"<{origin}: {name or 'helpers'}>", src, name) for name, src in sources.items()
+    ]
     code = analyze(LearnerCode(chapter.key, origin, snippets, missing=missing), chapter)
     for name, problem in code.problems.items():
         if problem.startswith("no `def") and missing_hint:
@@ -166,7 +188,9 @@ def analyze(code: LearnerCode, chapter: Chapter) -> LearnerCode:
         try:
             tree = ast.parse(snip.source, filename=snip.label)
         except SyntaxError as e:
-            msg = f"syntax error in {snip.label}, line {e.lineno}: {e.msg}" + _excerpt(snip.source, e.lineno)
+            msg = f"syntax error in {snip.label}, line {e.lineno}: {e.msg}" + _excerpt(
+                snip.source, e.lineno
+            )
             if snip.exercise is not None:
                 code.problems.setdefault(snip.exercise, msg)
             elif len(code.snippets) == 1:  # a whole file: nothing of it can run
@@ -185,12 +209,16 @@ def analyze(code: LearnerCode, chapter: Chapter) -> LearnerCode:
         if node is None:
             if code.missing == "error":
                 code.problems[ex.name] = _missing_message(ex, defined)
-            elif did_you_mean(ex, defined):  # the reference stays, but the learner may have meant it
+            elif did_you_mean(
+                ex, defined
+            ):  # the reference stays, but the learner may have meant it
                 code.notes[ex.name] = did_you_mean(ex, defined)
             continue
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if code.missing == "error" or not isinstance(node, ast.Assign):
-                code.problems.setdefault(ex.name, f"`{ex.attr}` must be a function (`def {ex.attr}(...):`)")
+                code.problems.setdefault(
+                    ex.name, f"`{ex.attr}` must be a function (`def {ex.attr}(...):`)"
+                )
             continue
         code.attempted[ex.name] = not is_stub(node)
     return code
@@ -209,7 +237,9 @@ def _definitions_only(source: str, tree: ast.Module) -> str:
 
 
 def _is_definition(node: ast.stmt) -> bool:
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
+    if isinstance(
+        node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+    ):
         return True
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
         return True  # a docstring or a bare string
@@ -259,11 +289,19 @@ def _missing_message(ex: Exercise, defined: Dict[str, ast.AST]) -> str:
 
 def did_you_mean(ex: Exercise, defined: Dict[str, ast.AST]) -> str | None:
     """For an exercise the code does not define: a function of nearly its name, said as a fix."""
-    funcs = [n for n, node in defined.items() if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    funcs = [
+        n
+        for n, node in defined.items()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
     close = difflib.get_close_matches(ex.attr, funcs, n=1, cutoff=0.6)
     if ex.name in funcs and ex.name != ex.attr:
         close = [ex.name]
-    return f"there is a `def {close[0]}`: the judge needs the exact name `{ex.attr}`" if close else None
+    return (
+        f"there is a `def {close[0]}`: the judge needs the exact name `{ex.attr}`"
+        if close
+        else None
+    )
 
 
 def require_some_exercise(code: LearnerCode, chapter: Chapter, path: Path | str) -> None:
@@ -274,8 +312,10 @@ def require_some_exercise(code: LearnerCode, chapter: Chapter, path: Path | str)
     defined = code.defined()
     names = ", ".join(f"`def {ex.attr}`" for ex in chapter.exercises)
     fixes = [fix for ex in chapter.exercises for fix in [did_you_mean(ex, defined)] if fix]
-    raise SourceError(f"{path} defines none of {chapter.key}'s exercises ({names})"
-                      + (f": {'; '.join(fixes)}" if fixes else ": is it the right chapter?"))
+    raise SourceError(
+        f"{path} defines none of {chapter.key}'s exercises ({names})"
+        + (f": {'; '.join(fixes)}" if fixes else ": is it the right chapter?")
+    )
 
 
 def _excerpt(source: str, lineno: int | None) -> str:

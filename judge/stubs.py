@@ -57,7 +57,11 @@ def reference_source(chapter: str | int, exercise: str | Exercise) -> str:
     text, node = _function_source(ex)
     lines = text.splitlines()
     # Drop the kind decorators (the learner's format has none); keep others, e.g. @torch.no_grad().
-    keep = [ln for ln, dec in _decorator_lines(node, lines) if _decorator_name(dec) not in KIND_DECORATORS]
+    keep = [
+        ln
+        for ln, dec in _decorator_lines(node, lines)
+        if _decorator_name(dec) not in KIND_DECORATORS
+    ]
     start = node.lineno - 1  # the `def` line (ast numbers the def, not its decorators, in 3.8+)
     return "\n".join(keep + lines[start:]) + "\n"
 
@@ -65,7 +69,11 @@ def reference_source(chapter: str | int, exercise: str | Exercise) -> str:
 def sentinel_message(ex: Exercise) -> str:
     """'chNN.<name>: <one line saying what to implement>'; the judge recognizes the prefix."""
     doc = _docstring(ex)
-    what = ex.todo or _first_sentence(doc) or f"write {ex.qualname}" + (" (see its docstring)" if doc else "")
+    what = (
+        ex.todo
+        or _first_sentence(doc)
+        or f"write {ex.qualname}" + (" (see its docstring)" if doc else "")
+    )
     return f"{ex.id}: {what}"
 
 

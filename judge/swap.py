@@ -20,8 +20,8 @@ not seen by the learner's function. No exercise of minisgl reads such a global.
 """
 
 from __future__ import annotations
-
 import __future__
+
 import builtins
 import functools
 import importlib
@@ -33,7 +33,8 @@ from typing import Any, Callable, Dict, List, Set
 
 from .protocol import ExerciseSpec, SnippetSpec, UnitSpec
 
-ANNOTATIONS_FLAG = __future__.annotations.compiler_flag  # stubs' annotations may name TYPE_CHECKING-only types
+# stubs' annotations may name TYPE_CHECKING-only types
+ANNOTATIONS_FLAG = __future__.annotations.compiler_flag
 
 
 class LearnerCodeError(Exception):
@@ -42,7 +43,8 @@ class LearnerCodeError(Exception):
 
 @dataclass
 class SwapReport:
-    problems: Dict[str, str] = field(default_factory=dict)  # exercise id -> why its code is not in place
+    # exercise id -> why its code is not in place
+    problems: Dict[str, str] = field(default_factory=dict)
     general: List[str] = field(default_factory=list)
 
 
@@ -51,8 +53,10 @@ class SwapState:
     """What a swap did, kept (in the test process) so that modules loaded later can be rescanned."""
 
     report: SwapReport = field(default_factory=SwapReport)
-    replacements: Dict[int, Any] = field(default_factory=dict)  # id(original module-level function) -> replacement
-    originals: Dict[int, Any] = field(default_factory=dict)  # keep the originals alive so their ids stay unique
+    # id(original module-level function) -> replacement
+    replacements: Dict[int, Any] = field(default_factory=dict)
+    # keep the originals alive so their ids stay unique
+    originals: Dict[int, Any] = field(default_factory=dict)
     namespaces: List[Dict[str, Any]] = field(default_factory=list)  # the learners' namespaces
     packages: Set[str] = field(default_factory=set)  # the targets' top-level packages
 
@@ -87,7 +91,9 @@ def _apply_unit(unit: UnitSpec, state: SwapState) -> None:
             module = importlib.import_module(module_name)
         except Exception as e:  # the engine itself is broken: nothing to judge against
             for ex in exs:
-                report.problems[ex.id] = f"cannot import the reference module {module_name}: {_one_line(e)}"
+                report.problems[ex.id] = (
+                    f"cannot import the reference module {module_name}: {_one_line(e)}"
+                )
             continue
         problems = {ex.name: ex.problem for ex in exs if ex.problem}
         namespace = _run_snippets(module, unit.snippets, exs, problems, report)
@@ -110,14 +116,25 @@ def _apply_unit(unit: UnitSpec, state: SwapState) -> None:
             _install(owner, attr, raw, fn, state)
 
 
-def _run_snippets(module, snippets: List[SnippetSpec], exs: List[ExerciseSpec], problems: Dict[str, str],
-                  report: SwapReport) -> Dict[str, Any]:
+def _run_snippets(
+    module,
+    snippets: List[SnippetSpec],
+    exs: List[ExerciseSpec],
+    problems: Dict[str, str],
+    report: SwapReport,
+) -> Dict[str, Any]:
     namespace = dict(vars(module))
     namespace["__builtins__"] = builtins
     here = {ex.name for ex in exs}
     for snip in snippets:
         source, label = snip.source, snip.label
-        linecache.cache[label] = (len(source), None, source.splitlines(True), label)  # tracebacks show lines
+        # tracebacks show lines
+        linecache.cache[label] = (
+            len(source),
+            None,
+            source.splitlines(True),
+            label,
+        )
         try:
             code = compile(source, label, "exec", flags=ANNOTATIONS_FLAG, dont_inherit=True)
             exec(code, namespace)
@@ -170,7 +187,9 @@ def _learner_function(namespace, module, attr: str, raw, missing: str):
     absent and the reference should stay."""
     # The namespace began as a copy of the module's globals: a name the learner's code did not bind
     # is still the module's own object (a module-level function's original, or an unrelated global).
-    if namespace.get(attr, _ABSENT) is vars(module).get(attr, _ABSENT) or namespace.get(attr) is _unwrap_kind(raw):
+    if namespace.get(attr, _ABSENT) is vars(module).get(attr, _ABSENT) or namespace.get(
+        attr
+    ) is _unwrap_kind(raw):
         if missing == "reference":
             return None, None
         return None, f"no `def {attr}(...)` was defined by your code"
@@ -195,10 +214,14 @@ def signature_problem(fn: Callable, reference: Callable, attr: str) -> str | Non
             break
         q = g[i]
         same_kind = q.kind == p.kind or (
-            p.kind == p.POSITIONAL_OR_KEYWORD and q.kind == q.POSITIONAL_OR_KEYWORD)
-        ok = same_kind and (q.name == p.name or p.kind == p.POSITIONAL_ONLY) and not (
-            p.default is not p.empty and q.default is q.empty)
-    for q in g[len(w):]:
+            p.kind == p.POSITIONAL_OR_KEYWORD and q.kind == q.POSITIONAL_OR_KEYWORD
+        )
+        ok = (
+            same_kind
+            and (q.name == p.name or p.kind == p.POSITIONAL_ONLY)
+            and not (p.default is not p.empty and q.default is q.empty)
+        )
+    for q in g[len(w) :]:
         ok = ok and (q.default is not q.empty or q.kind in (q.VAR_POSITIONAL, q.VAR_KEYWORD))
     if ok:
         return None
@@ -272,7 +295,9 @@ def _replace_everywhere(state: SwapState, test_dirs: List[str]) -> None:
         path = getattr(module, "__file__", None) or ""
         return any(path.startswith(d) for d in test_dirs)
 
-    dicts = [vars(m) for m in list(sys.modules.values()) if m is not None and holds(m)] + state.namespaces
+    dicts = [
+        vars(m) for m in list(sys.modules.values()) if m is not None and holds(m)
+    ] + state.namespaces
     for d in dicts:
         for key, value in list(d.items()):
             new = replacements.get(id(value))

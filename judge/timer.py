@@ -99,7 +99,9 @@ class _Timer:
         while frame is not None:
             code = frame.f_code
             if code.co_filename in self.labels:
-                owner = self.attrs.get(code.co_name) or self.names.get(self.labels[code.co_filename] or "")
+                owner = self.attrs.get(code.co_name) or self.names.get(
+                    self.labels[code.co_filename] or ""
+                )
                 if owner is not None:
                     found.add(owner)
             frame = frame.f_back
@@ -111,7 +113,9 @@ class _Timer:
         limit = self.budget.limit(test_key(item.nodeid))
         self.item, self.pending, self.over, self.raised = item, None, None, False
         done = threading.Event()
-        thread = threading.Thread(target=self._watch, args=(item, limit, self.budget.hard, done), daemon=True)
+        thread = threading.Thread(
+            target=self._watch, args=(item, limit, self.budget.hard, done), daemon=True
+        )
         cpu = time.process_time()
         thread.start()
         try:
@@ -166,19 +170,27 @@ class _Timer:
         p = self.pending
         self.raised = True
         if p["hard"]:
-            raise BudgetTimeout(f"the test did not finish in {self.budget.hard:g} s (an endless loop, "
-                                "or far too slow)")
+            raise BudgetTimeout(
+                f"the test did not finish in {self.budget.hard:g} s (an endless loop, "
+                "or far too slow)"
+            )
         measured = self.budget.measured.get(test_key(self.item.nodeid))
         base = f"; the reference takes {measured:.2g} s" if measured is not None else ""
-        raise BudgetTimeout(f"the test did not finish within its time budget of {p['limit']:.3g} s{base} "
-                            "(an endless loop, or far too slow)")
+        raise BudgetTimeout(
+            f"the test did not finish within its time budget of {p['limit']:.3g} s{base} "
+            "(an endless loop, or far too slow)"
+        )
 
     # -- after a timeout
 
     def record(self, item: pytest.Item, culprit: str | None) -> None:
         """Which exercises timed out in `item`: the one whose code was running, else every swapped
         exercise the test judges."""
-        ids = [culprit] if culprit else [i for i, e in self.exercises.items() if _judges(e, item.nodeid)]
+        ids = (
+            [culprit]
+            if culprit
+            else [i for i, e in self.exercises.items() if _judges(e, item.nodeid)]
+        )
         for i in ids:
             self.timed_out.setdefault(i, item.nodeid)
 
@@ -265,11 +277,23 @@ def describe(excinfo: pytest.ExceptionInfo, item: pytest.Item) -> Dict[str, Any]
     """The result fields for a budget timeout or a test not run (None for anything else)."""
     exc = excinfo.value
     if isinstance(exc, NotRun):
-        return {"message": str(exc), "sentinel": None, "standin": False, "where": None, "timeout": False}
+        return {
+            "message": str(exc),
+            "sentinel": None,
+            "standin": False,
+            "where": None,
+            "timeout": False,
+        }
     if isinstance(exc, BudgetTimeout):
         culprit = _timer.pending.get("culprit") if _timer is not None and _timer.pending else None
         if _timer is not None:
             _timer.record(item, culprit)
-        return {"message": str(exc), "sentinel": None, "standin": False,
-                "where": plugin._learner_frame(plugin._chain(exc)), "timeout": True, "culprit": culprit}
+        return {
+            "message": str(exc),
+            "sentinel": None,
+            "standin": False,
+            "where": plugin._learner_frame(plugin._chain(exc)),
+            "timeout": True,
+            "culprit": culprit,
+        }
     return None

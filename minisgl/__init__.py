@@ -1,8 +1,8 @@
 """minisgl: a compact LLM inference engine in the style of SGLang, built chapter by chapter.
 
-    from minisgl import LLM, SamplingParams
-    llm = LLM()  # the bundled Shakespeare model
-    print(llm.generate(["ROMEO:"], SamplingParams(max_tokens=30))[0]["text"])
+from minisgl import LLM, SamplingParams
+llm = LLM()  # the bundled Shakespeare model
+print(llm.generate(["ROMEO:"], SamplingParams(max_tokens=30))[0]["text"])
 """
 
 __all__ = ["LLM", "SamplingParams"]

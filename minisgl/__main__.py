@@ -11,28 +11,55 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minisgl")
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    s.add_argument("--model", type=Path, default=None, help="a Hugging Face model directory (default: the bundled model)")
+    s.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="a Hugging Face model directory (default: the bundled model)",
+    )
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000, help="0: any free port (the ready line names it)")
-    s.add_argument("--served-model-name", default=None, help="the model name clients use (default: the directory's name)")
+    s.add_argument(
+        "--port", type=int, default=8000, help="0: any free port (the ready line names it)"
+    )
+    s.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name clients use (default: the directory's name)",
+    )
     s.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:1, ...")
-    s.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on a CPU)")
+    s.add_argument(
+        "--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on a CPU)"
+    )
     s.add_argument("--max-running-req", type=int, default=None, help="requests decoding at once")
     s.add_argument("--max-seq-len", type=int, default=None, help="longest request, prompt + output")
     s.add_argument("--num-pages", type=int, default=None, help="KV pool size in pages")
     s.add_argument("--page-size", type=int, default=None)
     s.add_argument("--cache-type", choices=["radix", "naive"], default=None)
-    s.add_argument("--log-level", default="warning", help="uvicorn's log level (info shows each request)")
+    s.add_argument(
+        "--log-level", default="warning", help="uvicorn's log level (info shows each request)"
+    )
     args = parser.parse_args(argv)
 
     from minisgl.server.args import ServerArgs
     from minisgl.server.launcher import serve
 
-    names = {"device": "device", "dtype": "dtype", "max_running_req": "max_running_req",
-             "max_seq_len": "max_seq_len_override", "num_pages": "num_page_override", "page_size": "page_size",
-             "cache_type": "cache_type"}
-    engine = {option: getattr(args, name) for name, option in names.items() if getattr(args, name) is not None}
-    server_args = ServerArgs(host=args.host, port=args.port, served_model_name=args.served_model_name, engine=engine)
+    names = {
+        "device": "device",
+        "dtype": "dtype",
+        "max_running_req": "max_running_req",
+        "max_seq_len": "max_seq_len_override",
+        "num_pages": "num_page_override",
+        "page_size": "page_size",
+        "cache_type": "cache_type",
+    }
+    engine = {
+        option: getattr(args, name)
+        for name, option in names.items()
+        if getattr(args, name) is not None
+    }
+    server_args = ServerArgs(
+        host=args.host, port=args.port, served_model_name=args.served_model_name, engine=engine
+    )
     if args.model is not None:
         if not args.model.is_dir():
             parser.error(f"--model {args.model}: not a directory")

@@ -39,7 +39,9 @@ class SamplingParams:
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
-        if name in _SAMPLING_FIELDS:  # __init__ assigns every field; SamplingParams.__init__ below resets
+        if (
+            name in _SAMPLING_FIELDS
+        ):  # __init__ assigns every field; SamplingParams.__init__ below resets
             self.__dict__.setdefault("_fields_set", set()).add(name)
 
     @property
@@ -226,12 +228,19 @@ class Context:
     and
     the attention backend) without every forward() passing it along."""
 
-    def __init__(self, page_size: int, kv_cache: Any = None, attn_backend: Any = None,
-                 fused_kernels: Any = None) -> None:
+    def __init__(
+        self,
+        page_size: int,
+        kv_cache: Any = None,
+        attn_backend: Any = None,
+        fused_kernels: Any = None,
+    ) -> None:
         self.page_size = page_size
         self.kv_cache = kv_cache
         self.attn_backend = attn_backend
-        self.fused_kernels = fused_kernels  # this engine's Triton kernel module, or None (kernel/dispatch.py)
+        self.fused_kernels = (
+            fused_kernels  # this engine's Triton kernel module, or None (kernel/dispatch.py)
+        )
         self._batch: Batch | None = None
 
     @property

@@ -28,12 +28,15 @@ class SettingError(ValueError):
 class Setting:
     name: str
     doc: str  # one line: what it does
-    allowed: Tuple[str, ...] | None = None  # the accepted values (lower case); None: any text (a path)
+    allowed: Tuple[str, ...] | None = (
+        None  # the accepted values (lower case); None: any text (a path)
+    )
     default: str | None = None  # the value when unset or empty; None: as `doc` says
     flag: bool = False  # on/off: `allowed` is TRUE + FALSE and the value a bool
 
     def parse(self, raw: str | None):
-        """The value of `raw`, the variable's text (None or blank: the default). A flag gives a bool,
+        """The value of `raw`, the variable's text (None or blank: the default). A flag gives a
+        bool,
         a choice its lower-case value, a path its text."""
         text = raw.strip() if raw is not None and raw.strip() else self.default
         if text is None or self.allowed is None:
@@ -60,43 +63,71 @@ def flag(name: str, default: bool, doc: str) -> Setting:
 # ---------------------------------------------------------------------- the engine's switches
 
 DISABLE_OVERLAP_SCHEDULING = flag(
-    "MINISGL_DISABLE_OVERLAP_SCHEDULING", False,
-    "on: the scheduler runs the normal (synchronous) loop instead of the overlap loop (chapter 11); read at "
-    "every step by an engine whose `SchedulerConfig.overlap_scheduling` is None (the default)")
+    "MINISGL_DISABLE_OVERLAP_SCHEDULING",
+    False,
+    "on: the scheduler runs the normal (synchronous) loop instead of the overlap loop (chapter "
+    "11); read at "
+    "every step by an engine whose `SchedulerConfig.overlap_scheduling` is None (the default)",
+)
 CPU_STREAMS = Setting(
     "MINISGL_CPU_STREAMS",
-    "on a CPU, `deferred` runs work launched on the engine stream only when someone synchronizes on it, "
-    "which makes stream-ordering bugs visible (chapter 11); the default for `EngineConfig.cpu_streams`",
-    ("eager", "deferred"), "eager")
+    "on a CPU, `deferred` runs work launched on the engine stream only when someone "
+    "synchronizes on it, "
+    "which makes stream-ordering bugs visible (chapter 11); the default for "
+    "`EngineConfig.cpu_streams`",
+    ("eager", "deferred"),
+    "eager",
+)
 ATTENTION_BACKEND = Setting(
     "MINISGL_ATTENTION_BACKEND",
     "`auto`: Triton on a CUDA GPU when Triton is installed, else plain torch; the default for "
     "`EngineConfig.attention_backend`",
-    ("auto", "torch", "triton"), "auto")
+    ("auto", "torch", "triton"),
+    "auto",
+)
 FUSED_KERNELS = flag(
-    "MINISGL_FUSED_KERNELS", True,
+    "MINISGL_FUSED_KERNELS",
+    True,
     "off: no fused Triton norm/RoPE/SiLU kernels even with the Triton backend; the default for "
-    "`EngineConfig.fused_kernels`")
+    "`EngineConfig.fused_kernels`",
+)
 
 PROGRESS = Setting(
     "MINISGL_PROGRESS",
-    "`LLM.generate`'s progress bar (minisgl/llm/progress.py): `auto` shows it for runs that last, where "
-    "someone watches (a terminal, a notebook), never under pytest or CI; `off` never, even when asked "
+    "`LLM.generate`'s progress bar (minisgl/llm/progress.py): `auto` shows it for runs that "
+    "last, where "
+    "someone watches (a terminal, a notebook), never under pytest or CI; `off` never, even "
+    "when asked "
     "for (the workbook's own notebook runs use it); `on` whenever asked",
-    ("auto", "on", "off"), "auto")
+    ("auto", "on", "off"),
+    "auto",
+)
 
 # ---------------------------------------------------------------------- the tests' settings
 
 TEST_DEVICE = Setting(
-    "MINISGL_TEST_DEVICE", "the device the tests run the engine on; conftest.py sets it from `--device`",
-    ("cpu", "cuda"), "cpu")
+    "MINISGL_TEST_DEVICE",
+    "the device the tests run the engine on; conftest.py sets it from `--device`",
+    ("cpu", "cuda"),
+    "cpu",
+)
 TEST_MODEL = Setting(
-    "MINISGL_TEST_MODEL", "the checkpoint the tests load (a Hugging Face Qwen3 or Llama folder); "
-    "unset: the bundled model")
+    "MINISGL_TEST_MODEL",
+    "the checkpoint the tests load (a Hugging Face Qwen3 or Llama folder); "
+    "unset: the bundled model",
+)
 CACHE_DIR = Setting(
-    "MINISGL_CACHE_DIR", "where the tests keep Hugging Face reference outputs; unset: `.cache/` in the repository")
+    "MINISGL_CACHE_DIR",
+    "where the tests keep Hugging Face reference outputs; unset: `.cache/` in the repository",
+)
 
-ENGINE_SETTINGS = (DISABLE_OVERLAP_SCHEDULING, CPU_STREAMS, ATTENTION_BACKEND, FUSED_KERNELS, PROGRESS)
+ENGINE_SETTINGS = (
+    DISABLE_OVERLAP_SCHEDULING,
+    CPU_STREAMS,
+    ATTENTION_BACKEND,
+    FUSED_KERNELS,
+    PROGRESS,
+)
 SETTINGS = ENGINE_SETTINGS + (TEST_DEVICE, TEST_MODEL, CACHE_DIR)
 
 
@@ -113,7 +144,9 @@ class _Env:
     """The engine's switches as read at import (an invalid value fails the import, naming it)."""
 
     def __init__(self) -> None:
-        self.DISABLE_OVERLAP_SCHEDULING = Switch(DISABLE_OVERLAP_SCHEDULING.name, DISABLE_OVERLAP_SCHEDULING.read())
+        self.DISABLE_OVERLAP_SCHEDULING = Switch(
+            DISABLE_OVERLAP_SCHEDULING.name, DISABLE_OVERLAP_SCHEDULING.read()
+        )
         self.CPU_STREAMS = Switch(CPU_STREAMS.name, CPU_STREAMS.read())
         self.ATTENTION_BACKEND = Switch(ATTENTION_BACKEND.name, ATTENTION_BACKEND.read())
         self.FUSED_KERNELS = Switch(FUSED_KERNELS.name, FUSED_KERNELS.read())
@@ -131,10 +164,15 @@ ENV = _Env()
 
 
 def markdown_table(settings) -> str:
-    """The settings as a Markdown table (the README's list is this, for minisgl's and the judge's)."""
+    """The settings as a Markdown table (the README's list is this, for minisgl's and the
+    judge's)."""
     rows = ["| variable | values | default | what it does |", "| --- | --- | --- | --- |"]
     for s in settings:
-        values = "`1` / `0` (or true/false, yes/no, on/off)" if s.flag else (" / ".join(f"`{v}`" for v in s.allowed) if s.allowed else "a path")
+        values = (
+            "`1` / `0` (or true/false, yes/no, on/off)"
+            if s.flag
+            else (" / ".join(f"`{v}`" for v in s.allowed) if s.allowed else "a path")
+        )
         default = f"`{s.default}`" if s.default else "—"
         rows.append(f"| `{s.name}` | {values} | {default} | {s.doc} |")
     return "\n".join(rows)

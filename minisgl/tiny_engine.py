@@ -129,7 +129,9 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.
     """
     head_dim = x.shape[-1]
     half = head_dim // 2
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=x.device) / head_dim))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=x.device) / head_dim)
+    )
     angles = positions.to(torch.float32).unsqueeze(1) * inv_freq  # [tokens, half]
     cos = angles.cos().to(x.dtype).unsqueeze(1)  # [tokens, 1, half]: the same for every head
     sin = angles.sin().to(x.dtype).unsqueeze(1)
@@ -193,7 +195,9 @@ def linear(w: Dict[str, torch.Tensor], name: str, x: torch.Tensor) -> torch.Tens
     return F.linear(x, w[name + ".weight"], w.get(name + ".bias"))
 
 
-def forward(model: Model, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+def forward(
+    model: Model, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache
+) -> torch.Tensor:
     """Run the new tokens `ids` (at `positions`) through the model, appending their keys and values
     to `cache`. Returns logits for every new token: [tokens, vocab]."""
     cfg, w = model.config, model.weights
@@ -205,7 +209,9 @@ def forward(model: Model, ids: torch.Tensor, positions: torch.Tensor, cache: KVC
         q = linear(w, p + "self_attn.q_proj", h).view(-1, cfg.num_heads, cfg.head_dim)
         k = linear(w, p + "self_attn.k_proj", h).view(-1, cfg.num_kv_heads, cfg.head_dim)
         v = linear(w, p + "self_attn.v_proj", h).view(-1, cfg.num_kv_heads, cfg.head_dim)
-        if p + "self_attn.q_norm.weight" in w:  # Qwen3 normalizes every q and k head (Llama does not)
+        if (
+            p + "self_attn.q_norm.weight" in w
+        ):  # Qwen3 normalizes every q and k head (Llama does not)
             q = rms_norm(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
             k = rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps)
         q = apply_rope(q, positions, cfg.rope_theta)
@@ -222,8 +228,9 @@ def forward(model: Model, ids: torch.Tensor, positions: torch.Tensor, cache: KVC
 
 
 @torch.no_grad()
-def generate(model: Model, prompt_ids: Sequence[int], max_new_tokens: int,
-             eos_token_id: int | None = None) -> List[int]:
+def generate(
+    model: Model, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | None = None
+) -> List[int]:
     """Greedy decoding: prefill the prompt once, then feed back one token per step.
 
     Only the last position's logits predict the next token; a new token's position is the number of
@@ -257,7 +264,9 @@ def generate(model: Model, prompt_ids: Sequence[int], max_new_tokens: int,
 def main(argv: List[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     model_dir = Path(argv[0]) if argv else BUNDLED_MODEL
-    prompt = argv[1] if len(argv) > 1 else "ROMEO:\nBut soft, what light through yonder window breaks?"
+    prompt = (
+        argv[1] if len(argv) > 1 else "ROMEO:\nBut soft, what light through yonder window breaks?"
+    )
     model = load(model_dir)
     tokenizer = None
     if (model_dir / "tokenizer.json").is_file():
@@ -270,19 +279,28 @@ def main(argv: List[str] | None = None) -> None:
     # generation's time is its decode steps.
     with torch.no_grad():
         start = time.perf_counter()
-        forward(model, torch.tensor(prompt_ids), torch.arange(len(prompt_ids)), KVCache(model.config.num_layers))
+        forward(
+            model,
+            torch.tensor(prompt_ids),
+            torch.arange(len(prompt_ids)),
+            KVCache(model.config.num_layers),
+        )
         prefill_s = time.perf_counter() - start
     start = time.perf_counter()
     new_ids = generate(model, prompt_ids, 100, model.config.eos_token_id)
     decode_s = max(time.perf_counter() - start - prefill_s, 1e-9)
     text = tokenizer.decode(new_ids) if tokenizer else str(new_ids)
     print(prompt + text if tokenizer else f"{prompt_ids} -> {text}")
-    print(f"\nprefill: {len(prompt_ids)} tokens in {prefill_s * 1e3:.1f} ms "
-        f"({len(prompt_ids) / prefill_s:.0f} tokens/s)")
+    print(
+        f"\nprefill: {len(prompt_ids)} tokens in {prefill_s * 1e3:.1f} ms "
+        f"({len(prompt_ids) / prefill_s:.0f} tokens/s)"
+    )
     decoded = len(new_ids) - 1  # the first new token came out of the prefill
     if decoded > 0:
-        print(f"decode:  {decoded} tokens in {decode_s * 1e3:.1f} ms ({decoded / decode_s:.0f} "
-            "tokens/s)")
+        print(
+            f"decode:  {decoded} tokens in {decode_s * 1e3:.1f} ms ({decoded / decode_s:.0f} "
+            "tokens/s)"
+        )
 
 
 if __name__ == "__main__":

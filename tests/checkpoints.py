@@ -21,12 +21,25 @@ from helpers import REPO
 
 CACHE = Path(os.environ.get("MINISGL_CACHE_DIR", REPO / ".cache")) / "checkpoints"
 
-SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-             initializer_range=0.2)  # larger than the default 0.02: logits far apart, no ties
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               # a short original context, so the scaling changes frequencies the prompts use
-               "original_max_position_embeddings": 32}
+# larger than the default 0.02: logits far apart, no ties
+SMALL = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    initializer_range=0.2,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    # a short original context, so the scaling changes frequencies the prompts use
+    "original_max_position_embeddings": 32,
+}
 
 
 def _to_transformers_4_layout(model_dir: Path) -> None:
@@ -45,20 +58,41 @@ def _to_transformers_4_layout(model_dir: Path) -> None:
 # name -> (transformers config class name, its fields, save_pretrained options, post-processing)
 RECIPES: Dict[str, tuple] = {
     "qwen3": ("Qwen3Config", dict(SMALL, head_dim=16, tie_word_embeddings=True), {}, None),
-    "qwen3-bf16-untied": ("Qwen3Config", dict(SMALL, head_dim=16, tie_word_embeddings=False,
-                                               dtype="bfloat16"), {}, None),
+    "qwen3-bf16-untied": (
+        "Qwen3Config",
+        dict(SMALL, head_dim=16, tie_word_embeddings=False, dtype="bfloat16"),
+        {},
+        None,
+    ),
     # head_dim is not hidden / heads, one KV head for all four query heads, biases on q/k/v/o
-    "qwen3-head32-kv1-bias": ("Qwen3Config", dict(SMALL, head_dim=32, num_key_value_heads=1,
-                                                  attention_bias=True), {}, None),
+    "qwen3-head32-kv1-bias": (
+        "Qwen3Config",
+        dict(SMALL, head_dim=32, num_key_value_heads=1, attention_bias=True),
+        {},
+        None,
+    ),
     # a head size the Triton kernels do not take: on a GPU the engine falls back to torch attention
     "qwen3-head24": ("Qwen3Config", dict(SMALL, head_dim=24), {}, None),
-    "qwen3-sharded-tf4": ("Qwen3Config", dict(SMALL, head_dim=16, num_key_value_heads=4),
-                          {"max_shard_size": "100KB"}, _to_transformers_4_layout),
+    "qwen3-sharded-tf4": (
+        "Qwen3Config",
+        dict(SMALL, head_dim=16, num_key_value_heads=4),
+        {"max_shard_size": "100KB"},
+        _to_transformers_4_layout,
+    ),
     "llama": ("LlamaConfig", dict(SMALL, tie_word_embeddings=False), {}, None),
     "llama-biases": ("LlamaConfig", dict(SMALL, attention_bias=True, mlp_bias=True), {}, None),
-    "llama3-rope": ("LlamaConfig", dict(SMALL, rope_parameters=dict(LLAMA3_ROPE, rope_theta=10000.0)), {}, None),
-    "llama3-rope-tf4": ("LlamaConfig", dict(SMALL, rope_parameters=dict(LLAMA3_ROPE, rope_theta=10000.0)), {},
-                        _to_transformers_4_layout),
+    "llama3-rope": (
+        "LlamaConfig",
+        dict(SMALL, rope_parameters=dict(LLAMA3_ROPE, rope_theta=10000.0)),
+        {},
+        None,
+    ),
+    "llama3-rope-tf4": (
+        "LlamaConfig",
+        dict(SMALL, rope_parameters=dict(LLAMA3_ROPE, rope_theta=10000.0)),
+        {},
+        _to_transformers_4_layout,
+    ),
     "qwen2": ("Qwen2Config", dict(SMALL), {}, None),
 }
 
@@ -67,7 +101,10 @@ def _key(name: str) -> str:
     import transformers
 
     cls, fields, save, post = RECIPES[name]
-    blob = json.dumps([cls, fields, save, post.__name__ if post else None, transformers.__version__], sort_keys=True)
+    blob = json.dumps(
+        [cls, fields, save, post.__name__ if post else None, transformers.__version__],
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -82,7 +119,8 @@ def checkpoint(name: str) -> Path:
     config = getattr(transformers, cls_name)(**fields)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    model = model.to(getattr(torch, fields.get("dtype", "float32")))  # the file's dtype, as a real one's
+    # the file's dtype, as a real one's
+    model = model.to(getattr(torch, fields.get("dtype", "float32")))
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, **save)
@@ -93,4 +131,3 @@ def checkpoint(name: str) -> Path:
     except OSError:  # another test process built it meanwhile
         shutil.rmtree(tmp, ignore_errors=True)
     return path
-

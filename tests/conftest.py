@@ -14,8 +14,12 @@ from minisgl.env import ENV
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--device", default="cpu", choices=["cpu", "cuda", "auto"],
-                     help="device the engine runs on (default: cpu)")
+    parser.addoption(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda", "auto"],
+        help="device the engine runs on (default: cpu)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,8 +47,6 @@ def _restore_env():
     yield
     for name, value in saved.items():
         getattr(ENV, name).value = value
-
-
 
 
 @pytest.fixture

@@ -50,8 +50,13 @@ def build_llm(model: Path = MODEL, llm_class=None, **options):
     if llm_class is None:
         from minisgl.llm import LLM as llm_class
 
-    defaults = dict(dtype=torch.float32, device=test_device(), max_running_req=8,
-                    num_page_override=1024, max_seq_len_override=256)
+    defaults = dict(
+        dtype=torch.float32,
+        device=test_device(),
+        max_running_req=8,
+        num_page_override=1024,
+        max_seq_len_override=256,
+    )
     if "page_size" in options and "num_page_override" not in options:
         defaults["num_page_override"] = 1024 // options["page_size"]
     defaults.update(options)
@@ -103,7 +108,9 @@ def hf_model(model: Path = MODEL):
     return _hf_models[key]
 
 
-def hf_greedy(prompts: Sequence[Sequence[int]], max_new_tokens: int, model: Path = MODEL) -> List[List[int]]:
+def hf_greedy(
+    prompts: Sequence[Sequence[int]], max_new_tokens: int, model: Path = MODEL
+) -> List[List[int]]:
     """Hugging Face's greedy continuation of each prompt (float32, no EOS stop), cached on disk."""
     prompts = [list(map(int, p)) for p in prompts]
     blob = json.dumps([_fingerprint(model), prompts, max_new_tokens]).encode()
@@ -118,7 +125,7 @@ def hf_greedy(prompts: Sequence[Sequence[int]], max_new_tokens: int, model: Path
             for _ in range(max_new_tokens):
                 nxt = hf(x).logits[0, -1].argmax()
                 x = torch.cat([x, nxt.view(1, 1)], dim=1)
-            outs.append(x[0, len(ids):].tolist())
+            outs.append(x[0, len(ids) :].tolist())
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     # A name of its own: test processes running side by side (the self-check's workers) write the
     # same entry at the same time, and one rename must not find the other's file gone.
@@ -134,7 +141,9 @@ def hf_logits(ids: Sequence[int], model: Path = MODEL) -> torch.Tensor:
         return hf_model(model)(torch.tensor([list(ids)])).logits[0]
 
 
-def assert_tokens_equal(got: Sequence[Sequence[int]], want: Sequence[Sequence[int]], what: str = "tokens") -> None:
+def assert_tokens_equal(
+    got: Sequence[Sequence[int]], want: Sequence[Sequence[int]], what: str = "tokens"
+) -> None:
     """Compare token lists request by request; on a mismatch, say which request and position differ
     first (the judge shows this message to the learner)."""
     assert len(got) == len(want), f"{what}: expected {len(want)} requests' outputs, got {len(got)}"
@@ -147,15 +156,20 @@ def assert_tokens_equal(got: Sequence[Sequence[int]], want: Sequence[Sequence[in
             detail = f"expected token {w[pos]}, got {g[pos]}"
         else:
             detail = f"expected {len(w)} tokens, got {len(g)}"
-        raise AssertionError(f"{what}: request {i} differs first at position {pos}: {detail} "
-                             f"(expected {w[:pos + 3]}..., got {g[:pos + 3]}...)")
+        raise AssertionError(
+            f"{what}: request {i} differs first at position {pos}: {detail} "
+            f"(expected {w[: pos + 3]}..., got {g[: pos + 3]}...)"
+        )
 
 
 def prefill_batches(log) -> List[Dict[int, int]]:
     """From an event log (`llm.events.record()`): for each prefill batch, in order, how many new
     tokens each request computed in it, as {uid: tokens}."""
-    return [dict(zip(e["uids"], e["extend_lens"])) for e in log
-            if e.kind == "launch" and e["phase"] == "prefill"]
+    return [
+        dict(zip(e["uids"], e["extend_lens"]))
+        for e in log
+        if e.kind == "launch" and e["phase"] == "prefill"
+    ]
 
 
 def cpu_streams_llm(streams: str = "deferred", **options):

@@ -50,15 +50,15 @@ class Counter:
         return c
 '''
 
-USER = '''
+USER = """
 from fakepkg.mod import double
 
 
 def quadruple(x):
     return double(double(x))
-'''
+"""
 
-TESTS = '''
+TESTS = """
 from fakepkg.mod import Counter, double, total
 from fakepkg.user import quadruple
 
@@ -92,9 +92,9 @@ def test_starting_at():
 
 def test_unrelated():
     assert 1 + 1 == 2
-'''
+"""
 
-REGISTRY = '''
+REGISTRY = """
 root = "{root}"
 
 [ch42]
@@ -131,9 +131,9 @@ test_files = ["fake_tests/test_fake43.py"]
 name = "total"
 target = "fakepkg.mod:total"
 tests = ["test_fake43.py::test_total_of_nothing", "test_fake43.py::test_total_of_three"]
-'''
+"""
 
-TESTS_43 = '''
+TESTS_43 = """
 from fakepkg.mod import total
 
 
@@ -143,10 +143,10 @@ def test_total_of_nothing():
 
 def test_total_of_three():
     assert total([1, 2, 3]) == 12
-'''
+"""
 
 # A correct solution of every exercise, in the learner's format.
-SOLUTION = '''
+SOLUTION = """
 def double(x):
     return x * SCALE
 
@@ -163,7 +163,7 @@ def starting_at(cls, n):
     c = cls()
     c.n = n
     return c
-'''
+"""
 
 
 @dataclass
@@ -190,7 +190,9 @@ def fake_project(tmp_path: Path, monkeypatch) -> FakeProject:
     (tests / "test_fake.py").write_text(TESTS)
     (tests / "test_fake43.py").write_text(TESTS_43)
     (tmp_path / "registry.toml").write_text(REGISTRY.format(root=tmp_path))
-    project = FakeProject(tmp_path, tmp_path / "notebooks", tmp_path / "progress.json", tmp_path / "variants")
+    project = FakeProject(
+        tmp_path, tmp_path / "notebooks", tmp_path / "progress.json", tmp_path / "variants"
+    )
     project.notebooks.mkdir()
     project.variants.mkdir()
     monkeypatch.setenv("MINISGL_JUDGE_REGISTRY", str(tmp_path / "registry.toml"))
@@ -209,8 +211,13 @@ def code_cell(source: str, exercise: str | None = None, support: bool = False) -
         meta["tags"] = ["exercise"]
     if support:
         meta["minisgl"] = {"support": True}
-    return {"cell_type": "code", "metadata": meta, "source": textwrap.dedent(source).splitlines(True),
-            "outputs": [], "execution_count": None}
+    return {
+        "cell_type": "code",
+        "metadata": meta,
+        "source": textwrap.dedent(source).splitlines(True),
+        "outputs": [],
+        "execution_count": None,
+    }
 
 
 def notebook(cells: List[Dict]) -> str:

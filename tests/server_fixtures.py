@@ -11,13 +11,26 @@ from helpers import test_device
 
 # Small enough that a prompt can be too long and that 32 clients queue for slots; float32 as the
 # offline reference, so greedy outputs match token for token.
-SERVER_ARGS = ("--max-running-req", "8", "--max-seq-len", "256", "--num-pages", "4096",
-               "--dtype", "float32", "--device", test_device())
+SERVER_ARGS = (
+    "--max-running-req",
+    "8",
+    "--max-seq-len",
+    "256",
+    "--num-pages",
+    "4096",
+    "--dtype",
+    "float32",
+    "--device",
+    test_device(),
+)
 SERVER_ENV = {"OMP_NUM_THREADS": "1"}  # the bundled model's matmuls are tiny (see conftest.py)
 
 
-def wait_for(what: str, probe: Callable[[], Dict], done: Callable[[Dict], bool], timeout: float = 30.0) -> Dict:
-    """Poll `probe()` until `done(result)` and return that result; fail saying what did not happen."""
+def wait_for(
+    what: str, probe: Callable[[], Dict], done: Callable[[Dict], bool], timeout: float = 30.0
+) -> Dict:
+    """Poll `probe()` until `done(result)` and return that result; fail saying what did not
+    happen."""
     deadline = time.monotonic() + timeout
     while True:
         result = probe()
@@ -37,8 +50,13 @@ def idle(stats: Dict) -> bool:
 
 
 def assert_all_back(stats: Dict) -> None:
-    assert stats["slots_free"] == stats["slots_total"], \
-        f"expected every request slot back, {stats['slots_total'] - stats['slots_free']} still taken"
-    assert stats["pages_available"] == stats["pages_total"], \
+    assert stats["slots_free"] == stats["slots_total"], (
+        f"expected every request slot back, {stats['slots_total'] - stats['slots_free']} still "
+        "taken"
+    )
+    assert stats["pages_available"] == stats["pages_total"], (
         f"expected every KV page back, {stats['pages_total'] - stats['pages_available']} still held"
-    assert stats["idle_integrity"] == "ok", f"the idle KV pool is inconsistent: {stats['idle_integrity']}"
+    )
+    assert stats["idle_integrity"] == "ok", (
+        f"the idle KV pool is inconsistent: {stats['idle_integrity']}"
+    )

@@ -14,9 +14,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
 
-from helpers import MODEL, assert_tokens_equal, hf_greedy, hf_logits, prompt_ids
-
 import minisgl.tiny_engine as te  # used as te.name so the judge's swapped-in functions are seen
+from helpers import MODEL, assert_tokens_equal, hf_greedy, hf_logits, prompt_ids
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +31,15 @@ def test_load_reads_both_config_layouts(tmp_path):
     raw.pop("rope_theta", None)
     theta = 12345.0
     layouts = {
-        "new": {**raw, "rope_parameters": {**(raw.get("rope_parameters") or {}), "rope_theta": theta}},
-        "old": {**{k: v for k, v in raw.items() if k not in ("rope_parameters", "dtype")},
-                "torch_dtype": raw.get("dtype", "bfloat16"), "rope_theta": theta},
+        "new": {
+            **raw,
+            "rope_parameters": {**(raw.get("rope_parameters") or {}), "rope_theta": theta},
+        },
+        "old": {
+            **{k: v for k, v in raw.items() if k not in ("rope_parameters", "dtype")},
+            "torch_dtype": raw.get("dtype", "bfloat16"),
+            "rope_theta": theta,
+        },
     }
     models = {}
     for name, config in layouts.items():
@@ -53,15 +58,20 @@ def test_rms_norm_matches_hf():
     with torch.no_grad():
         hf.weight.copy_(torch.randn(64))
     x = torch.randn(5, 3, 64) * 4
-    torch.testing.assert_close(te.rms_norm(x, hf.weight.data, 1e-6), hf(x).detach(),
-                               msg="rms_norm differs from Hugging Face's Qwen3RMSNorm in float32")
+    torch.testing.assert_close(
+        te.rms_norm(x, hf.weight.data, 1e-6),
+        hf(x).detach(),
+        msg="rms_norm differs from Hugging Face's Qwen3RMSNorm in float32",
+    )
 
 
 def test_rms_norm_uses_eps_and_float32():
     # All-zero input: only eps keeps the result finite.
     w = torch.ones(8)
     zeros = te.rms_norm(torch.zeros(2, 8), w, 1e-6)
-    assert torch.equal(zeros, torch.zeros(2, 8)), "an all-zero vector must stay zero (eps keeps 0 / 0 away)"
+    assert torch.equal(zeros, torch.zeros(2, 8)), (
+        "an all-zero vector must stay zero (eps keeps 0 / 0 away)"
+    )
     # bf16 input: computed in float32 and cast back to bfloat16 before the weight, as Hugging Face
     # does, the result is Hugging Face's to the last bit. bfloat16 arithmetic anywhere on the way
     # (the squares, the mean, the scaling, or the product with the weight) changes a good share of
@@ -75,8 +85,10 @@ def test_rms_norm_uses_eps_and_float32():
     got = te.rms_norm(x, hf.weight.data, 1e-6)
     assert got.dtype == torch.bfloat16, f"bfloat16 input must give bfloat16 output, got {got.dtype}"
     differ = (got != hf(x).detach()).float().mean().item()
-    assert differ < 0.005, (f"in bfloat16, {differ:.1%} of the outputs differ from Hugging Face's: compute in "
-                            "float32 and cast back to x's dtype before multiplying by the weight")
+    assert differ < 0.005, (
+        f"in bfloat16, {differ:.1%} of the outputs differ from Hugging Face's: compute in "
+        "float32 and cast back to x's dtype before multiplying by the weight"
+    )
 
 
 def hf_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -86,7 +98,9 @@ def hf_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Ten
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)  # [tokens, dim]
-    out, _ = apply_rotary_pos_emb(x, x, emb.cos().to(x.dtype), emb.sin().to(x.dtype), unsqueeze_dim=1)
+    out, _ = apply_rotary_pos_emb(
+        x, x, emb.cos().to(x.dtype), emb.sin().to(x.dtype), unsqueeze_dim=1
+    )
     return out
 
 
@@ -97,9 +111,13 @@ def test_apply_rope_matches_hf(theta):
     positions = torch.tensor([0, 1, 7, 3, 100, 255, 1001])  # 1001: not a bfloat16 number
     # A float32 angle near 1000 radians is only good to ~1e-4: angles in float64 may differ that
     # much.
-    torch.testing.assert_close(te.apply_rope(x, positions, theta), hf_rope(x, positions, theta),
-                               atol=1e-4, rtol=1e-4,
-                               msg=f"apply_rope differs from Hugging Face's rotary embedding (theta {theta:g})")
+    torch.testing.assert_close(
+        te.apply_rope(x, positions, theta),
+        hf_rope(x, positions, theta),
+        atol=1e-4,
+        rtol=1e-4,
+        msg=f"apply_rope differs from Hugging Face's rotary embedding (theta {theta:g})",
+    )
 
 
 def test_apply_rope_in_bfloat16_computes_angles_in_float32():
@@ -111,9 +129,14 @@ def test_apply_rope_in_bfloat16_computes_angles_in_float32():
     positions = torch.tensor([0, 3, 300, 1001, 4097])
     got = te.apply_rope(x, positions, 10000.0)
     assert got.dtype == torch.bfloat16, f"bfloat16 input must give bfloat16 output, got {got.dtype}"
-    torch.testing.assert_close(got, hf_rope(x, positions, 10000.0), atol=2e-2, rtol=2e-2,
-                               msg="in bfloat16, apply_rope differs from Hugging Face's: compute the angles "
-                                   "in float32, then cast cos and sin to x's dtype")
+    torch.testing.assert_close(
+        got,
+        hf_rope(x, positions, 10000.0),
+        atol=2e-2,
+        rtol=2e-2,
+        msg="in bfloat16, apply_rope differs from Hugging Face's: compute the angles "
+        "in float32, then cast cos and sin to x's dtype",
+    )
 
 
 def test_apply_rope_position_zero_is_identity_and_norm_is_kept():
@@ -121,7 +144,9 @@ def test_apply_rope_position_zero_is_identity_and_norm_is_kept():
     x = torch.randn(3, 2, 16)
     out = te.apply_rope(x, torch.tensor([0, 5, 9]), 10000.0)
     torch.testing.assert_close(out[0], x[0], msg="position 0 must not rotate at all")
-    torch.testing.assert_close(out.norm(dim=-1), x.norm(dim=-1), msg="a rotation must keep each head's length")
+    torch.testing.assert_close(
+        out.norm(dim=-1), x.norm(dim=-1), msg="a rotation must keep each head's length"
+    )
     assert not torch.allclose(out[1], x[1]), "position 5 must rotate the vector"
 
 
@@ -134,10 +159,14 @@ def on_another_device(name, call):
     except RuntimeError as e:
         if "device" not in str(e):
             raise
-        pytest.fail(f"{name} made a tensor on the CPU while its inputs are on another device: create "
-                    "helper tensors (positions, frequencies, masks) with device=<the input's device>",
-                    pytrace=False)
-    assert out.device.type == "meta", f"{name} returned a tensor on {out.device}, not on its inputs' device"
+        pytest.fail(
+            f"{name} made a tensor on the CPU while its inputs are on another device: create "
+            "helper tensors (positions, frequencies, masks) with device=<the input's device>",
+            pytrace=False,
+        )
+    assert out.device.type == "meta", (
+        f"{name} returned a tensor on {out.device}, not on its inputs' device"
+    )
     return out
 
 
@@ -152,8 +181,9 @@ def sdpa_causal(q, k, v):
     """Dense causal attention over a whole sequence with torch's SDPA: [len, heads, dim]."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                         is_causal=True)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+    )
     return out.transpose(0, 1)
 
 
@@ -161,9 +191,12 @@ def sdpa_causal(q, k, v):
 def test_attention_full_sequence_matches_sdpa(heads, kv_heads):
     torch.manual_seed(3)
     q, k, v = torch.randn(9, heads, 16), torch.randn(9, kv_heads, 16), torch.randn(9, kv_heads, 16)
-    torch.testing.assert_close(te.attention(q, k, v), sdpa_causal(q, k, v),
-                               msg=f"causal attention with {heads} query heads and {kv_heads} kv heads "
-                                   "differs from torch's scaled_dot_product_attention")
+    torch.testing.assert_close(
+        te.attention(q, k, v),
+        sdpa_causal(q, k, v),
+        msg=f"causal attention with {heads} query heads and {kv_heads} kv heads "
+        "differs from torch's scaled_dot_product_attention",
+    )
 
 
 @pytest.mark.parametrize("q_len", [1, 3])
@@ -172,9 +205,12 @@ def test_attention_queries_are_the_last_positions(q_len):
     torch.manual_seed(4)
     q, k, v = torch.randn(10, 4, 16), torch.randn(10, 2, 16), torch.randn(10, 2, 16)
     want = sdpa_causal(q, k, v)[-q_len:]
-    torch.testing.assert_close(te.attention(q[-q_len:], k, v), want,
-                               msg=f"{q_len} queries over 10 keys must be positions {10 - q_len}..9, "
-                                   "each seeing the keys up to its own position")
+    torch.testing.assert_close(
+        te.attention(q[-q_len:], k, v),
+        want,
+        msg=f"{q_len} queries over 10 keys must be positions {10 - q_len}..9, "
+        "each seeing the keys up to its own position",
+    )
 
 
 def test_attention_works_on_the_inputs_device():
@@ -186,9 +222,16 @@ def test_attention_works_on_the_inputs_device():
 
 def test_forward_logits_match_hf(model):
     ids = prompt_ids()[0]
-    logits = te.forward(model, torch.tensor(ids), torch.arange(len(ids)), te.KVCache(model.config.num_layers))
-    torch.testing.assert_close(logits, hf_logits(ids), atol=1e-4, rtol=1e-4,
-                               msg="the tiny engine's logits for a prompt differ from Hugging Face's")
+    logits = te.forward(
+        model, torch.tensor(ids), torch.arange(len(ids)), te.KVCache(model.config.num_layers)
+    )
+    torch.testing.assert_close(
+        logits,
+        hf_logits(ids),
+        atol=1e-4,
+        rtol=1e-4,
+        msg="the tiny engine's logits for a prompt differ from Hugging Face's",
+    )
 
 
 def test_forward_with_cache_equals_forward_without(model):
@@ -199,9 +242,16 @@ def test_forward_with_cache_equals_forward_without(model):
     cache = te.KVCache(n)
     te.forward(model, ids[:4], torch.arange(4), cache)
     rest = te.forward(model, ids[4:], torch.arange(4, len(ids)), cache)
-    assert len(cache) == len(ids), f"the cache holds {len(cache)} tokens after {len(ids)} went through"
-    torch.testing.assert_close(rest, full[4:], atol=1e-4, rtol=1e-4,
-                               msg="logits computed through the cache differ from those of one whole pass")
+    assert len(cache) == len(ids), (
+        f"the cache holds {len(cache)} tokens after {len(ids)} went through"
+    )
+    torch.testing.assert_close(
+        rest,
+        full[4:],
+        atol=1e-4,
+        rtol=1e-4,
+        msg="logits computed through the cache differ from those of one whole pass",
+    )
 
 
 @contextmanager
@@ -241,9 +291,10 @@ def test_generate_prefills_once_then_one_token_per_step(model):
         out = te.generate(model, prompt, 5)
     assert len(out) == 5, f"generate(..., 5) returned {len(out)} tokens"
     assert added[0] == len(prompt), "the first forward must run the whole prompt"
-    assert added[1:] in ([1] * 4, [1] * 5), \
-        "after the prefill, each step must run exactly one new token; got steps of " \
+    assert added[1:] in ([1] * 4, [1] * 5), (
+        "after the prefill, each step must run exactly one new token; got steps of "
         f"{added[1:]} tokens"
+    )
 
 
 def test_generate_stops_after_eos(model):
@@ -252,9 +303,10 @@ def test_generate_stops_after_eos(model):
         full = te.generate(model, prompt, 6)
         eos = full[2]
         cut = te.generate(model, prompt, 6, eos_token_id=eos)
-    assert cut == full[: full.index(eos) + 1], \
-        f"with eos_token_id={eos}: expected {full[: full.index(eos) + 1]} (up to and with the " \
+    assert cut == full[: full.index(eos) + 1], (
+        f"with eos_token_id={eos}: expected {full[: full.index(eos) + 1]} (up to and with the "
         f"EOS), got {cut}"
+    )
 
 
 def test_generate_stops_when_the_first_token_is_eos(model):
@@ -273,5 +325,7 @@ def test_generate_without_eos_token_id_never_stops_early(model):
         full = te.generate(model, prompt, 6)
         other = te.Model(dataclasses.replace(model.config, eos_token_id=full[1]), model.weights)
         got = te.generate(other, prompt, 6)
-    assert got == full, (f"generate(..., 6) with eos_token_id=None must give all 6 tokens, even though the "
-                         f"config's EOS is {full[1]}: expected {full}, got {got}")
+    assert got == full, (
+        f"generate(..., 6) with eos_token_id=None must give all 6 tokens, even though the "
+        f"config's EOS is {full[1]}: expected {full}, got {got}"
+    )

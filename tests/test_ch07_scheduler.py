@@ -10,8 +10,8 @@ from typing import List, Tuple
 
 import pytest
 import torch
-from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
 
+from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch, Req
 from minisgl.engine import BatchSamplingArgs
@@ -19,7 +19,6 @@ from minisgl.env import ENV
 from minisgl.kvcache import CacheHandle
 from minisgl.scheduler import ChunkedReq, DecodeManager
 from minisgl.utils.device import DeferredStream
-
 
 pytestmark = pytest.mark.usefixtures("normal_loop")  # conftest.py: chapter 11 is not here yet
 
@@ -35,9 +34,10 @@ def launches_with_lens(log) -> List[List[int]]:
 
 def assert_all_returned(llm) -> None:
     """After a run: every request slot is free again and every KV page is free or cached, once."""
-    assert llm.table_manager.available_size == llm.table_manager.capacity, \
-        f"{llm.table_manager.capacity - llm.table_manager.available_size} request slot(s) " \
+    assert llm.table_manager.available_size == llm.table_manager.capacity, (
+        f"{llm.table_manager.capacity - llm.table_manager.available_size} request slot(s) "
         "never came back"
+    )
     llm.cache_manager.check_integrity()
 
 
@@ -81,8 +81,9 @@ def test_normal_loop_handles_each_step_before_launching_the_next():
     order = [(e.kind, e["step"]) for e in log if e.kind in ("launch", "handle")]
     steps = [s for kind, s in order if kind == "launch"]
     assert len(steps) == 3, f"expected one prefill and two decode steps, got {order}"
-    assert order == [(kind, s) for s in steps for kind in ("launch", "handle")], \
+    assert order == [(kind, s) for s in steps for kind in ("launch", "handle")], (
         f"the normal loop must handle step N's results before it launches step N+1: {order}"
+    )
 
 
 def test_one_step_processes_messages_and_runs_one_batch():
@@ -90,17 +91,21 @@ def test_one_step_processes_messages_and_runs_one_batch():
     log = llm.events.record()
     uid = llm.add_request(prompt_ids()[0], greedy(3))
     llm.step()
-    assert launches(log) == [("prefill", [uid])], f"one step should launch one prefill batch, got {launches(log)}"
+    assert launches(log) == [("prefill", [uid])], (
+        f"one step should launch one prefill batch, got {launches(log)}"
+    )
     assert len(llm.results[uid].token_ids) == 1, "the prefill step's token should have arrived"
     llm.step()
-    assert launches(log)[1:] == [("decode", [uid])], \
+    assert launches(log)[1:] == [("decode", [uid])], (
         f"the second step should launch one decode batch, got {launches(log)[1:]}"
+    )
     assert len(llm.results[uid].token_ids) == 2, "after two steps the request should have 2 tokens"
     llm.step()
     got = llm.results[uid]
-    assert got.finished and len(got.token_ids) == 3, \
-        f"after three steps: {len(got.token_ids)} tokens, finished={got.finished}; expected 3 " \
+    assert got.finished and len(got.token_ids) == 3, (
+        f"after three steps: {len(got.token_ids)} tokens, finished={got.finished}; expected 3 "
         "tokens, finished"
+    )
     assert not llm.busy, "the only request is done, yet the LLM still has work"
     llm.step()  # nothing to do: no batch, no error
     assert len(launches(log)) == 3, "a step with nothing to do launched a batch"
@@ -129,7 +134,11 @@ class IndicesCopiedOnTheSchedulerStream(LLM):
     def _prepare_batch(self, batch):
         fi = super()._prepare_batch(batch)
         # each tensor once (batch.positions may be input_tuple[1] itself)
-        tensors = list({id(t): t for t in (*fi.input_tuple, *fi.write_tuple, batch.positions, batch.out_loc)}.values())
+        tensors = list(
+            {
+                id(t): t for t in (*fi.input_tuple, *fi.write_tuple, batch.positions, batch.out_loc)
+            }.values()
+        )
         values = [t.clone() for t in tensors]
         for t in tensors:
             t.zero_()  # what the device holds until the copies have arrived
@@ -148,8 +157,11 @@ def test_the_engine_stream_waits_for_the_scheduler_stream_before_each_step():
     llm = build_llm(llm_class=IndicesCopiedOnTheSchedulerStream, cpu_streams="deferred")
     p = prompt_ids()[:2]
     out = llm.generate(p, greedy(3))
-    assert_tokens_equal([o["token_ids"] for o in out], hf_greedy(p, 3),
-                        "the step's indices are copied on the scheduler stream: the engine stream must wait for it")
+    assert_tokens_equal(
+        [o["token_ids"] for o in out],
+        hf_greedy(p, 3),
+        "the step's indices are copied on the scheduler stream: the engine stream must wait for it",
+    )
 
 
 class RecordingIO:
@@ -172,8 +184,10 @@ def test_the_loop_blocks_for_messages_only_when_it_has_no_work():
     llm.generate(prompt_ids()[:2], greedy(3))
     llm.step()  # idle: a server would wait here for the next message
     wrong = [(blocking, work) for blocking, work in io.calls if blocking == work]
-    assert not wrong, (f"{len(wrong)} of {len(io.calls)} receives: blocking={wrong[0][0]} with "
-                       f"{'work' if wrong[0][1] else 'no work'} to do (block only when there is none)")
+    assert not wrong, (
+        f"{len(wrong)} of {len(io.calls)} receives: blocking={wrong[0][0]} with "
+        f"{'work' if wrong[0][1] else 'no work'} to do (block only when there is none)"
+    )
     assert io.calls and io.calls[-1] == (True, False), "an idle step should wait for messages"
 
 
@@ -193,12 +207,15 @@ def test_a_slot_freed_in_the_normal_loop_is_reused_at_once_even_after_overlap_st
     for _ in range(4):  # enough steps for the second request, if it gets the slot at once
         llm.step()
     got = llm.results[second].token_ids
-    assert llm.results[second].finished, \
-        f"after the first request {ending}, the second waited for its slot (got {len(got)} of " \
+    assert llm.results[second].finished, (
+        f"after the first request {ending}, the second waited for its slot (got {len(got)} of "
         "2 tokens)"
+    )
     assert_tokens_equal([got], hf_greedy([p[1]], 2), "the request that took over the slot")
     if ending == "finishes":
-        assert_tokens_equal([llm.results[first].token_ids], hf_greedy([p[0]], 2), "the first request")
+        assert_tokens_equal(
+            [llm.results[first].token_ids], hf_greedy([p[0]], 2), "the first request"
+        )
     assert_all_returned(llm)
 
 
@@ -215,12 +232,16 @@ def test_a_request_that_samples_end_of_text_stops_while_the_others_go_on():
     stops = llm.add_request(p[3], SamplingParams(max_tokens=6))
     llm.run_until_idle()
     got = llm.results[stops].token_ids
-    assert got == ref[: k + 1], \
-        f"the request whose token {k} is end-of-text got {len(got)} tokens, expected {k + 1} " \
+    assert got == ref[: k + 1], (
+        f"the request whose token {k} is end-of-text got {len(got)} tokens, expected {k + 1} "
         "(it stops there)"
+    )
     assert llm.results[stops].finished, "the request that sampled end-of-text is not finished"
-    assert_tokens_equal([llm.results[short].token_ids, llm.results[long_].token_ids],
-                        [hf_greedy([p[0]], 1)[0], hf_greedy([p[1]], 6)[0]], "the two requests that ignore end-of-text")
+    assert_tokens_equal(
+        [llm.results[short].token_ids, llm.results[long_].token_ids],
+        [hf_greedy([p[0]], 1)[0], hf_greedy([p[1]], 6)[0]],
+        "the two requests that ignore end-of-text",
+    )
     assert_all_returned(llm)
 
 
@@ -240,8 +261,11 @@ def _admit(llm, uid: int, ids: List[int], max_tokens: int) -> Req:
 def assert_int64_indices(fi) -> None:
     """The chapter's contract: input_tuple and out_loc are int64 (a GPU kernel computes byte
     offsets from out_loc; in int32 they overflow in a large KV pool)."""
-    named = {"input_tuple rows": fi.input_tuple[0], "input_tuple positions": fi.input_tuple[1],
-             "batch.out_loc": fi.batch.out_loc}
+    named = {
+        "input_tuple rows": fi.input_tuple[0],
+        "input_tuple positions": fi.input_tuple[1],
+        "batch.out_loc": fi.batch.out_loc,
+    }
     wrong = {name: str(t.dtype) for name, t in named.items() if t.dtype != torch.int64}
     assert not wrong, f"index tensors should be int64: {wrong}"
 
@@ -276,38 +300,56 @@ def test_prepare_batch_builds_prefill_and_decode_indices():
     assert fi.write_tuple[0].tolist() == rows_of, "each sample goes to its request's row"
     assert fi.write_tuple[1].tolist() == lens, "each sample goes right after the prompt"
     out_loc = batch.out_loc.tolist()
-    assert out_loc == llm.page_table[fi.input_tuple].tolist(), "out_loc: the page-table entry of every token"
+    assert out_loc == llm.page_table[fi.input_tuple].tolist(), (
+        "out_loc: the page-table entry of every token"
+    )
     assert len(set(out_loc)) == sum(lens), "two tokens were given the same KV location"
-    assert llm.cache_manager.num_free_pages == free_before - sum(lens), "prefill should take one page per token"
+    assert llm.cache_manager.num_free_pages == free_before - sum(lens), (
+        "prefill should take one page per token"
+    )
     assert batch.attn_metadata is not None, "the batch needs its attention metadata"
 
     ref = hf_greedy(p, 2)
     first = _run(llm, fi)
-    assert first == [r[0] for r in ref], f"prefill sampled {first}, Hugging Face gives {[r[0] for r in ref]}"
+    assert first == [r[0] for r in ref], (
+        f"prefill sampled {first}, Hugging Face gives {[r[0] for r in ref]}"
+    )
     for row, n, tok in zip(rows_of, lens, first):  # where the decode step will read it
-        assert int(llm.token_pool[row, n]) == tok, f"the sample is not in the token pool at (row {row}, column {n})"
+        assert int(llm.token_pool[row, n]) == tok, (
+            f"the sample is not in the token pool at (row {row}, column {n})"
+        )
 
     # Decode: one token per request, the one just sampled, at the next position.
     batch = Batch(reqs, "decode")
     fi = llm._prepare_batch(batch)
     assert_int64_indices(fi)
-    assert fi.input_tuple[0].tolist() == rows_of, "decode input_tuple rows: one per request, its slot"
-    assert fi.input_tuple[1].tolist() == lens, \
-        f"decode input_tuple columns: {fi.input_tuple[1].tolist()}, expected {lens} (where the " \
+    assert fi.input_tuple[0].tolist() == rows_of, (
+        "decode input_tuple rows: one per request, its slot"
+    )
+    assert fi.input_tuple[1].tolist() == lens, (
+        f"decode input_tuple columns: {fi.input_tuple[1].tolist()}, expected {lens} (where the "
         "prefill wrote them)"
-    assert batch.positions.tolist() == lens, f"decode positions: {batch.positions.tolist()}, expected {lens}"
+    )
+    assert batch.positions.tolist() == lens, (
+        f"decode positions: {batch.positions.tolist()}, expected {lens}"
+    )
     assert fi.write_tuple[0].tolist() == rows_of, "decode write_tuple rows: each request's slot"
-    assert fi.write_tuple[1].tolist() == [n + 1 for n in lens], \
-        f"decode write_tuple columns: {fi.write_tuple[1].tolist()}, expected " \
+    assert fi.write_tuple[1].tolist() == [n + 1 for n in lens], (
+        f"decode write_tuple columns: {fi.write_tuple[1].tolist()}, expected "
         f"{[n + 1 for n in lens]} (device_len)"
+    )
     new_loc = batch.out_loc.tolist()
-    assert new_loc == [int(llm.page_table[row, n]) for row, n in zip(rows_of, lens)], \
+    assert new_loc == [int(llm.page_table[row, n]) for row, n in zip(rows_of, lens)], (
         "decode out_loc: the page-table entry of each request's new position"
+    )
     assert not set(new_loc) & set(out_loc), "a decode token overwrote a prompt token's KV"
-    assert llm.cache_manager.num_free_pages == free_before - sum(lens) - len(reqs), \
+    assert llm.cache_manager.num_free_pages == free_before - sum(lens) - len(reqs), (
         "a decode step should take one page per request"
+    )
     second = _run(llm, fi)
-    assert second == [r[1] for r in ref], f"decode sampled {second}, Hugging Face gives {[r[1] for r in ref]}"
+    assert second == [r[1] for r in ref], (
+        f"decode sampled {second}, Hugging Face gives {[r[1] for r in ref]}"
+    )
 
 
 @torch.inference_mode()
@@ -317,13 +359,20 @@ def test_prepare_batch_sends_a_chunks_sample_to_the_scratch_row():
     whole = _admit(llm, 0, ids, 4)
     # The first 3 prompt tokens as a chunk: its sample is junk and must not land in the prompt's
     # row.
-    chunk = ChunkedReq(whole.input_ids[:3], whole.table_idx, 0, 4, 0, whole.sampling_params, CacheHandle(0))
+    chunk = ChunkedReq(
+        whole.input_ids[:3], whole.table_idx, 0, 4, 0, whole.sampling_params, CacheHandle(0)
+    )
     fi = llm._prepare_batch(Batch([chunk], "prefill"))
-    assert fi.input_tuple[1].tolist() == [0, 1, 2], \
+    assert fi.input_tuple[1].tolist() == [0, 1, 2], (
         f"a 3-token chunk processes positions [0, 1, 2], got {fi.input_tuple[1].tolist()}"
-    assert fi.write_tuple[0].tolist() == [llm.engine.dummy_row], "a chunk's sample goes to the scratch row"
+    )
+    assert fi.write_tuple[0].tolist() == [llm.engine.dummy_row], (
+        "a chunk's sample goes to the scratch row"
+    )
     _run(llm, fi)
-    assert llm.token_pool[whole.table_idx, : len(ids)].tolist() == ids, "the chunk's sample overwrote the prompt"
+    assert llm.token_pool[whole.table_idx, : len(ids)].tolist() == ids, (
+        "the chunk's sample overwrote the prompt"
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -337,9 +386,12 @@ def test_a_prompt_whose_start_is_cached_is_prefilled_from_where_the_cache_ends(p
     prompts = [p[2], p[0] + [5, 6]]  # p[2] is a prefix of p[0]; the other extends it
     out = llm.generate(prompts, greedy(3))
     first = launches_with_lens(log)[0]
-    assert all(n < len(q) for n, q in zip(first, prompts)), \
+    assert all(n < len(q) for n, q in zip(first, prompts)), (
         f"the prefix cache should have served part of these prompts (prefill lengths {first})"
-    assert_tokens_equal([o["token_ids"] for o in out], hf_greedy(prompts, 3), "prompts with a cached start")
+    )
+    assert_tokens_equal(
+        [o["token_ids"] for o in out], hf_greedy(prompts, 3), "prompts with a cached start"
+    )
     assert_all_returned(llm)
 
 
@@ -355,18 +407,25 @@ def test_each_request_is_sampled_with_its_own_settings():
         ref = hf_greedy(p[:3], 8)
         for i, sp in enumerate(params):
             if sp is hot:
-                assert out[i] != ref[i], f"request {i} (temperature 5) got the greedy tokens: it was not sampled"
+                assert out[i] != ref[i], (
+                    f"request {i} (temperature 5) got the greedy tokens: it was not sampled"
+                )
             else:
-                assert out[i] == ref[i], (f"greedy request {i} in a batch with a sampled one got {out[i][:4]}..., "
-                                          f"Hugging Face gives {ref[i][:4]}...")
+                assert out[i] == ref[i], (
+                    f"greedy request {i} in a batch with a sampled one got {out[i][:4]}..., "
+                    f"Hugging Face gives {ref[i][:4]}..."
+                )
 
 
 @torch.inference_mode()
 def test_prepare_batch_gives_each_request_its_sampling_arguments_in_batch_order():
     llm = build_llm()
     p = prompt_ids()[:3]
-    params = [greedy(4), SamplingParams(temperature=0.7, top_k=5, max_tokens=4),
-              SamplingParams(temperature=1.3, top_p=0.9, max_tokens=4)]
+    params = [
+        greedy(4),
+        SamplingParams(temperature=0.7, top_k=5, max_tokens=4),
+        SamplingParams(temperature=1.3, top_p=0.9, max_tokens=4),
+    ]
     reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(p)]
     for r, sp in zip(reqs, params):
         r.sampling_params = sp
@@ -375,9 +434,10 @@ def test_prepare_batch_gives_each_request_its_sampling_arguments_in_batch_order(
     for field in ("temperatures", "top_k", "top_p"):
         g, w = getattr(got, field), getattr(want, field)
         shown = None if g is None else [round(x, 3) for x in g.tolist()]
-        assert g is not None and g.tolist() == w.tolist(), \
-            f"sampling arguments, {field}: {shown}, expected " \
+        assert g is not None and g.tolist() == w.tolist(), (
+            f"sampling arguments, {field}: {shown}, expected "
             f"{[round(x, 3) for x in w.tolist()]} (one per request)"
+        )
 
 
 # ---------------------------------------------------------------- DecodeManager.filter_reqs
@@ -385,7 +445,9 @@ def test_prepare_batch_gives_each_request_its_sampling_arguments_in_batch_order(
 
 def _req_after(uid: int, prompt_len: int, max_tokens: int, steps: int) -> Req:
     # slots are not uids: the decode set is keyed by uid (slot 7 - uid, so they never coincide)
-    req = Req(torch.arange(prompt_len, dtype=torch.int32), 7 - uid, 0, max_tokens, uid, greedy(max_tokens))
+    req = Req(
+        torch.arange(prompt_len, dtype=torch.int32), 7 - uid, 0, max_tokens, uid, greedy(max_tokens)
+    )
     for _ in range(steps):
         req.complete_one()
     return req
@@ -397,30 +459,39 @@ def test_filter_reqs_keeps_decodable_requests_and_drops_finished_ones():
     one_token = _req_after(1, 4, 1, steps=1)  # prefilled, and that was its only token
     short = _req_after(2, 6, 2, steps=1)
     dm.filter_reqs([going, one_token, short])
-    assert list(dm.running) == [0, 2], \
-        "running should hold uids [0, 2] (can decode, in batch order; uid 1 is finished), got " \
+    assert list(dm.running) == [0, 2], (
+        "running should hold uids [0, 2] (can decode, in batch order; uid 1 is finished), got "
         f"{list(dm.running)}"
+    )
 
     chunk = ChunkedReq(torch.arange(3, dtype=torch.int32), 5, 0, 4, 3, greedy(4))
     chunk.complete_one()
     dm.filter_reqs([chunk])
-    assert list(dm.running) == [0, 2], f"a chunked prefill is not decoding yet: running is {list(dm.running)}"
+    assert list(dm.running) == [0, 2], (
+        f"a chunked prefill is not decoding yet: running is {list(dm.running)}"
+    )
 
     going.complete_one()
     short.complete_one()  # short reaches its max_tokens on this step
     dm.filter_reqs([going, short])
-    assert list(dm.running) == [0], \
-        "a request that reached max_tokens must leave the decode set: running is " \
+    assert list(dm.running) == [0], (
+        "a request that reached max_tokens must leave the decode set: running is "
         f"{list(dm.running)}, expected [0]"
+    )
     assert dm.running[0] is going, "running[uid] should be the request itself"
     batch = dm.schedule_next_batch()
-    assert batch is not None and batch.reqs == [going] and batch.is_decode, \
+    assert batch is not None and batch.reqs == [going] and batch.is_decode, (
         "the next decode batch should hold exactly the request still running"
+    )
 
     going.complete_one()
     dm.filter_reqs([going])
-    assert not dm.running, f"every request reached max_tokens, but running still holds {list(dm.running)}"
-    assert dm.schedule_next_batch() is None, "no request can decode: there should be no decode batch"
+    assert not dm.running, (
+        f"every request reached max_tokens, but running still holds {list(dm.running)}"
+    )
+    assert dm.schedule_next_batch() is None, (
+        "no request can decode: there should be no decode batch"
+    )
 
 
 # ---------------------------------------------------------------- LLM.generate
@@ -448,9 +519,13 @@ def test_generate_with_text_prompts():
     ref = hf_greedy(prompt_ids(), 6)
     assert_tokens_equal([o["token_ids"] for o in out], ref)
     for o in out:
-        assert isinstance(o["text"], str) and o["text"] == llm.decode(o["token_ids"]), "text should decode token_ids"
+        assert isinstance(o["text"], str) and o["text"] == llm.decode(o["token_ids"]), (
+            "text should decode token_ids"
+        )
     single = llm.generate(PROMPT_TEXTS[1], greedy(6))  # one prompt, not in a list
-    assert len(single) == 1 and single[0]["token_ids"] == ref[1], "a single prompt (not in a list) gives one output"
+    assert len(single) == 1 and single[0]["token_ids"] == ref[1], (
+        "a single prompt (not in a list) gives one output"
+    )
 
 
 def test_more_prompts_than_request_slots_queue_up():
@@ -460,13 +535,17 @@ def test_more_prompts_than_request_slots_queue_up():
     out = llm.generate(p, greedy(5))
     assert_tokens_equal([o["token_ids"] for o in out], hf_greedy(p, 5))
     batches = launches(log)
-    assert max(len(uids) for _, uids in batches) == 2, "at most max_running_req requests may run at once"
+    assert max(len(uids) for _, uids in batches) == 2, (
+        "at most max_running_req requests may run at once"
+    )
     slots = {e["table_idx"] for e in log if e.kind == "slot_alloc"}
     assert slots == {0, 1}, f"the two slots should be reused by the waiting requests, got {slots}"
     assert_all_returned(llm)
 
 
-@pytest.mark.parametrize("case", ["empty", "too_long", "id_too_large", "negative_id", "not_ints", "mismatched"])
+@pytest.mark.parametrize(
+    "case", ["empty", "too_long", "id_too_large", "negative_id", "not_ints", "mismatched"]
+)
 def test_bad_input_is_refused_and_the_llm_keeps_serving(case):
     llm = build_llm()
     good = prompt_ids()[:2]

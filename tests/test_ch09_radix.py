@@ -12,8 +12,8 @@ from typing import Dict, List, Set, Tuple
 
 import pytest
 import torch
-from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prefill_batches, prompt_ids
 
+from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prefill_batches, prompt_ids
 from minisgl.kvcache import CacheHandle, RadixPrefixCache
 from minisgl.scheduler import pages_for
 
@@ -49,13 +49,19 @@ def test_insert_then_match_returns_the_inserted_locations():
     values.fill_(-1)  # the caller's tensor is a view of a page-table row, which will be reused
     assert prefix_len == 0, "nothing was cached before"
     assert handle.cached_len == 5, "the handle covers the whole inserted sequence"
-    assert cache.evictable_size == 5 and cache.protected_size == 0, \
-        f"5 new tokens, unlocked: evictable {cache.evictable_size}, protected " \
+    assert cache.evictable_size == 5 and cache.protected_size == 0, (
+        f"5 new tokens, unlocked: evictable {cache.evictable_size}, protected "
         f"{cache.protected_size}"
-    assert match(cache, 1, 2, 3, 4, 5) == (5, [100, 101, 102, 103, 104]), \
+    )
+    assert match(cache, 1, 2, 3, 4, 5) == (5, [100, 101, 102, 103, 104]), (
         "the cache must keep its own copy of the inserted locations"
-    assert match(cache, 1, 2, 3, 4, 5, 6, 7) == (5, [100, 101, 102, 103, 104]), "a longer query matches what is there"
-    assert match(cache, 1, 2, 9) == (2, [100, 101]), "[1, 2] agree, then 9 differs: the first 2 tokens match"
+    )
+    assert match(cache, 1, 2, 3, 4, 5, 6, 7) == (5, [100, 101, 102, 103, 104]), (
+        "a longer query matches what is there"
+    )
+    assert match(cache, 1, 2, 9) == (2, [100, 101]), (
+        "[1, 2] agree, then 9 differs: the first 2 tokens match"
+    )
     assert match(cache, 2, 3) == (0, []), "matching starts at the first token"
     cache.check_integrity()
 
@@ -63,31 +69,42 @@ def test_insert_then_match_returns_the_inserted_locations():
 def test_matching_inside_an_edge_splits_it_and_keeps_the_values_in_place():
     cache = RadixPrefixCache(1, CPU)
     cache.insert_prefix(ids(1, 2, 3, 4, 5, 6), locs(100, 6))
-    assert match(cache, 1, 2, 3, 9) == (3, [100, 101, 102]), \
+    assert match(cache, 1, 2, 3, 9) == (3, [100, 101, 102]), (
         "[1, 2, 3] agree, then 9 differs: 3 tokens and their locations"
+    )
     (upper,) = cache.root.children.values()
     assert upper.key == (1, 2, 3), "the match ended inside the edge: it must be split there"
     (lower,) = upper.children.values()
-    assert lower.key == (4, 5, 6) and lower.value.tolist() == [103, 104, 105], \
+    assert lower.key == (4, 5, 6) and lower.value.tolist() == [103, 104, 105], (
         f"the lower half keeps [4, 5, 6] at 103..105: got {lower.key} at {lower.value.tolist()}"
+    )
     assert cache.evictable_size == 6, "a split moves no tokens"
-    assert match(cache, 1, 2, 3, 4, 5, 6) == (6, [100, 101, 102, 103, 104, 105]), \
+    assert match(cache, 1, 2, 3, 4, 5, 6) == (6, [100, 101, 102, 103, 104, 105]), (
         "after a split, the whole sequence still matches across both halves"
+    )
     cache.check_integrity()
 
 
 def test_a_match_that_ends_inside_a_page_splits_the_edge_at_the_page_start():
     cache = RadixPrefixCache(4, CPU)
     cache.insert_prefix(ids(*range(1, 13)), locs(40, 12))  # one edge of 3 pages
-    assert match(cache, 1, 2, 3, 4, 5, 6, 99, 98) == (4, [40, 41, 42, 43]), "6 tokens agree: one whole page"
+    assert match(cache, 1, 2, 3, 4, 5, 6, 99, 98) == (4, [40, 41, 42, 43]), (
+        "6 tokens agree: one whole page"
+    )
     upper = cache.root.children.get((1, 2, 3, 4))
-    assert upper is not None and upper.key == (1, 2, 3, 4), "the edge must be split after its first page"
+    assert upper is not None and upper.key == (1, 2, 3, 4), (
+        "the edge must be split after its first page"
+    )
     (lower,) = upper.children.values()
-    assert lower.key == tuple(range(5, 13)) and lower.value.tolist() == list(range(44, 52)), \
+    assert lower.key == tuple(range(5, 13)) and lower.value.tolist() == list(range(44, 52)), (
         "the lower half keeps the rest of the edge and its locations"
-    assert match(cache, *range(1, 11)) == (8, list(range(40, 48))), "10 tokens agree: two whole pages"
-    assert [len(n.key) for n in (upper, *upper.children.values())] == [4, 4], \
+    )
+    assert match(cache, *range(1, 11)) == (8, list(range(40, 48))), (
+        "10 tokens agree: two whole pages"
+    )
+    assert [len(n.key) for n in (upper, *upper.children.values())] == [4, 4], (
         "the second match splits the lower half after one more page"
+    )
     assert cache.evictable_size == 12, "a split moves no tokens"
     cache.check_integrity()
 
@@ -96,42 +113,67 @@ def test_a_diverging_insert_shares_the_common_prefix():
     cache = RadixPrefixCache(1, CPU)
     cache.insert_prefix(ids(1, 2, 3, 4, 5), locs(100, 5))
     prefix_len, handle = cache.insert_prefix(ids(1, 2, 3, 7, 8, 9), locs(200, 6))
-    assert prefix_len == 3, "the first 3 tokens were cached already (the caller's copies are duplicates)"
+    assert prefix_len == 3, (
+        "the first 3 tokens were cached already (the caller's copies are duplicates)"
+    )
     assert handle.cached_len == 6, "the handle covers all 6 tokens"
-    assert match(cache, 1, 2, 3, 7, 8, 9) == (6, [100, 101, 102, 203, 204, 205]), \
+    assert match(cache, 1, 2, 3, 7, 8, 9) == (6, [100, 101, 102, 203, 204, 205]), (
         "the shared prefix keeps the first owner's locations; only the new suffix is added"
-    assert match(cache, 1, 2, 3, 4, 5) == (5, [100, 101, 102, 103, 104]), "the first sequence is still cached as it was"
-    assert cache.evictable_size == 8, f"5 + 3 new tokens are cached: evictable size {cache.evictable_size}"
+    )
+    assert match(cache, 1, 2, 3, 4, 5) == (5, [100, 101, 102, 103, 104]), (
+        "the first sequence is still cached as it was"
+    )
+    assert cache.evictable_size == 8, (
+        f"5 + 3 new tokens are cached: evictable size {cache.evictable_size}"
+    )
     prefix_len, handle = cache.insert_prefix(ids(1, 2, 3, 4), locs(300, 4))
     assert (prefix_len, handle.cached_len) == (4, 4), "all of it was cached: nothing to add"
-    assert cache.evictable_size == 8, f"nothing new was added: evictable size {cache.evictable_size}"
-    assert sorted(cache.all_indices().tolist()) == [100, 101, 102, 103, 104, 203, 204, 205], \
+    assert cache.evictable_size == 8, (
+        f"nothing new was added: evictable size {cache.evictable_size}"
+    )
+    assert sorted(cache.all_indices().tolist()) == [100, 101, 102, 103, 104, 203, 204, 205], (
         "the tree holds the first sequence's locations and the second one's new suffix"
+    )
     cache.check_integrity()
 
 
 def test_only_whole_pages_are_matched_and_inserted():
     cache = RadixPrefixCache(4, CPU)
-    prefix_len, handle = cache.insert_prefix(ids(*range(1, 11)), locs(40, 10))  # 10 tokens: 2 pages + 2
+    # 10 tokens: 2 pages + 2
+    prefix_len, handle = cache.insert_prefix(ids(*range(1, 11)), locs(40, 10))
     assert (prefix_len, handle.cached_len) == (0, 8), "the partial last page is not cached"
-    assert cache.evictable_size == 8, f"2 whole pages are cached: evictable size {cache.evictable_size}, expected 8"
-    assert match(cache, *range(1, 11)) == (8, list(range(40, 48))), \
+    assert cache.evictable_size == 8, (
+        f"2 whole pages are cached: evictable size {cache.evictable_size}, expected 8"
+    )
+    assert match(cache, *range(1, 11)) == (8, list(range(40, 48))), (
         "all 10 tokens are there, but only the 2 whole pages match"
-    assert match(cache, *range(1, 8)) == (4, [40, 41, 42, 43]), "7 tokens: only the first page matches"
+    )
+    assert match(cache, *range(1, 8)) == (4, [40, 41, 42, 43]), (
+        "7 tokens: only the first page matches"
+    )
     assert match(cache, 1, 2, 3) == (0, []), "3 tokens are less than a page: nothing matches"
-    assert match(cache, 1, 2, 3, 4, 5, 6, 99, 8) == (4, [40, 41, 42, 43]), "a page that differs anywhere does not match"
+    assert match(cache, 1, 2, 3, 4, 5, 6, 99, 8) == (4, [40, 41, 42, 43]), (
+        "a page that differs anywhere does not match"
+    )
 
     # A sequence that leaves the cached one inside the second page branches at the page boundary.
     prefix_len, handle = cache.insert_prefix(ids(1, 2, 3, 4, 5, 6, 77, 88, 9), locs(80, 9))
-    assert (prefix_len, handle.cached_len) == (4, 8), \
-        f"the first page was cached, the second is new: got prefix_len {prefix_len}, handle " \
+    assert (prefix_len, handle.cached_len) == (4, 8), (
+        f"the first page was cached, the second is new: got prefix_len {prefix_len}, handle "
         f"{handle.cached_len}"
-    assert match(cache, 1, 2, 3, 4, 5, 6, 77, 88) == (8, [40, 41, 42, 43, 84, 85, 86, 87]), \
+    )
+    assert match(cache, 1, 2, 3, 4, 5, 6, 77, 88) == (8, [40, 41, 42, 43, 84, 85, 86, 87]), (
         "the second sequence: the shared first page, then its own second page"
-    assert match(cache, *range(1, 9)) == (8, list(range(40, 48))), "the first sequence's two pages are still there"
-    assert cache.evictable_size == 12, \
+    )
+    assert match(cache, *range(1, 9)) == (8, list(range(40, 48))), (
+        "the first sequence's two pages are still there"
+    )
+    assert cache.evictable_size == 12, (
         f"3 distinct pages are cached: evictable size {cache.evictable_size}, expected 12"
-    for node in [cache.root.children[(1, 2, 3, 4)]] + list(cache.root.children[(1, 2, 3, 4)].children.values()):
+    )
+    for node in [cache.root.children[(1, 2, 3, 4)]] + list(
+        cache.root.children[(1, 2, 3, 4)].children.values()
+    ):
         assert len(node.key) % 4 == 0, f"edge {node.key} is not made of whole pages"
     cache.check_integrity()
 
@@ -142,11 +184,17 @@ def test_only_whole_pages_are_matched_and_inserted():
 def _two_branches(page_size: int = 1) -> RadixPrefixCache:
     """root -> [1,2] -> {[3,4] (older), [5,6] (newer)} with locations 10.., 20.., 30.. (page_size 1)
     or the same shape with every token repeated page_size times."""
+
     def seq(*t):
         return ids(*[x for x in t for _ in range(page_size)])
+
     cache = RadixPrefixCache(page_size, CPU)
-    cache.insert_prefix(seq(1, 2, 3, 4), torch.cat([locs(10, 2 * page_size), locs(20, 2 * page_size)]))
-    cache.insert_prefix(seq(1, 2, 5, 6), torch.cat([locs(90, 2 * page_size), locs(30, 2 * page_size)]))
+    cache.insert_prefix(
+        seq(1, 2, 3, 4), torch.cat([locs(10, 2 * page_size), locs(20, 2 * page_size)])
+    )
+    cache.insert_prefix(
+        seq(1, 2, 5, 6), torch.cat([locs(90, 2 * page_size), locs(30, 2 * page_size)])
+    )
     return cache
 
 
@@ -155,28 +203,34 @@ def test_locks_move_tokens_between_evictable_and_protected():
     assert (cache.evictable_size, cache.protected_size) == (6, 0), "6 tokens cached, none locked"
     handle, _ = cache.match_prefix(ids(1, 2, 5, 6))
     cache.lock_handle(handle)
-    assert (cache.evictable_size, cache.protected_size) == (2, 4), "the whole path to the root is protected"
+    assert (cache.evictable_size, cache.protected_size) == (2, 4), (
+        "the whole path to the root is protected"
+    )
     cache.lock_handle(handle)  # a second request on the same prefix
     cache.lock_handle(handle, unlock=True)
     assert (cache.evictable_size, cache.protected_size) == (2, 4), "locks nest: one holder remains"
     other, _ = cache.match_prefix(ids(1, 2, 3))  # splits [3,4]: only [3] joins the protected part
     cache.lock_handle(other)
-    assert (cache.evictable_size, cache.protected_size) == (1, 5), \
-        "(evictable, protected) after locking [1,2,3] too: " \
+    assert (cache.evictable_size, cache.protected_size) == (1, 5), (
+        "(evictable, protected) after locking [1,2,3] too: "
         f"{(cache.evictable_size, cache.protected_size)}"
+    )
     cache.check_integrity()
     cache.lock_handle(handle, unlock=True)
-    assert (cache.evictable_size, cache.protected_size) == (3, 3), \
-        "(evictable, protected) after the last lock on [1,2,5,6] went: " \
+    assert (cache.evictable_size, cache.protected_size) == (3, 3), (
+        "(evictable, protected) after the last lock on [1,2,5,6] went: "
         f"{(cache.evictable_size, cache.protected_size)}"
+    )
     cache.lock_handle(other, unlock=True)
-    assert (cache.evictable_size, cache.protected_size) == (6, 0), \
-        "(evictable, protected) with every lock released: " \
+    assert (cache.evictable_size, cache.protected_size) == (6, 0), (
+        "(evictable, protected) with every lock released: "
         f"{(cache.evictable_size, cache.protected_size)}"
+    )
     cache.lock_handle(CacheHandle(0))  # an empty match locks nothing
-    assert (cache.evictable_size, cache.protected_size) == (6, 0), \
-        "(evictable, protected): an empty handle changed them to " \
+    assert (cache.evictable_size, cache.protected_size) == (6, 0), (
+        "(evictable, protected): an empty handle changed them to "
         f"{(cache.evictable_size, cache.protected_size)}"
+    )
     cache.check_integrity()
 
 
@@ -186,22 +240,35 @@ def test_unlocking_a_prefix_that_is_not_locked_is_an_error():
     cache.lock_handle(handle)
     cache.lock_handle(handle, unlock=True)
     try:
-        cache.lock_handle(handle, unlock=True)  # one unlock too many: a bookkeeping bug upstream of the cache
+        # one unlock too many: a bookkeeping bug upstream of the cache
+        cache.lock_handle(handle, unlock=True)
     except AssertionError:
         pass
     else:
-        raise AssertionError("unlocking a node whose ref_count is already 0 must raise an AssertionError")
+        raise AssertionError(
+            "unlocking a node whose ref_count is already 0 must raise an AssertionError"
+        )
 
 
 def test_evict_takes_least_recently_used_leaves_then_their_parent():
     cache = _two_branches()
     match(cache, 1, 2, 3, 4)  # now [5,6] is the least recently used leaf
-    assert sorted(cache.evict(2).tolist()) == [30, 31], "[5,6] is the least recently used leaf: it goes first"
-    assert match(cache, 1, 2, 5, 6) == (2, [10, 11]), "only the shared [1, 2] is left of that branch"
-    assert cache.evictable_size == 4, f"2 of 6 tokens were evicted: evictable size {cache.evictable_size}, expected 4"
+    assert sorted(cache.evict(2).tolist()) == [30, 31], (
+        "[5,6] is the least recently used leaf: it goes first"
+    )
+    assert match(cache, 1, 2, 5, 6) == (2, [10, 11]), (
+        "only the shared [1, 2] is left of that branch"
+    )
+    assert cache.evictable_size == 4, (
+        f"2 of 6 tokens were evicted: evictable size {cache.evictable_size}, expected 4"
+    )
     assert sorted(cache.evict(1).tolist()) == [20, 21], "eviction frees whole nodes"
-    assert sorted(cache.evict(2).tolist()) == [10, 11], "with its children gone, the parent is a leaf"
-    assert cache.evictable_size == 0 and cache.root.is_leaf, "everything was evicted: the tree is empty"
+    assert sorted(cache.evict(2).tolist()) == [10, 11], (
+        "with its children gone, the parent is a leaf"
+    )
+    assert cache.evictable_size == 0 and cache.root.is_leaf, (
+        "everything was evicted: the tree is empty"
+    )
     assert cache.evict(0).numel() == 0, "evict(0) frees nothing"
     cache.check_integrity()
 
@@ -229,8 +296,9 @@ def test_a_new_leaf_counts_as_just_used():
     match(cache, 1, 2)  # [1,2] is used after [3,4] was inserted
     cache.insert_prefix(ids(5, 6), locs(30, 2))  # the newest entry of all
     got = [_evicted(cache, 2) for _ in range(3)]
-    assert got == [[20, 21], [10, 11], [30, 31]], \
+    assert got == [[20, 21], [10, 11], [30, 31]], (
         f"eviction order: expected [3,4], [1,2], then the newly inserted [5,6]; got locations {got}"
+    )
 
 
 def test_the_lower_half_of_a_split_keeps_its_time_of_last_use():
@@ -238,8 +306,9 @@ def test_the_lower_half_of_a_split_keeps_its_time_of_last_use():
     cache.insert_prefix(ids(1, 2, 3, 4), locs(10, 4))
     cache.insert_prefix(ids(7, 8), locs(20, 2))  # newer than [1,2,3,4]
     match(cache, 1, 2, 9)  # splits: [1,2] is used now; [3,4] was not matched
-    assert _evicted(cache, 1) == [12, 13], \
+    assert _evicted(cache, 1) == [12, 13], (
         "[3,4] was not part of the match: it keeps its old time and is the least recently used leaf"
+    )
     cache.check_integrity()
 
 
@@ -250,9 +319,10 @@ def test_a_parent_left_without_children_is_evicted_in_its_turn():
     cache.insert_prefix(ids(7, 8), locs(20, 2))  # newer than [1,2]
     cache.insert_prefix(ids(5, 5), locs(30, 2))  # newer still
     got = _evicted(cache, 4)
-    assert got == [10, 11, 12, 13], \
-        "once [3,4] is gone, [1,2] is the least recently used leaf and goes next, before " \
+    assert got == [10, 11, 12, 13], (
+        "once [3,4] is gone, [1,2] is the least recently used leaf and goes next, before "
         f"[7,8]: evicted {got}"
+    )
     cache.check_integrity()
 
 
@@ -263,21 +333,27 @@ def test_evicting_a_child_leaves_a_locked_parent_alone():
     cache.lock_handle(handle)  # a request runs on [1,2]
     cache.insert_prefix(ids(7, 8), locs(20, 2))  # the newest leaf
     got = _evicted(cache, 3)
-    assert got == [12, 13, 20, 21], \
-        "[1,2] is locked: once its child is gone it is a leaf, but still no candidate " \
+    assert got == [12, 13, 20, 21], (
+        "[1,2] is locked: once its child is gone it is a leaf, but still no candidate "
         f"(evicted {got})"
+    )
     assert match(cache, 1, 2) == (2, [10, 11]), "the locked [1, 2] stays cached"
     cache.check_integrity()
 
 
 def test_evict_frees_whole_leaves_until_enough_is_free():
     cache = _two_branches(page_size=4)  # the parent [1,2] has two leaves of 8 locations each
-    freed = cache.evict(9)  # one leaf is not enough; the parent is no leaf while the second one is there
-    assert sorted(freed.tolist()) == list(range(20, 28)) + list(range(30, 38)), \
+    # one leaf is not enough; the parent is no leaf while the second one is there
+    freed = cache.evict(9)
+    assert sorted(freed.tolist()) == list(range(20, 28)) + list(range(30, 38)), (
         f"the two leaves go, whole, and not their parent: evicted {sorted(freed.tolist())}"
-    assert cache.evictable_size == 8, f"the parent's 8 tokens remain evictable: evictable size {cache.evictable_size}"
-    assert match(cache, *[x for x in (1, 2, 3, 4) for _ in range(4)]) == (8, list(range(10, 18))), \
+    )
+    assert cache.evictable_size == 8, (
+        f"the parent's 8 tokens remain evictable: evictable size {cache.evictable_size}"
+    )
+    assert match(cache, *[x for x in (1, 2, 3, 4) for _ in range(4)]) == (8, list(range(10, 18))), (
         "the other branch and the parent stay"
+    )
     cache.check_integrity()
 
 
@@ -287,12 +363,16 @@ def test_a_locked_path_is_never_evicted():
     cache.lock_handle(handle)
     match(cache, 1, 2, 5, 6)  # the locked branch is now the least recently used one
     assert sorted(cache.evict(2).tolist()) == [30, 31], "the only evictable leaf is [5,6]"
-    assert cache.evictable_size == 0, f"everything left is locked: evictable size {cache.evictable_size}"
+    assert cache.evictable_size == 0, (
+        f"everything left is locked: evictable size {cache.evictable_size}"
+    )
     with pytest.raises(RuntimeError):
         cache.evict(1)  # everything left is locked
     assert match(cache, 1, 2, 3, 4) == (4, [10, 11, 20, 21]), "the locked path stays cached"
     cache.lock_handle(handle, unlock=True)
-    assert sorted(cache.evict(4).tolist()) == [10, 11, 20, 21], "once unlocked, the path can be evicted"
+    assert sorted(cache.evict(4).tolist()) == [10, 11, 20, 21], (
+        "once unlocked, the path can be evicted"
+    )
     cache.check_integrity()
 
 
@@ -301,7 +381,9 @@ def test_random_operations_keep_the_tree_consistent():
     for page_size in (1, 2):
         cache = RadixPrefixCache(page_size, CPU)
         held: Set[int] = set()  # the locations the cache should hold
-        given: Dict[Tuple[int, ...], Set[int]] = {}  # prefix -> locations ever inserted for its last token
+        given: Dict[
+            Tuple[int, ...], Set[int]
+        ] = {}  # prefix -> locations ever inserted for its last token
         locked: List[CacheHandle] = []
         next_loc = 0
         for _ in range(300):
@@ -312,18 +394,22 @@ def test_random_operations_keep_the_tree_consistent():
                 next_loc += len(seq)
                 prefix_len, handle = cache.insert_prefix(ids(*seq), values)
                 n = len(seq) - len(seq) % page_size
-                assert handle.cached_len == n and prefix_len % page_size == 0, \
-                    f"insert of {seq}: the handle covers its whole pages, and prefix_len is " \
+                assert handle.cached_len == n and prefix_len % page_size == 0, (
+                    f"insert of {seq}: the handle covers its whole pages, and prefix_len is "
                     "whole pages"
+                )
                 held.update(values[prefix_len:n].tolist())
                 for j in range(n):
                     given.setdefault(tuple(seq[: j + 1]), set()).add(int(values[j]))
             elif op < 0.65:
                 handle, indices = cache.match_prefix(ids(*seq))
-                assert handle.cached_len % page_size == 0 and len(indices) == handle.cached_len, \
+                assert handle.cached_len % page_size == 0 and len(indices) == handle.cached_len, (
                     f"match of {seq}: whole pages only, one location per matched token"
+                )
                 for j, loc in enumerate(indices.tolist()):
-                    assert loc in given[tuple(seq[: j + 1])] and loc in held, "a match returned a wrong location"
+                    assert loc in given[tuple(seq[: j + 1])] and loc in held, (
+                        "a match returned a wrong location"
+                    )
                 if rng.random() < 0.5:
                     cache.lock_handle(handle)
                     locked.append(handle)
@@ -332,15 +418,20 @@ def test_random_operations_keep_the_tree_consistent():
             elif cache.evictable_size:
                 want = rng.randint(1, cache.evictable_size)
                 freed = cache.evict(want).tolist()
-                assert len(freed) >= want and set(freed) <= held and len(set(freed)) == len(freed), \
-                    f"evict({want}) returned {len(freed)} locations: at least {want}, each " \
+                assert (
+                    len(freed) >= want and set(freed) <= held and len(set(freed)) == len(freed)
+                ), (
+                    f"evict({want}) returned {len(freed)} locations: at least {want}, each "
                     "once, all of them cached"
+                )
                 held -= set(freed)
             cache.check_integrity()
-            assert set(cache.all_indices().tolist()) == held, \
+            assert set(cache.all_indices().tolist()) == held, (
                 "the tree holds exactly the locations inserted and not evicted"
-            assert cache.evictable_size + cache.protected_size == len(held), \
+            )
+            assert cache.evictable_size + cache.protected_size == len(held), (
                 "evictable + protected counts every cached token"
+            )
         for handle in locked:
             cache.lock_handle(handle, unlock=True)
         assert cache.protected_size == 0, "every lock was released"
@@ -357,17 +448,22 @@ def test_a_repeated_prompt_computes_only_its_last_token():
     log = llm.events.record()
     first = llm.generate(p, greedy(6))
     (computed,) = prefill_batches(log)
-    assert sorted(computed.values()) == sorted(len(x) for x in p), "a fresh cache: every prompt token is computed"
+    assert sorted(computed.values()) == sorted(len(x) for x in p), (
+        "a fresh cache: every prompt token is computed"
+    )
 
     log.clear()
     second = llm.generate(p, greedy(6))
     (computed,) = prefill_batches(log)
-    assert list(computed.values()) == [1] * len(p), \
+    assert list(computed.values()) == [1] * len(p), (
         "the whole prompt but its last token is cached: only that one should be computed"
+    )
     ref = hf_greedy(p, 6)
     assert_tokens_equal([o["token_ids"] for o in first], ref)
     assert_tokens_equal([o["token_ids"] for o in second], ref)
-    assert llm.cache_manager.prefix_cache.protected_size == 0, "nothing runs: nothing may stay locked"
+    assert llm.cache_manager.prefix_cache.protected_size == 0, (
+        "nothing runs: nothing may stay locked"
+    )
     llm.cache_manager.check_integrity()
 
 
@@ -380,7 +476,9 @@ def test_a_running_requests_prompt_is_shared_with_one_that_arrives_later():
     llm.step()  # a is prefilled and decoding: its prompt went into the cache at its prefill
     b = llm.add_request(p, greedy(3))
     llm.run_until_idle()
-    assert prefill_batches(log)[-1] == {b: 1}, f"b (a = {a}) should reuse the prompt of a running request"
+    assert prefill_batches(log)[-1] == {b: 1}, (
+        f"b (a = {a}) should reuse the prompt of a running request"
+    )
     assert_tokens_equal([llm.results[b].token_ids], hf_greedy([p], 3))
     llm.cache_manager.check_integrity()
 
@@ -395,10 +493,13 @@ def test_a_longer_prompt_reuses_the_cached_whole_pages_of_an_earlier_one():
     out = llm.generate([later], greedy(6))
     (computed,) = prefill_batches(log)
     reused = len(later) - list(computed.values())[0]
-    assert reused >= len(earlier) // 4 * 4, "every whole page of the earlier prompt should have been reused"
-    assert reused % 4 == 0 and reused < len(later), \
-        f"only whole pages are reused, never the whole prompt: reused {reused} of {len(later)} " \
+    assert reused >= len(earlier) // 4 * 4, (
+        "every whole page of the earlier prompt should have been reused"
+    )
+    assert reused % 4 == 0 and reused < len(later), (
+        f"only whole pages are reused, never the whole prompt: reused {reused} of {len(later)} "
         "tokens"
+    )
     assert_tokens_equal([out[0]["token_ids"]], hf_greedy([later], 6))
     llm.cache_manager.check_integrity()
 
@@ -420,7 +521,9 @@ def test_eviction_under_memory_pressure_keeps_outputs_right(page_size):
     out2 = llm.generate(second, greedy(n))  # does not fit beside what the cache holds
     llm.cache_manager.check_integrity()
     after = [cache.match_prefix(x)[0].cached_len for x in done]
-    assert sum(after) < sum(kept), "the second batch needed the cached pages: some should have been evicted"
+    assert sum(after) < sum(kept), (
+        "the second batch needed the cached pages: some should have been evicted"
+    )
     out3 = llm.generate(first, greedy(n))  # partly recomputed now
 
     ref1, ref2 = hf_greedy(first, n), hf_greedy(second, n)
@@ -442,18 +545,25 @@ def test_eviction_never_takes_the_prefix_of_a_running_request():
     llm.step()
     # c is done; its KV stays in the cache, unlocked. a's prompt is cached too, but locked.
     llm.step()
-    assert llm.results[uc].finished and not llm.results[ua].finished, \
+    assert llm.results[uc].finished and not llm.results[ua].finished, (
         "c (2 tokens) should be done after two steps, a (20 tokens) still running"
+    )
     done_c = torch.tensor(c + llm.results[uc].token_ids)
     before = cache.match_prefix(done_c)[0].cached_len
-    ub = llm.add_request(b, greedy(nb))  # runs beside a only by evicting: a's prompt is the oldest entry
+    # runs beside a only by evicting: a's prompt is the oldest entry
+    ub = llm.add_request(b, greedy(nb))
     llm.run_until_idle()
 
     launched = [e["uids"] for e in log if e.kind == "launch"]
-    assert any(ua in uids and ub in uids for uids in launched), "b should have run while a was running"
+    assert any(ua in uids and ub in uids for uids in launched), (
+        "b should have run while a was running"
+    )
     ref = hf_greedy([a, c, b], na)
-    assert_tokens_equal([llm.results[u].token_ids for u in (ua, uc, ub)], [ref[0], ref[1][:nc], ref[2][:nb]])
+    assert_tokens_equal(
+        [llm.results[u].token_ids for u in (ua, uc, ub)], [ref[0], ref[1][:nc], ref[2][:nb]]
+    )
     llm.cache_manager.check_integrity()
-    assert cache.match_prefix(done_c)[0].cached_len < before, \
-        "the unlocked entry (c's KV) should have been evicted, not the prefix a running " \
+    assert cache.match_prefix(done_c)[0].cached_len < before, (
+        "the unlocked entry (c's KV) should have been evicted, not the prefix a running "
         "request reads"
+    )

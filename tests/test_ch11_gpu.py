@@ -57,7 +57,9 @@ def reference_decode(q, k_cache, v_cache, page_table, rows, seqlens, scale) -> t
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("batch,heads,kv_heads,head_dim", [(1, 16, 8, 128), (5, 8, 4, 32), (70, 16, 8, 128)])
+@pytest.mark.parametrize(
+    "batch,heads,kv_heads,head_dim", [(1, 16, 8, 128), (5, 8, 4, 32), (70, 16, 8, 128)]
+)
 def test_triton_decode_matches_plain_attention(dtype, tol, batch, heads, kv_heads, head_dim):
     from minisgl.attention.triton_decode import paged_decode_attention
 
@@ -67,7 +69,9 @@ def test_triton_decode_matches_plain_attention(dtype, tol, batch, heads, kv_head
     v_cache = torch.randn(locations, kv_heads, head_dim, generator=g, device="cuda").to(dtype)
     q = torch.randn(batch, heads, head_dim, generator=g, device="cuda").to(dtype)
     # scattered locations, rows in a shuffled order, lengths from 1 to past a thousand
-    page_table = torch.randint(0, locations, (num_rows, max_len), generator=g, device="cuda", dtype=torch.int32)
+    page_table = torch.randint(
+        0, locations, (num_rows, max_len), generator=g, device="cuda", dtype=torch.int32
+    )
     rows = torch.randperm(num_rows, generator=g, device="cuda")[:batch]
     seqlens = torch.randint(1, max_len + 1, (batch,), generator=g, device="cuda", dtype=torch.int32)
     seqlens[0] = 1
@@ -90,7 +94,10 @@ def reference_prefill(q, k_cache, v_cache, page_table, rows, cu, seqlens, scale)
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         w = torch.einsum("qhd,khd->hqk", qi, k) * scale
-        visible = torch.arange(len_k, device=q.device)[None, :] <= torch.arange(len_k - len_q, len_k, device=q.device)[:, None]
+        visible = (
+            torch.arange(len_k, device=q.device)[None, :]
+            <= torch.arange(len_k - len_q, len_k, device=q.device)[:, None]
+        )
         w = w.masked_fill(~visible, float("-inf"))
         out[cu[i] : cu[i + 1]] = torch.einsum("hqk,khd->qhd", w.softmax(-1), v)
     return out
@@ -109,16 +116,26 @@ def test_triton_prefill_matches_plain_attention(dtype, tol, heads, kv_heads, hea
     k_cache = torch.randn(locations, kv_heads, head_dim, generator=g, device="cuda").to(dtype)
     v_cache = torch.randn(locations, kv_heads, head_dim, generator=g, device="cuda").to(dtype)
     q = torch.randn(sum(new), heads, head_dim, generator=g, device="cuda").to(dtype)
-    page_table = torch.randint(0, locations, (num_rows, max_len), generator=g, device="cuda", dtype=torch.int32)
+    page_table = torch.randint(
+        0, locations, (num_rows, max_len), generator=g, device="cuda", dtype=torch.int32
+    )
     rows = torch.tensor([4, 0, 5, 2], device="cuda")
     cu = [0]
     for n in new:
         cu.append(cu[-1] + n)
     seqlens = [n + c for n, c in zip(new, cached)]
     scale = 1 / math.sqrt(head_dim)
-    got = paged_prefill_attention(q, k_cache, v_cache, page_table, rows,
-                                  torch.tensor(cu, dtype=torch.int32, device="cuda"),
-                                  torch.tensor(seqlens, dtype=torch.int32, device="cuda"), max(new), scale)
+    got = paged_prefill_attention(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        rows,
+        torch.tensor(cu, dtype=torch.int32, device="cuda"),
+        torch.tensor(seqlens, dtype=torch.int32, device="cuda"),
+        max(new),
+        scale,
+    )
     want = reference_prefill(q, k_cache, v_cache, page_table, rows.tolist(), cu, seqlens, scale)
     assert got.dtype == dtype and got.shape == q.shape
     err = (got.float() - want).abs().max().item()
@@ -139,7 +156,9 @@ def test_fused_elementwise_kernels_match_the_torch_ops(dtype):
 
     x, res, w = rand(37, 1024), rand(37, 1024), rand(1024)
     torch.testing.assert_close(triton_ops.rms_norm(x, w, 1e-6), ops.rms_norm(x, w, 1e-6), **tol)
-    for got, want in zip(triton_ops.fused_add_rms_norm(x, res, w, 1e-6), ops.fused_add_rms_norm(x, res, w, 1e-6)):
+    for got, want in zip(
+        triton_ops.fused_add_rms_norm(x, res, w, 1e-6), ops.fused_add_rms_norm(x, res, w, 1e-6)
+    ):
         torch.testing.assert_close(got, want, **tol)
     gate_up = rand(37, 2 * 3072)
     torch.testing.assert_close(triton_ops.silu_and_mul(gate_up), ops.silu_and_mul(gate_up), **tol)
@@ -149,14 +168,18 @@ def test_fused_elementwise_kernels_match_the_torch_ops(dtype):
         w2 = rand(n, k) / math.sqrt(k)
         for rows in (1, 3):
             xs = rand(rows, k)
-            torch.testing.assert_close(triton_ops.small_batch_linear(xs, w2), torch.nn.functional.linear(xs, w2), **tol)
+            torch.testing.assert_close(
+                triton_ops.small_batch_linear(xs, w2), torch.nn.functional.linear(xs, w2), **tol
+            )
     # q/k norm, RoPE and the K/V store, from a merged qkv output, in one kernel
     rot = RotaryEmbedding(128, 4096, 1e6, torch.device("cuda"))
     heads, kv_heads, hd = 16, 8, 128
     qkv, qw, kw = rand(37, (heads + 2 * kv_heads) * hd), rand(hd), rand(hd)
     pos = torch.randint(0, 4096, (37,), generator=g, device="cuda")
     loc = torch.randperm(100, generator=g, device="cuda")[:37]
-    q, k, v = (t.reshape(37, -1, hd) for t in qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1))
+    q, k, v = (
+        t.reshape(37, -1, hd) for t in qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
+    )
     cos, sin = rot._cos[pos].to(dtype), rot._sin[pos].to(dtype)
     want_q = ops.apply_rope_neox(ops.rms_norm(q, qw, 1e-6), cos, sin)
     want_k = ops.apply_rope_neox(ops.rms_norm(k, kw, 1e-6), cos, sin)
@@ -164,16 +187,45 @@ def test_fused_elementwise_kernels_match_the_torch_ops(dtype):
     want_pool = pool.buffer.clone().view(2, 2, 100, kv_heads, hd)
     want_pool[0, 1, loc], want_pool[1, 1, loc] = want_k, v
     got = qkv.clone()
-    triton_ops.qk_norm_rope_store_(got, heads, kv_heads, qw, kw, rot._cos, rot._sin, pos, 1e-6,
-                                   pool.k_cache(1), pool.v_cache(1), loc)
-    torch.testing.assert_close(got[:, : heads * hd].reshape(37, heads, hd), want_q, **tol)  # in place
-    torch.testing.assert_close(got[:, heads * hd :], qkv[:, heads * hd :], atol=0, rtol=0)  # k, v untouched
-    torch.testing.assert_close(pool.buffer.view_as(want_pool), want_pool, **tol)  # layer 1 only, at loc only
+    triton_ops.qk_norm_rope_store_(
+        got,
+        heads,
+        kv_heads,
+        qw,
+        kw,
+        rot._cos,
+        rot._sin,
+        pos,
+        1e-6,
+        pool.k_cache(1),
+        pool.v_cache(1),
+        loc,
+    )
+    # in place
+    torch.testing.assert_close(got[:, : heads * hd].reshape(37, heads, hd), want_q, **tol)
+    # k, v untouched
+    torch.testing.assert_close(got[:, heads * hd :], qkv[:, heads * hd :], atol=0, rtol=0)
+    # layer 1 only, at loc only
+    torch.testing.assert_close(pool.buffer.view_as(want_pool), want_pool, **tol)
     # Llama: no q/k norm
     got = qkv.clone()
-    triton_ops.qk_norm_rope_store_(got, heads, kv_heads, None, None, rot._cos, rot._sin, pos, 1e-6,
-                                   pool.k_cache(0), pool.v_cache(0), loc)
-    torch.testing.assert_close(got[:, : heads * hd].reshape(37, heads, hd), ops.apply_rope_neox(q, cos, sin), **tol)
+    triton_ops.qk_norm_rope_store_(
+        got,
+        heads,
+        kv_heads,
+        None,
+        None,
+        rot._cos,
+        rot._sin,
+        pos,
+        1e-6,
+        pool.k_cache(0),
+        pool.v_cache(0),
+        loc,
+    )
+    torch.testing.assert_close(
+        got[:, : heads * hd].reshape(37, heads, hd), ops.apply_rope_neox(q, cos, sin), **tol
+    )
     torch.testing.assert_close(pool.k_cache(0)[loc], ops.apply_rope_neox(k, cos, sin), **tol)
 
 
@@ -192,7 +244,9 @@ def test_float32_matches_hf_with_and_without_cuda_graphs(graphs, overlap):
     llm = build_llm(use_cuda_graph=graphs)
     assert (llm.engine.graph_runner is not None) == graphs
     got = [o["token_ids"] for o in llm.generate(prompts, [greedy(n) for n in LENGTHS])]
-    assert_tokens_equal(got, want, f"graphs {'on' if graphs else 'off'}, overlap {'on' if overlap else 'off'}")
+    assert_tokens_equal(
+        got, want, f"graphs {'on' if graphs else 'off'}, overlap {'on' if overlap else 'off'}"
+    )
     if graphs:
         assert llm.engine.graph_runner.replays > 0, "no decode step ran from a CUDA graph"
     ch11.assert_idle_and_clean(llm)
@@ -210,7 +264,8 @@ def test_bfloat16_graphs_on_and_off_agree():
     outs = []
     for graphs in (True, False):
         llm = build_llm(dtype=torch.bfloat16, use_cuda_graph=graphs)
-        outs.append([o["token_ids"] for o in llm.generate(prompts, greedy(24))])  # batch of 4: no padding
+        # batch of 4: no padding
+        outs.append([o["token_ids"] for o in llm.generate(prompts, greedy(24))])
         del llm
     assert_tokens_equal(outs[0], outs[1], "bf16, graphs on vs off")
 
@@ -246,8 +301,10 @@ def test_bfloat16_matches_hf_bfloat16_where_margins_allow():
             if a == b:
                 continue
             gap = (logits[j][b] - logits[j][a]).item()
-            assert gap <= BF16_MARGIN, (f"prompt {i}, token {j}: engine chose {a}, HF bf16 chose {b} "
-                                        f"by a margin of {gap:.3f} logits (> {BF16_MARGIN})")
+            assert gap <= BF16_MARGIN, (
+                f"prompt {i}, token {j}: engine chose {a}, HF bf16 chose {b} "
+                f"by a margin of {gap:.3f} logits (> {BF16_MARGIN})"
+            )
             break  # past a legitimate divergence the two continuations differ
 
 
@@ -267,9 +324,10 @@ def test_scheduler_never_waits_for_the_step_it_just_launched():
         llm.step()
         if llm._last_data is not None:
             forward_input, output = llm._last_data
-            assert not output.copy_done.query(), \
-                f"step {forward_input.batch.step} ({forward_input.batch.phase}) finished " \
+            assert not output.copy_done.query(), (
+                f"step {forward_input.batch.step} ({forward_input.batch.phase}) finished "
                 "before the scheduler moved on"
+            )
             phases.add(forward_input.batch.phase)
     assert phases == {"prefill", "decode"}
     got = [llm.results[u].token_ids for u in uids]

@@ -10,7 +10,15 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from helpers import assert_tokens_equal, build_llm, cpu_streams_llm, greedy, hf_greedy, prefill_batches, prompt_ids
+from helpers import (
+    assert_tokens_equal,
+    build_llm,
+    cpu_streams_llm,
+    greedy,
+    hf_greedy,
+    prefill_batches,
+    prompt_ids,
+)
 from minisgl import SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
@@ -44,8 +52,9 @@ def eos_at(reference: List[int], min_index: int = 1) -> Tuple[int, int]:
 def assert_idle_and_clean(llm) -> None:
     llm.cache_manager.check_integrity()
     free = llm.table_manager.available_size
-    assert free == llm.config.max_running_req, \
+    assert free == llm.config.max_running_req, (
         f"{llm.config.max_running_req - free} request slot(s) not returned after all requests ended"
+    )
     # a request whose end was handled is no longer live: an abort arriving for it later must find
     # nothing to free (live_requests: the requests that hold a slot and KV right now)
     live = llm.live_requests()
@@ -62,7 +71,9 @@ def check_overlap_equals_normal_and_hf(llm_class, cache, chunk, page_size, strea
     build = build_llm if streams is None else lambda **kw: cpu_streams_llm(streams, **kw)
     for overlap in (True, False):
         set_overlap(overlap)
-        llm = build(llm_class=llm_class, cache_type=cache, max_extend_tokens=chunk, page_size=page_size)
+        llm = build(
+            llm_class=llm_class, cache_type=cache, max_extend_tokens=chunk, page_size=page_size
+        )
         got = [o["token_ids"] for o in llm.generate(prompts, greedy(10))]
         assert_tokens_equal(got, want, f"{'overlap' if overlap else 'normal'} loop vs Hugging Face")
         # and again: the second round hits the prefix cache
@@ -82,9 +93,10 @@ def check_finished_flag_on_last_token(llm_class, overlap: bool) -> None:
     llm.run_until_idle()
     for uid, n in zip(uids, lengths):
         flags = [f for _, f in sent.get(uid, [])]
-        assert flags == [False] * (n - 1) + [True], \
-            f"request with max_tokens={n}: finished flags {flags}, expected " \
+        assert flags == [False] * (n - 1) + [True], (
+            f"request with max_tokens={n}: finished flags {flags}, expected "
             f"{[False] * (n - 1) + [True]}"
+        )
     assert_idle_and_clean(llm)
 
 
@@ -100,7 +112,9 @@ def check_no_message_after_eos(llm_class, overlap: bool) -> None:
     uid = llm.add_request(prompt, SamplingParams(max_tokens=8))
     llm.run_until_idle()
     want = [(t, False) for t in ref[:k]] + [(eos, True)]
-    assert sent[uid] == want, f"messages {sent[uid]}, expected {want} (EOS {eos} is output token {k})"
+    assert sent[uid] == want, (
+        f"messages {sent[uid]}, expected {want} (EOS {eos} is output token {k})"
+    )
     assert_idle_and_clean(llm)
 
 
@@ -117,8 +131,10 @@ def watch_slot_reuse(llm) -> List[str]:
         elif ev.kind == "slot_alloc":
             for step, rows in in_flight.items():
                 if ev["table_idx"] in rows:
-                    violations.append(f"slot {ev['table_idx']} given to request {ev['uid']} "
-                                      f"while step {step}, which still holds it, is in flight")
+                    violations.append(
+                        f"slot {ev['table_idx']} given to request {ev['uid']} "
+                        f"while step {step}, which still holds it, is in flight"
+                    )
 
     llm.events.subscribe(on_event)
     return violations
@@ -163,15 +179,23 @@ def check_slot_race_gives_right_tokens_deferred(llm_class, device: str | None = 
     long_ = list(reversed(prompts[0] * 4))[: stale_pos + 1]
     # naive cache: the long prompt is read from the token pool in full, never from the prefix cache
     options = dict(llm_class=llm_class, max_running_req=1, cache_type="naive")
-    llm = cpu_streams_llm(**options) if device == "cpu" else build_llm(cpu_streams="deferred", **options)
+    llm = (
+        cpu_streams_llm(**options)
+        if device == "cpu"
+        else build_llm(cpu_streams="deferred", **options)
+    )
     llm.eos_token_ids = {eos}
     a = llm.add_request(short, SamplingParams(max_tokens=6))
     b = llm.add_request(long_, greedy(6))
     llm.run_until_idle()
-    assert llm.results[a].token_ids == ref_short[: k + 1], \
+    assert llm.results[a].token_ids == ref_short[: k + 1], (
         f"the request that ends at EOS: {llm.results[a].token_ids}, expected {ref_short[: k + 1]}"
-    assert_tokens_equal([llm.results[b].token_ids], hf_greedy([long_], 6),
-                        "the request that took over the freed slot")
+    )
+    assert_tokens_equal(
+        [llm.results[b].token_ids],
+        hf_greedy([long_], 6),
+        "the request that took over the freed slot",
+    )
     assert_idle_and_clean(llm)
 
 
@@ -201,7 +225,9 @@ def check_abort_while_prefill_in_flight(llm_class, max_tokens: int = 8) -> None:
 # ---------------------------------------------------------------- the tests
 
 
-@pytest.mark.parametrize("cache,chunk,page_size", [("radix", 8192, 1), ("naive", 5, 1), ("radix", 7, 4)])
+@pytest.mark.parametrize(
+    "cache,chunk,page_size", [("radix", 8192, 1), ("naive", 5, 1), ("radix", 7, 4)]
+)
 def test_overlap_equals_normal_and_hf(cache, chunk, page_size):
     check_overlap_equals_normal_and_hf(LLM, cache, chunk, page_size)
 
@@ -221,18 +247,26 @@ def test_order_of_events(overlap):
     # `handle N` comes once step N's results are processed: in the normal loop the finished
     # request's slot is freed while they are (under overlap it may be deferred: not checked)
     kinds = ("launch", "handle") if overlap else ("launch", "handle", "slot_free")
-    order = [f"{e.kind} {e['step']}" if e.kind != "slot_free" else "slot_free" for e in events if e.kind in kinds]
-    expected = (["launch 1", "launch 2", "handle 1", "launch 3", "handle 2", "handle 3"] if overlap
-                else ["launch 1", "handle 1", "launch 2", "handle 2", "launch 3", "slot_free", "handle 3"])
+    order = [
+        f"{e.kind} {e['step']}" if e.kind != "slot_free" else "slot_free"
+        for e in events
+        if e.kind in kinds
+    ]
+    expected = (
+        ["launch 1", "launch 2", "handle 1", "launch 3", "handle 2", "handle 3"]
+        if overlap
+        else ["launch 1", "handle 1", "launch 2", "handle 2", "launch 3", "slot_free", "handle 3"]
+    )
     assert order == expected, f"events in the order {order}, expected {expected}"
     # a handle event describes the step it handles, as its launch did (the timeline views read them)
     launched = {e["step"]: (e["phase"], e["uids"]) for e in events if e.kind == "launch"}
     for e in events:
         if e.kind == "handle":
             got = (e.fields.get("phase"), e.fields.get("uids"))
-            assert got == launched[e["step"]], \
-                f"the handle event of step {e['step']} says (phase, uids) = {got}, its launch " \
+            assert got == launched[e["step"]], (
+                f"the handle event of step {e['step']} says (phase, uids) = {got}, its launch "
                 f"said {launched[e['step']]}"
+            )
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -269,7 +303,9 @@ def test_the_overlap_loop_never_waits_for_the_step_it_just_launched():
         llm.step()
         if llm._last_data is not None:
             launched, out = llm._last_data
-            assert not out.copy_done.query(), f"the loop waited for its own {launched.batch.phase} step"
+            assert not out.copy_done.query(), (
+                f"the loop waited for its own {launched.batch.phase} step"
+            )
             phases.add(launched.batch.phase)
     assert phases == {"prefill", "decode"}
     assert_idle_and_clean(llm)
@@ -308,7 +344,11 @@ def test_abort_in_every_state(overlap):
         if decoding not in counts_at_abort and len(sent.get(decoding, [])) >= 2:
             abort_at(decoding)
         pending = llm.prefill_manager.get(chunked)
-        if chunked not in counts_at_abort and pending is not None and pending.chunked_req is not None:
+        if (
+            chunked not in counts_at_abort
+            and pending is not None
+            and pending.chunked_req is not None
+        ):
             abort_at(chunked)
     with pytest.raises(ValueError, match="unknown request uid"):
         llm.abort(12345)
@@ -321,14 +361,24 @@ def test_abort_in_every_state(overlap):
     assert queued not in sent
     for uid, n in counts_at_abort.items():
         assert len(sent.get(uid, [])) == n, f"request {uid} was sent tokens after its abort"
-    assert_tokens_equal([llm.results[keep].token_ids], hf_greedy([prompts[1]], 6), "the request nobody aborted")
+    assert_tokens_equal(
+        [llm.results[keep].token_ids], hf_greedy([prompts[1]], 6), "the request nobody aborted"
+    )
     aborts = [e["uid"] for e in log if e.kind == "abort"]
     twice = sorted({uid for uid in aborts if aborts.count(uid) > 1})
     assert not twice, f"request(s) {twice} got more than one abort event for one abort"
     states = {e["uid"]: e["state"] for e in log if e.kind == "abort"}
-    want = {queued: "queued", decoding: "running", chunked: "prefilling", 777: "not running", keep: "not running"}
+    want = {
+        queued: "queued",
+        decoding: "running",
+        chunked: "prefilling",
+        777: "not running",
+        keep: "not running",
+    }
     wrong = {uid: states.get(uid) for uid in want if states.get(uid) != want[uid]}
-    assert not wrong, f"abort events found these states: {wrong}, expected {({u: want[u] for u in wrong})}"
+    assert not wrong, (
+        f"abort events found these states: {wrong}, expected { ({u: want[u] for u in wrong}) }"
+    )
     assert_idle_and_clean(llm)
 
 
@@ -355,13 +405,20 @@ def test_the_overlap_loop_blocks_only_when_it_has_nothing_to_do():
     llm.add_request(prompts[0], greedy(4))
     llm.run_until_idle()
     llm.step()  # nothing in flight, nothing to do
-    assert any(waiting and not in_flight for _, in_flight, waiting in calls), \
+    assert any(waiting and not in_flight for _, in_flight, waiting in calls), (
         "test setup: no turn had a request waiting and nothing in flight"
+    )
     for blocking, in_flight, waiting in calls:
-        assert not (blocking and in_flight), "the loop received with blocking=True while a step was in flight"
-        assert not (blocking and waiting), "the loop received with blocking=True while requests were waiting to run"
-    assert calls[-1][0], "with nothing in flight and nothing to do the loop polled instead of blocking (a " \
+        assert not (blocking and in_flight), (
+            "the loop received with blocking=True while a step was in flight"
+        )
+        assert not (blocking and waiting), (
+            "the loop received with blocking=True while requests were waiting to run"
+        )
+    assert calls[-1][0], (
+        "with nothing in flight and nothing to do the loop polled instead of blocking (a "
         "server would spin)"
+    )
 
 
 class StagedCopies(LLM):
@@ -383,8 +440,10 @@ class StagedCopies(LLM):
         return forward_input
 
     def _forward(self, forward_input):
-        assert self.stream.pending == 0, (f"step {self._step + 1} was launched before the engine stream waited "
-                                          "for the scheduler stream, where its index tensors are copied")
+        assert self.stream.pending == 0, (
+            f"step {self._step + 1} was launched before the engine stream waited "
+            "for the scheduler stream, where its index tensors are copied"
+        )
         return super()._forward(forward_input)
 
 
@@ -397,7 +456,8 @@ def test_each_step_waits_for_the_scheduler_stream_before_it_launches():
     prompts = prompt_ids()
     llm = cpu_streams_llm(llm_class=StagedCopies, max_extend_tokens=7)
     got = [o["token_ids"] for o in llm.generate(prompts, greedy(4))]
-    want = [ref[:4] for ref in hf_greedy(prompts, 10)]  # the reference other tests use: cached already
+    # the reference other tests use: cached already
+    want = [ref[:4] for ref in hf_greedy(prompts, 10)]
     assert_tokens_equal(got, want, "with the index tensors copied on the scheduler stream")
     assert_idle_and_clean(llm)
 
@@ -423,8 +483,11 @@ def test_an_aborted_chunked_prefill_keeps_its_slot_while_its_chunk_is_in_flight(
     llm.run_until_idle()
     assert not violations, violations[0]
     assert chunked not in sent, f"the aborted request was sent {sent.get(chunked)}"
-    assert_tokens_equal([llm.results[waiting].token_ids], [hf_greedy([prompts[1]], 6)[0][:4]],
-                        "the request that took over the aborted request's slot")
+    assert_tokens_equal(
+        [llm.results[waiting].token_ids],
+        [hf_greedy([prompts[1]], 6)[0][:4]],
+        "the request that took over the aborted request's slot",
+    )
     assert_idle_and_clean(llm)
 
 
@@ -447,8 +510,10 @@ def test_a_freed_slot_returns_once_the_step_that_held_it_is_handled():
     after = next(i for i, e in enumerate(events) if e.kind == "handle" and e["step"] == last)
     want = next(e["step"] for e in events[after:] if e.kind == "launch")
     got = next(e["step"] for e in events if e.kind == "launch" and waiting in e["uids"])
-    assert got == want, (f"the waiting request started at step {got}; the slot it waited for was free "
-                         f"once step {last} was handled, so step {want} should have started it")
+    assert got == want, (
+        f"the waiting request started at step {got}; the slot it waited for was free "
+        f"once step {last} was handled, so step {want} should have started it"
+    )
     assert_idle_and_clean(llm)
 
 
@@ -465,9 +530,15 @@ def test_a_prompt_is_cached_as_soon_as_its_prefill_is_handled():
     second = llm.add_request(prompt, greedy(3))
     llm.run_until_idle()
     computed = next(b[second] for b in prefill_batches(log) if second in b)
-    assert computed <= 1, (f"a request with the same prompt computed {computed} of its {len(prompt)} prompt "
-                           "tokens while the first one was decoding: its prompt was not in the prefix cache")
-    assert_tokens_equal([llm.results[second].token_ids], [hf_greedy([prompt], 5)[0][:3]], "the request that hit the cache")
+    assert computed <= 1, (
+        f"a request with the same prompt computed {computed} of its {len(prompt)} prompt "
+        "tokens while the first one was decoding: its prompt was not in the prefix cache"
+    )
+    assert_tokens_equal(
+        [llm.results[second].token_ids],
+        [hf_greedy([prompt], 5)[0][:3]],
+        "the request that hit the cache",
+    )
     assert_idle_and_clean(llm)
 
 
@@ -481,7 +552,9 @@ def test_eos_ends_only_requests_that_heed_it_and_only_if_the_model_has_one():
     llm = build_llm()
     llm.eos_token_ids = {eos}  # a stand-in EOS: output token k of the first prompt
     got = llm.generate([prompts[0]], greedy(8))[0]["token_ids"]
-    assert_tokens_equal([got], [ref[0][:8]], f"a request with ignore_eos=True (EOS {eos} is its output token {k})")
+    assert_tokens_equal(
+        [got], [ref[0][:8]], f"a request with ignore_eos=True (EOS {eos} is its output token {k})"
+    )
     llm.eos_token_ids = set()
     got = [o["token_ids"] for o in llm.generate(prompts, SamplingParams(max_tokens=5))]
     assert_tokens_equal(got, [r[:5] for r in ref], "a model whose EOS id is None")

@@ -32,12 +32,31 @@ def variant_llm(name: str) -> type:
 
 # (variant, check, what the check's failure must say: it fails for the variant's own bug)
 CASES = [
-    ("ch11_upstream_finished", lambda cls: ch11.check_finished_flag_on_last_token(cls, overlap=True),
-     "finished flags"),
-    ("ch11_upstream_stale", lambda cls: ch11.check_no_message_after_eos(cls, overlap=True), r"messages .* expected"),
-    ("ch11_upstream_slot", ch11.check_slot_not_reused_in_flight, r"slot \d+ given to request \d+ while step"),
-    ("ch11_upstream_slot", ch11.check_slot_race_gives_right_tokens_deferred, "took over the freed slot"),
-    ("ch11_upstream_abort", ch11.check_abort_while_prefill_in_flight, "the aborted request was sent"),
+    (
+        "ch11_upstream_finished",
+        lambda cls: ch11.check_finished_flag_on_last_token(cls, overlap=True),
+        "finished flags",
+    ),
+    (
+        "ch11_upstream_stale",
+        lambda cls: ch11.check_no_message_after_eos(cls, overlap=True),
+        r"messages .* expected",
+    ),
+    (
+        "ch11_upstream_slot",
+        ch11.check_slot_not_reused_in_flight,
+        r"slot \d+ given to request \d+ while step",
+    ),
+    (
+        "ch11_upstream_slot",
+        ch11.check_slot_race_gives_right_tokens_deferred,
+        "took over the freed slot",
+    ),
+    (
+        "ch11_upstream_abort",
+        ch11.check_abort_while_prefill_in_flight,
+        "the aborted request was sent",
+    ),
 ]
 
 
@@ -53,7 +72,9 @@ def on_cpu_streams(check):
 IDS = [c.__name__ if c.__name__ != "<lambda>" else v.split("_")[-1] for v, c, _ in CASES]
 
 
-@pytest.mark.parametrize("variant,check,says", CASES, ids=[f"{v}-{i}" for (v, _, _), i in zip(CASES, IDS)])
+@pytest.mark.parametrize(
+    "variant,check,says", CASES, ids=[f"{v}-{i}" for (v, _, _), i in zip(CASES, IDS)]
+)
 def test_variant_is_caught(variant, check, says):
     with pytest.raises(AssertionError, match=says):
         on_cpu_streams(check)(variant_llm(variant))

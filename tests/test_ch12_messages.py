@@ -11,8 +11,16 @@ import pytest
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.message import (AbortBackendMsg, AbortMsg, DetokenizeMsg, StatsQuery, StatsReply, TokenizeMsg, UserMsg,
-                             UserReply)
+from minisgl.message import (
+    AbortBackendMsg,
+    AbortMsg,
+    DetokenizeMsg,
+    StatsQuery,
+    StatsReply,
+    TokenizeMsg,
+    UserMsg,
+    UserReply,
+)
 from minisgl.message.wire import decode_batch, encode_batch, encode_value, revive
 
 PARAMS = SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_tokens=4, ignore_eos=True)
@@ -21,11 +29,19 @@ MESSAGES = [
     AbortBackendMsg(uid=3),
     DetokenizeMsg(uid=3, next_token=9, finished=True),
     DetokenizeMsg(uid=4, next_token=-1, finished=True, error="the prompt is empty"),
-    TokenizeMsg(uid=5, sampling_params=SamplingParams(), messages=[{"role": "user", "content": "Héllo 🌹"}],
-                fill_context=True),
+    TokenizeMsg(
+        uid=5,
+        sampling_params=SamplingParams(),
+        messages=[{"role": "user", "content": "Héllo 🌹"}],
+        fill_context=True,
+    ),
     TokenizeMsg(uid=6, sampling_params=SamplingParams(), input_ids=[1, 2]),
-    AbortMsg(uid=5), StatsQuery(uid=7), StatsReply(uid=7, stats={"slots_free": 8, "idle_integrity": None}),
-    UserReply(uid=5, text="né", token_ids=[1, 2], finished=True, finish_reason="stop", prompt_tokens=3),
+    AbortMsg(uid=5),
+    StatsQuery(uid=7),
+    StatsReply(uid=7, stats={"slots_free": 8, "idle_integrity": None}),
+    UserReply(
+        uid=5, text="né", token_ids=[1, 2], finished=True, finish_reason="stop", prompt_tokens=3
+    ),
 ]
 
 
@@ -36,7 +52,9 @@ def same(a, b) -> bool:
     for f in dataclasses.fields(a):
         x, y = getattr(a, f.name), getattr(b, f.name)
         if isinstance(x, torch.Tensor):
-            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.tolist() == y.tolist()):
+            if not (
+                isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.tolist() == y.tolist()
+            ):
                 return False
         elif x != y:
             return False
@@ -52,7 +70,15 @@ def test_a_tensor_travels_as_its_ids_and_dtype():
 
 def test_sampling_params_travel_as_their_fields():
     got = encode_value(PARAMS)
-    want = {"__sampling__": {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "max_tokens": 4, "ignore_eos": True}}
+    want = {
+        "__sampling__": {
+            "temperature": 0.7,
+            "top_k": 5,
+            "top_p": 0.9,
+            "max_tokens": 4,
+            "ignore_eos": True,
+        }
+    }
     assert got == want, f"SamplingParams should encode as {want}, got {got}"
 
 
@@ -61,20 +87,33 @@ def test_a_message_is_its_fields_and_its_name():
     want = {"__msg__": "DetokenizeMsg", "uid": 3, "next_token": 9, "finished": True, "error": None}
     assert got == want, f"a DetokenizeMsg should encode as {want}, got {got}"
     user = encode_value(MESSAGES[0])
-    assert user.get("input_ids") == {"__tensor__": [5, 6, 7], "dtype": "int32"} and \
-        "__sampling__" in user.get("sampling_params", {}), \
+    assert user.get("input_ids") == {
+        "__tensor__": [5, 6, 7],
+        "dtype": "int32",
+    } and "__sampling__" in user.get("sampling_params", {}), (
         f"a message's fields are encoded too (its tensor and its sampling params), got {user}"
+    )
     chat = encode_value(MESSAGES[4])
-    assert chat.get("messages") == [{"role": "user", "content": "Héllo 🌹"}], \
+    assert chat.get("messages") == [{"role": "user", "content": "Héllo 🌹"}], (
         f"lists and dicts inside a message are kept, element by element; got {chat.get('messages')}"
+    )
 
 
 def test_lists_tuples_and_dicts_are_encoded_item_by_item():
-    value = [DetokenizeMsg(uid=1, next_token=2, finished=False), {"ids": torch.tensor([4], dtype=torch.int32)}, (1, 2)]
+    value = [
+        DetokenizeMsg(uid=1, next_token=2, finished=False),
+        {"ids": torch.tensor([4], dtype=torch.int32)},
+        (1, 2),
+    ]
     got = encode_value(value)
-    want = [{"__msg__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": False, "error": None},
-            {"ids": {"__tensor__": [4], "dtype": "int32"}}, [1, 2]]
-    assert got == want and isinstance(got[2], list), f"expected {want} (the tuple as a list), got {got}"
+    want = [
+        {"__msg__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": False, "error": None},
+        {"ids": {"__tensor__": [4], "dtype": "int32"}},
+        [1, 2],
+    ]
+    assert got == want and isinstance(got[2], list), (
+        f"expected {want} (the tuple as a list), got {got}"
+    )
 
 
 def test_encoded_values_are_plain_json():
@@ -83,22 +122,33 @@ def test_encoded_values_are_plain_json():
         try:
             back = json.loads(json.dumps(encoded))
         except TypeError as e:
-            raise AssertionError(f"{type(msg).__name__} did not encode to plain JSON values: {e}") from None
-        assert back == encoded, f"{type(msg).__name__}: only JSON's own types may remain (no tuples), got {encoded}"
+            raise AssertionError(
+                f"{type(msg).__name__} did not encode to plain JSON values: {e}"
+            ) from None
+        assert back == encoded, (
+            f"{type(msg).__name__}: only JSON's own types may remain (no tuples), got {encoded}"
+        )
 
 
 def test_encoding_leaves_the_message_alone():
-    msg = UserMsg(uid=1, input_ids=torch.tensor([1, 2], dtype=torch.int32), sampling_params=SamplingParams())
+    msg = UserMsg(
+        uid=1, input_ids=torch.tensor([1, 2], dtype=torch.int32), sampling_params=SamplingParams()
+    )
     encode_value(msg)
-    assert isinstance(msg.input_ids, torch.Tensor) and isinstance(msg.sampling_params, SamplingParams), \
-        "encoding must not change the message it encodes"
+    assert isinstance(msg.input_ids, torch.Tensor) and isinstance(
+        msg.sampling_params, SamplingParams
+    ), "encoding must not change the message it encodes"
 
 
-@pytest.mark.parametrize("value,words", [
-    (dataclasses.make_dataclass("Shutdown", ["uid"])(1), "Shutdown"),
-    (torch.zeros(2, 2, dtype=torch.int32), "1-D"),
-    (torch.tensor([0.5]), "float"),
-], ids=["not a message", "2-D tensor", "float tensor"])
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        (dataclasses.make_dataclass("Shutdown", ["uid"])(1), "Shutdown"),
+        (torch.zeros(2, 2, dtype=torch.int32), "1-D"),
+        (torch.tensor([0.5]), "float"),
+    ],
+    ids=["not a message", "2-D tensor", "float tensor"],
+)
 def test_what_cannot_travel_is_refused(value, words):
     with pytest.raises(TypeError) as err:
         encode_value(value)
@@ -107,23 +157,30 @@ def test_what_cannot_travel_is_refused(value, words):
 
 def test_revive_rebuilds_each_tagged_object():
     t = revive({"__tensor__": [1, 2], "dtype": "int64"})
-    assert isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.tolist() == [1, 2], \
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.tolist() == [1, 2], (
         f"a tagged tensor should come back as an int64 tensor [1, 2], got {t!r}"
+    )
     p = revive({"__sampling__": dataclasses.asdict(PARAMS)})
     assert p == PARAMS, f"tagged sampling params should come back as {PARAMS}, got {p!r}"
     m = revive({"__msg__": "AbortMsg", "uid": 3})
     assert m == AbortMsg(uid=3), f"a tagged message should come back as AbortMsg(uid=3), got {m!r}"
     plain = {"role": "user", "content": "hi"}
-    assert revive(dict(plain)) == plain, f"an untagged dict (a chat message, stats) stays a dict, got {revive(dict(plain))!r}"
+    assert revive(dict(plain)) == plain, (
+        f"an untagged dict (a chat message, stats) stays a dict, got {revive(dict(plain))!r}"
+    )
 
 
-@pytest.mark.parametrize("obj,words", [
-    ({"__msg__": "Shutdown", "uid": 1}, "unknown message type 'Shutdown'"),
-    ({"__msg__": "AbortMsg", "pid": 1}, "AbortMsg"),
-    ({"__tensor__": [1], "dtype": "float16"}, "float16"),
-    ({"__sampling__": {"temperature": -1}}, "temperature"),
-    ({"__sampling__": {"top_p": 0}}, "top_p"),
-], ids=["unknown type", "wrong fields", "unknown dtype", "bad temperature", "bad top_p"])
+@pytest.mark.parametrize(
+    "obj,words",
+    [
+        ({"__msg__": "Shutdown", "uid": 1}, "unknown message type 'Shutdown'"),
+        ({"__msg__": "AbortMsg", "pid": 1}, "AbortMsg"),
+        ({"__tensor__": [1], "dtype": "float16"}, "float16"),
+        ({"__sampling__": {"temperature": -1}}, "temperature"),
+        ({"__sampling__": {"top_p": 0}}, "top_p"),
+    ],
+    ids=["unknown type", "wrong fields", "unknown dtype", "bad temperature", "bad top_p"],
+)
 def test_revive_refuses_naming_the_problem(obj, words):
     with pytest.raises(ValueError) as err:
         revive(obj)
@@ -132,7 +189,9 @@ def test_revive_refuses_naming_the_problem(obj, words):
 
 def test_every_message_survives_the_wire():
     got = decode_batch(encode_batch(MESSAGES))
-    assert len(got) == len(MESSAGES), f"{len(MESSAGES)} messages sent in one frame, {len(got)} came back"
+    assert len(got) == len(MESSAGES), (
+        f"{len(MESSAGES)} messages sent in one frame, {len(got)} came back"
+    )
     for sent, back in zip(MESSAGES, got):
         assert same(sent, back), f"sent {sent}, got back {back}"
 
@@ -140,18 +199,24 @@ def test_every_message_survives_the_wire():
 def test_a_frame_is_a_json_array_of_messages():
     frame = encode_batch(MESSAGES[:2])
     items = json.loads(frame.decode("utf-8"))
-    assert isinstance(items, list) and [i.get("__msg__") for i in items] == ["UserMsg", "AbortBackendMsg"], \
-        f"a frame should be a JSON array of tagged messages, in order; got {frame[:80]!r}"
+    assert isinstance(items, list) and [i.get("__msg__") for i in items] == [
+        "UserMsg",
+        "AbortBackendMsg",
+    ], f"a frame should be a JSON array of tagged messages, in order; got {frame[:80]!r}"
 
 
-@pytest.mark.parametrize("frame,words", [
-    (b"\xff\xfe", "JSON"),
-    (b"{not json", "JSON"),
-    (b'{"__msg__": "AbortMsg", "uid": 1}', "array"),
-    (b'[{"__msg__": "AbortMsg", "uid": 1}, {"uid": 1}]', "not a message"),
-    (b'[3]', "not a message"),
-    (b'[{"__msg__": "Shutdown", "uid": 1}]', "Shutdown"),
-], ids=["not UTF-8", "not JSON", "not an array", "a dict", "a number", "unknown type"])
+@pytest.mark.parametrize(
+    "frame,words",
+    [
+        (b"\xff\xfe", "JSON"),
+        (b"{not json", "JSON"),
+        (b'{"__msg__": "AbortMsg", "uid": 1}', "array"),
+        (b'[{"__msg__": "AbortMsg", "uid": 1}, {"uid": 1}]', "not a message"),
+        (b"[3]", "not a message"),
+        (b'[{"__msg__": "Shutdown", "uid": 1}]', "Shutdown"),
+    ],
+    ids=["not UTF-8", "not JSON", "not an array", "a dict", "a number", "unknown type"],
+)
 def test_a_bad_frame_is_refused_naming_the_problem(frame, words):
     with pytest.raises(ValueError) as err:
         decode_batch(frame)

@@ -34,7 +34,9 @@ def addr(name: str) -> str:
 
 
 def user(uid):
-    return UserMsg(uid=uid, input_ids=torch.tensor([1, 2], dtype=torch.int32), sampling_params=SamplingParams())
+    return UserMsg(
+        uid=uid, input_ids=torch.tensor([1, 2], dtype=torch.int32), sampling_params=SamplingParams()
+    )
 
 
 def names(msgs):
@@ -51,8 +53,9 @@ def test_one_drain_takes_every_frame_waiting_in_order(ctx):
     outbox.send([AbortBackendMsg(uid=1)])
     outbox.send([user(3)])
     got = inbox.drain(0)
-    assert names(got) == [("UserMsg", 1), ("UserMsg", 2), ("AbortBackendMsg", 1), ("UserMsg", 3)], \
+    assert names(got) == [("UserMsg", 1), ("UserMsg", 2), ("AbortBackendMsg", 1), ("UserMsg", 3)], (
         f"3 frames waiting: one drain should return their 4 messages in order, got {names(got)}"
+    )
     assert inbox.drain(0) == [], "the frames should be taken off the socket"
 
 
@@ -72,7 +75,9 @@ def test_an_idle_wait_ends_when_a_frame_comes(ctx):
     later.start()
     got = inbox.drain(10_000)
     later.join()
-    assert names(got) == [("UserMsg", 7)], f"a frame sent while drain waits should be returned by it, got {names(got)}"
+    assert names(got) == [("UserMsg", 7)], (
+        f"a frame sent while drain waits should be returned by it, got {names(got)}"
+    )
 
 
 def test_a_bad_frame_raises(ctx):
@@ -103,9 +108,12 @@ def test_the_scheduler_receives_requests_and_aborts_in_order(wired):
     outbox.send([user(1), AbortBackendMsg(uid=1)])
     outbox.send([user(2)])
     got = io.receive(blocking=False)
-    assert names(got) == [("UserMsg", 1), ("AbortBackendMsg", 1), ("UserMsg", 2)], \
+    assert names(got) == [("UserMsg", 1), ("AbortBackendMsg", 1), ("UserMsg", 2)], (
         f"a busy scheduler's receive should return everything waiting, in order, got {names(got)}"
-    assert io.receive(blocking=True) == [], "with nothing waiting, a blocking receive gives up and returns []"
+    )
+    assert io.receive(blocking=True) == [], (
+        "with nothing waiting, a blocking receive gives up and returns []"
+    )
 
 
 class Recorder:
@@ -124,28 +132,36 @@ def test_only_an_idle_scheduler_waits_for_messages(wired):
     io.inbox = Recorder()
     io.receive(blocking=False)
     io.receive(blocking=True)
-    assert io.inbox.waits[0] == 0, \
-        f"a scheduler with work must not wait for messages (the device would idle): it asked to wait {io.inbox.waits[0]} ms"
-    assert 0 < io.inbox.waits[1] <= POLL_MS, \
-        f"an idle scheduler should wait up to POLL_MS ({POLL_MS} ms) for a message, asked {io.inbox.waits[1]} ms"
+    assert io.inbox.waits[0] == 0, (
+        "a scheduler with work must not wait for messages (the device would idle): it asked "
+        f"to wait {io.inbox.waits[0]} ms"
+    )
+    assert 0 < io.inbox.waits[1] <= POLL_MS, (
+        f"an idle scheduler should wait up to POLL_MS ({POLL_MS} ms) for a message, asked "
+        f"{io.inbox.waits[1]} ms"
+    )
 
 
 def test_stats_queries_are_answered_and_not_passed_on(wired):
     io, outbox, worker_inbox = wired
     outbox.send([StatsQuery(uid=9), user(1)])
     got = io.receive(blocking=False)
-    assert [type(m).__name__ for m in got] == ["UserMsg"], \
+    assert [type(m).__name__ for m in got] == ["UserMsg"], (
         f"the scheduler should get only the request, got {[type(m).__name__ for m in got]}"
+    )
     replies = worker_inbox.drain(0)
-    assert replies == [StatsReply(uid=9, stats={"slots_free": 3})], f"expected the stats reply, got {replies}"
+    assert replies == [StatsReply(uid=9, stats={"slots_free": 3})], (
+        f"expected the stats reply, got {replies}"
+    )
 
 
 def test_tokens_reach_the_worker_in_one_frame(wired, ctx):
     io, _, worker_inbox = wired
     io.send([DetokenizeMsg(1, 5, False), DetokenizeMsg(2, 6, True)])
     raw = worker_inbox.socket.recv(zmq.NOBLOCK)
-    assert raw == encode_batch([DetokenizeMsg(1, 5, False), DetokenizeMsg(2, 6, True)]), \
+    assert raw == encode_batch([DetokenizeMsg(1, 5, False), DetokenizeMsg(2, 6, True)]), (
         "a step's tokens should go out as one frame, in order"
+    )
 
 
 def test_a_scheduler_whose_server_died_exits(wired):
@@ -169,6 +185,7 @@ class FakeFrontend:
 
 def run_watch(procs, frontend, stopping, kill_after: int | None):
     """Run the watchdog; after `kill_after` of its waits, the scheduler dies with exit code -9."""
+
     async def scenario():
         task = asyncio.ensure_future(launcher.watch(procs, frontend, stopping))
         for _ in range(kill_after if kill_after is not None else 5):
@@ -187,19 +204,28 @@ def run_watch(procs, frontend, stopping, kill_after: int | None):
 
 
 def procs():
-    return [SimpleNamespace(name="minisgl-scheduler", exitcode=None), SimpleNamespace(name="minisgl-tokenizer", exitcode=None)]
+    return [
+        SimpleNamespace(name="minisgl-scheduler", exitcode=None),
+        SimpleNamespace(name="minisgl-tokenizer", exitcode=None),
+    ]
 
 
 def test_a_dead_worker_fails_the_frontend_naming_it(capsys):
     frontend = FakeFrontend()
     alive_then, ended = run_watch(procs(), frontend, lambda: False, kill_after=3)
     assert alive_then, "while every worker lives, the watchdog must go on watching, failing nothing"
-    assert ended and len(frontend.reasons) == 1, f"a dead worker should fail the frontend once, got {frontend.reasons}"
+    assert ended and len(frontend.reasons) == 1, (
+        f"a dead worker should fail the frontend once, got {frontend.reasons}"
+    )
     reason = frontend.reasons[0]
-    assert "minisgl-scheduler" in reason and "-9" in reason, f"the reason should name the worker and its exit code, said {reason!r}"
+    assert "minisgl-scheduler" in reason and "-9" in reason, (
+        f"the reason should name the worker and its exit code, said {reason!r}"
+    )
     said = capsys.readouterr().err
-    assert "minisgl-scheduler" in said and "503" in said, \
-        f"the server's log (stderr) should say which worker died and that /health is 503, it said {said!r}"
+    assert "minisgl-scheduler" in said and "503" in said, (
+        "the server's log (stderr) should say which worker died and that /health is 503, it "
+        f"said {said!r}"
+    )
 
 
 class SignalledFrontend(FakeFrontend):
@@ -229,21 +255,29 @@ def test_the_watchdog_waits_a_moment_before_calling_a_death_a_failure():
     frontend = SignalledFrontend(workers)
 
     async def scenario():
-        await asyncio.wait_for(launcher.watch(workers, frontend, lambda: frontend.stopping), 20 * launcher.WATCH_S + 5)
+        await asyncio.wait_for(
+            launcher.watch(workers, frontend, lambda: frontend.stopping), 20 * launcher.WATCH_S + 5
+        )
 
     asyncio.run(scenario())
-    assert not frontend.reasons, \
-        "a worker ended by the same signal that stops the server is no failure: wait one look before deciding, " \
+    assert not frontend.reasons, (
+        "a worker ended by the same signal that stops the server is no failure: wait one look "
+        "before deciding, "
         f"got {frontend.reasons}"
+    )
 
 
 def test_a_worker_ending_while_the_server_stops_is_not_a_failure():
     frontend = FakeFrontend()
     _, ended = run_watch(procs(), frontend, lambda: True, kill_after=1)
-    assert ended and not frontend.reasons, f"the server is stopping: its workers ending is no failure, got {frontend.reasons}"
+    assert ended and not frontend.reasons, (
+        f"the server is stopping: its workers ending is no failure, got {frontend.reasons}"
+    )
 
 
 def test_the_watchdog_ends_when_the_frontend_has_failed_already():
     frontend = FakeFrontend(failure="the tokenizer died")
     _, ended = run_watch(procs(), frontend, lambda: False, kill_after=None)
-    assert ended and not frontend.reasons, "a frontend that failed already needs no watchdog: it should end, failing nothing more"
+    assert ended and not frontend.reasons, (
+        "a frontend that failed already needs no watchdog: it should end, failing nothing more"
+    )

@@ -21,7 +21,6 @@ from safetensors.torch import load_file, save_file
 
 from checkpoints import RECIPES, checkpoint
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy
-
 from minisgl import SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
@@ -41,7 +40,9 @@ def prompts():
 
 MODES = {
     "overlap, page 1, radix cache (cold, then warm)": dict(page_size=1, cache_type="radix"),
-    "normal loop, page 4, chunked prefill, naive cache": dict(page_size=4, cache_type="naive", max_extend_tokens=8),
+    "normal loop, page 4, chunked prefill, naive cache": dict(
+        page_size=4, cache_type="naive", max_extend_tokens=8
+    ),
 }
 
 
@@ -72,8 +73,10 @@ def test_the_matrix_has_teeth():
         raw["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "default"}
         (plain / "config.json").write_text(json.dumps(raw))
     got = [o["token_ids"] for o in build_llm(plain).generate(prompts(), greedy(NEW_TOKENS))]
-    assert got != want, "llama3 RoPE scaling read as plain RoPE still gives transformers' tokens: the test model " \
-                        "is too small to show the scaling"
+    assert got != want, (
+        "llama3 RoPE scaling read as plain RoPE still gives transformers' tokens: the test model "
+        "is too small to show the scaling"
+    )
 
 
 # ---------------------------------------------------------------- every config field decided
@@ -88,12 +91,18 @@ def test_every_config_field_of_the_supported_architectures_is_decided():
         rest = sorted(fields - READ_FIELDS - REFUSED_FIELDS - NO_EFFECT_FIELDS)
         if rest:
             undecided[cls_name] = rest
-    assert not undecided, (f"config fields the engine neither reads, refuses nor lists as harmless "
-                           f"(minisgl/models/config.py): {undecided}")
+    assert not undecided, (
+        f"config fields the engine neither reads, refuses nor lists as harmless "
+        f"(minisgl/models/config.py): {undecided}"
+    )
 
 
 def test_the_field_lists_do_not_overlap():
-    both = (READ_FIELDS & REFUSED_FIELDS) | (READ_FIELDS & NO_EFFECT_FIELDS) | (REFUSED_FIELDS & NO_EFFECT_FIELDS)
+    both = (
+        (READ_FIELDS & REFUSED_FIELDS)
+        | (READ_FIELDS & NO_EFFECT_FIELDS)
+        | (REFUSED_FIELDS & NO_EFFECT_FIELDS)
+    )
     assert not both, f"a config field is in two of the lists: {sorted(both)}"
 
 
@@ -121,14 +130,23 @@ def test_a_config_the_engine_would_run_wrongly_is_refused_naming_the_field(tmp_p
     (model / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ValueError) as e:
         LLM(model, device="cpu")
-    assert named in str(e.value), f"config.json with {fields}: the error should name {named!r}, got: {e.value}"
+    assert named in str(e.value), (
+        f"config.json with {fields}: the error should name {named!r}, got: {e.value}"
+    )
 
 
-@pytest.mark.parametrize("fields", [
-    {"hidden_act": "swish"}, {"use_sliding_window": False, "sliding_window": 4096},
-    {"layer_types": ["full_attention", "full_attention"]}, {"pretraining_tp": 1}, {"partial_rotary_factor": 1.0},
-    {"num_key_value_heads": None},
-], ids=["swish", "window-off", "full-layers", "tp1", "partial-1", "kv-null"])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"hidden_act": "swish"},
+        {"use_sliding_window": False, "sliding_window": 4096},
+        {"layer_types": ["full_attention", "full_attention"]},
+        {"pretraining_tp": 1},
+        {"partial_rotary_factor": 1.0},
+        {"num_key_value_heads": None},
+    ],
+    ids=["swish", "window-off", "full-layers", "tp1", "partial-1", "kv-null"],
+)
 def test_harmless_values_of_refused_fields_are_accepted(tmp_path, fields):
     # Real files carry these (Qwen3 writes sliding_window 4096 with use_sliding_window false).
     model = tmp_path / "model"
@@ -150,11 +168,13 @@ def test_two_complete_safetensors_files_without_an_index_are_refused(tmp_path):
     shutil.copy(src / "config.json", tmp_path)
     tensors = load_file(str(src / "model.safetensors"))
     save_file(tensors, str(tmp_path / "a.safetensors"))
-    save_file({k: v + 1 for k, v in tensors.items()}, str(tmp_path / "b.safetensors"))  # e.g. a fine-tune
+    # e.g. a fine-tune
+    save_file({k: v + 1 for k, v in tensors.items()}, str(tmp_path / "b.safetensors"))
     with pytest.raises(ValueError) as e:
         LLM(tmp_path, device="cpu")
-    assert "a.safetensors" in str(e.value) and "b.safetensors" in str(e.value), \
+    assert "a.safetensors" in str(e.value) and "b.safetensors" in str(e.value), (
         f"the error should name both files that hold the same weight, got: {e.value}"
+    )
 
 
 def test_weights_split_across_files_without_an_index_load(tmp_path):
@@ -165,7 +185,9 @@ def test_weights_split_across_files_without_an_index_load(tmp_path):
     save_file({k: tensors[k] for k in keys[::2]}, str(tmp_path / "a.safetensors"))
     save_file({k: tensors[k] for k in keys[1::2]}, str(tmp_path / "b.safetensors"))
     got = [o["token_ids"] for o in build_llm(tmp_path).generate(prompts(), greedy(NEW_TOKENS))]
-    assert_tokens_equal(got, hf_greedy(prompts(), NEW_TOKENS, model=src), "weights split over two files, no index")
+    assert_tokens_equal(
+        got, hf_greedy(prompts(), NEW_TOKENS, model=src), "weights split over two files, no index"
+    )
 
 
 def test_a_transposed_part_of_a_merged_weight_is_named(tmp_path):
@@ -198,10 +220,16 @@ def test_generation_stops_at_any_id_of_an_eos_list(tmp_path):
     k = ref.index(end)
     other = next(t for t in range(3, 256) if t not in ref)
     model = with_generation_config(tmp_path, "eos-list", eos_token_id=[other, end])
-    out = build_llm(model).generate([prompts()[0]], SamplingParams(max_tokens=NEW_TOKENS))[0]["token_ids"]
-    assert out == ref[: k + 1], (f"end ids [{other}, {end}] in generation_config.json: expected the output to stop "
-                                 f"after token {end}: {ref[: k + 1]}, got {out}")
-    ignored = build_llm(model).generate([prompts()[0]], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+    out = build_llm(model).generate([prompts()[0]], SamplingParams(max_tokens=NEW_TOKENS))[0][
+        "token_ids"
+    ]
+    assert out == ref[: k + 1], (
+        f"end ids [{other}, {end}] in generation_config.json: expected the output to stop "
+        f"after token {end}: {ref[: k + 1]}, got {out}"
+    )
+    ignored = build_llm(model).generate(
+        [prompts()[0]], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    )
     assert ignored[0]["token_ids"] == ref, "ignore_eos must run to max_tokens whatever the end ids"
 
 
@@ -210,26 +238,44 @@ def test_generation_config_eos_replaces_the_config_json_one(tmp_path):
     model = with_generation_config(tmp_path, "eos-gen", eos_token_id=[5, 6])
     raw = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**raw, "eos_token_id": 2}))
-    assert build_llm(model).eos_token_ids == {5, 6}, "generation_config.json's eos_token_id should be used"
+    assert build_llm(model).eos_token_ids == {5, 6}, (
+        "generation_config.json's eos_token_id should be used"
+    )
     (model / "generation_config.json").unlink()
-    assert build_llm(model).eos_token_ids == {2}, "without generation_config.json, config.json's eos_token_id"
+    assert build_llm(model).eos_token_ids == {2}, (
+        "without generation_config.json, config.json's eos_token_id"
+    )
 
 
 def test_generation_config_sampling_defaults_fill_only_unset_fields(tmp_path):
-    model = with_generation_config(tmp_path, "sampling", do_sample=True, temperature=0.6, top_k=20, top_p=0.95,
-                                   max_new_tokens=5)
+    model = with_generation_config(
+        tmp_path,
+        "sampling",
+        do_sample=True,
+        temperature=0.6,
+        top_k=20,
+        top_p=0.95,
+        max_new_tokens=5,
+    )
     llm = build_llm(model)
-    params = SamplingParams(temperature=0.0, ignore_eos=True).with_defaults(llm.generation_defaults.sampling)
+    params = SamplingParams(temperature=0.0, ignore_eos=True).with_defaults(
+        llm.generation_defaults.sampling
+    )
     got = (params.temperature, params.top_k, params.top_p, params.max_tokens)
-    assert got == (0.0, 20, 0.95, 5), \
-        "temperature set to 0, the rest from generation_config.json: expected (0.0, 20, 0.95, " \
+    assert got == (0.0, 20, 0.95, 5), (
+        "temperature set to 0, the rest from generation_config.json: expected (0.0, 20, 0.95, "
         f"5), got {got}"
+    )
     # and generate applies them: greedy (set), 5 tokens (the file's max_new_tokens)
     ref = hf_greedy(prompts(), NEW_TOKENS, model=checkpoint("qwen3"))[0]
-    out = llm.generate([prompts()[0]], SamplingParams(temperature=0.0, ignore_eos=True))[0]["token_ids"]
+    out = llm.generate([prompts()[0]], SamplingParams(temperature=0.0, ignore_eos=True))[0][
+        "token_ids"
+    ]
     assert out == ref[:5], f"greedy with the file's max_new_tokens 5: expected {ref[:5]}, got {out}"
     greedy_file = with_generation_config(tmp_path, "greedy", do_sample=False, temperature=0.6)
-    out = build_llm(greedy_file).generate([prompts()[0]], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+    out = build_llm(greedy_file).generate(
+        [prompts()[0]], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    )
     assert out[0]["token_ids"] == ref, "do_sample false in generation_config.json means greedy"
 
 
@@ -237,5 +283,6 @@ def test_a_broken_generation_config_is_named(tmp_path):
     model = with_generation_config(tmp_path, "broken", do_sample=True, temperature=-1)
     with pytest.raises(ValueError) as e:
         LLM(model, device="cpu")
-    assert "generation_config.json" in str(e.value) and "temperature" in str(e.value), \
+    assert "generation_config.json" in str(e.value) and "temperature" in str(e.value), (
         f"the error should name the file and the field, got: {e.value}"
+    )

@@ -51,9 +51,13 @@ def test_stub_docstring_states_the_contract(ex):
     doc, _ = _stub(ex)
     fields = _fields(doc)
     missing = [f for f in FIELDS if not fields.get(f)]
-    assert not missing, f"{ex.id}: the stub's docstring has no (or an empty) {', '.join(missing)} field"
+    assert not missing, (
+        f"{ex.id}: the stub's docstring has no (or an empty) {', '.join(missing)} field"
+    )
     order = [m.group(1) for m in re.finditer(r"^(\w+):", doc, re.M) if m.group(1) in FIELDS]
-    assert order == list(FIELDS), f"{ex.id}: the contract's fields come as {order}, not {list(FIELDS)}"
+    assert order == list(FIELDS), (
+        f"{ex.id}: the contract's fields come as {order}, not {list(FIELDS)}"
+    )
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=lambda ex: ex.id)
@@ -61,7 +65,9 @@ def test_stub_sentinel_is_the_docstrings_first_sentence(ex):
     doc, message = _stub(ex)
     first = stubs._first_sentence(doc.split("\n\n")[0])
     assert first, f"{ex.id}: the docstring does not open with one short sentence (<= 90 characters)"
-    assert message == f"{ex.id}: {first}", f"{ex.id}: the stub raises {message!r}, not its first sentence"
+    assert message == f"{ex.id}: {first}", (
+        f"{ex.id}: the stub raises {message!r}, not its first sentence"
+    )
 
 
 @pytest.mark.parametrize("ex", EXERCISES, ids=lambda ex: ex.id)

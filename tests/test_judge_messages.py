@@ -66,7 +66,7 @@ class Layer:
                 yield name, value
 '''
 
-TESTS_44 = '''
+TESTS_44 = """
 from fakepkg.sched import Config, Scheduler
 
 
@@ -86,18 +86,18 @@ def test_one_request_gives_its_slot_back():
 def test_more_requests_than_slots():
     s = Scheduler(Config())
     s.run(range(20))
-'''
+"""
 
-TESTS_45 = '''
+TESTS_45 = """
 from fakepkg.layer import Layer
 
 
 def test_weights_are_the_tensors_themselves():
     layer = Layer()
     assert dict(layer.named_tensors())["weight"] is layer.weight
-'''
+"""
 
-REGISTRY = '''
+REGISTRY = """
 [ch44]
 title = "A fake scheduler"
 test_files = ["fake_tests/test_fake44.py"]
@@ -126,23 +126,23 @@ test_files = ["fake_tests/test_fake45.py"]
 name = "named_tensors"
 target = "fakepkg.layer:Layer.named_tensors"
 tests = ["test_fake45.py::test_weights_are_the_tensors_themselves"]
-'''
+"""
 
-RUN = '''
+RUN = """
 def run(self, uids):
     for uid in uids:
         slot = self.admit(uid)
         self.finish(slot, uid)
-'''
-FINISH = '''
+"""
+FINISH = """
 def finish(self, slot, uid):
     self.running.remove((slot, uid))
     self.free.append(slot)
-'''
-FINISH_KEEPS_THE_SLOT = '''
+"""
+FINISH_KEEPS_THE_SLOT = """
 def finish(self, slot, uid):
     self.running.remove((slot, uid))  # forgets to give the slot back
-'''
+"""
 
 
 @pytest.fixture
@@ -159,8 +159,9 @@ def project(tmp_path, monkeypatch):
 
 
 def save_notebook(project, *sources):
-    (project.notebooks / "ch44_sched.ipynb").write_text(notebook(
-        [code_cell(src, exercise=f"ch44.{name}") for name, src in sources]))
+    (project.notebooks / "ch44_sched.ipynb").write_text(
+        notebook([code_cell(src, exercise=f"ch44.{name}") for name, src in sources])
+    )
 
 
 def judge_json(capsys, *argv):
@@ -174,7 +175,11 @@ def report(capsys, *argv):
 
 
 def messages(verdict):
-    return {t["test"].split("::")[-1]: t["message"] for t in verdict["tests"] if t["outcome"] != "passed"}
+    return {
+        t["test"].split("::")[-1]: t["message"]
+        for t in verdict["tests"]
+        if t["outcome"] != "passed"
+    }
 
 
 def exercises(verdict):
@@ -185,23 +190,35 @@ def exercises(verdict):
 
 
 def test_a_failed_assert_with_a_message_shows_that_message_alone(project, capsys):
-    code, v = judge_json(capsys, "ch44", "--file", str(project.write("mine.py", RUN + FINISH_KEEPS_THE_SLOT)))
+    code, v = judge_json(
+        capsys, "ch44", "--file", str(project.write("mine.py", RUN + FINISH_KEEPS_THE_SLOT))
+    )
     assert code == 1, "a wrong finish must not pass"
     got = messages(v)["test_every_slot_comes_back"]
-    assert got == "3 request slot(s) not returned after all requests ended", f"message shown: {got!r}"
+    assert got == "3 request slot(s) not returned after all requests ended", (
+        f"message shown: {got!r}"
+    )
 
 
 def test_a_failed_assert_without_a_message_is_its_comparison_in_one_line(project, capsys):
-    code, out = report(capsys, "ch44", "--file", str(project.write("mine.py", RUN + FINISH_KEEPS_THE_SLOT)))
+    code, out = report(
+        capsys, "ch44", "--file", str(project.write("mine.py", RUN + FINISH_KEEPS_THE_SLOT))
+    )
     assert code == 1, "a wrong finish must not pass"
     assert "assert 7 == 8\n" in out, f"the bare assert is not shown as `assert 7 == 8`:\n{out}"
-    assert "Config(" not in out and "where" not in out, f"pytest's `where` lines with the config's repr:\n{out}"
-    assert len(out.splitlines()) < 25, f"{len(out.splitlines())} lines of report for one wrong function"
+    assert "Config(" not in out and "where" not in out, (
+        f"pytest's `where` lines with the config's repr:\n{out}"
+    )
+    assert len(out.splitlines()) < 25, (
+        f"{len(out.splitlines())} lines of report for one wrong function"
+    )
 
 
 def test_a_tensor_is_shown_by_its_shape_and_dtype(project, capsys):
-    copies = "def named_tensors(self):\n    for k, v in self.__dict__.items():\n        yield " \
+    copies = (
+        "def named_tensors(self):\n    for k, v in self.__dict__.items():\n        yield "
         "k, v.clone()\n"
+    )
     code, v = judge_json(capsys, "ch45", "--file", str(project.write("mine.py", copies)))
     assert code == 1, "named_tensors yielding copies must not pass"
     got = messages(v)["test_weights_are_the_tensors_themselves"]
@@ -217,8 +234,12 @@ def test_an_exercise_correct_on_its_own_counts_every_test_it_passes(project, cap
     code, v = judge_json(capsys, "ch44", "--file", mine)
     run, finish = exercises(v)["run"], exercises(v)["finish"]
     assert run["status"] == "passing" and run["alone"], "run is correct: its failures are finish's"
-    assert (run["passed"], run["total"]) == (3, 3), f"run passes {run['passed']}/{run['total']} of its tests"
-    assert (finish["status"], finish["passed"]) == ("failing", 0), f"finish: {finish['status']}, {finish['passed']}/3"
+    assert (run["passed"], run["total"]) == (3, 3), (
+        f"run passes {run['passed']}/{run['total']} of its tests"
+    )
+    assert (finish["status"], finish["passed"]) == ("failing", 0), (
+        f"finish: {finish['status']}, {finish['passed']}/3"
+    )
     code, out = report(capsys, "ch44", "--file", mine)
     row = next(line for line in out.splitlines() if line.startswith("run "))
     assert "passing on its own" in row and row.rstrip().endswith("3/3"), f"run's row: {row!r}"
@@ -246,17 +267,22 @@ def test_the_learner_line_is_shown_only_under_its_own_exercise(project, capsys):
     code, v = judge_json(capsys, "ch44", "--file", mine)
     raw = next(t for t in v["tests"] if t["test"].endswith("test_more_requests_than_slots"))
     assert "in run" in (raw["where"] or ""), f"the traceback's learner line: {raw['where']!r}"
-    assert exercises(v)["finish"]["where"] == {}, f"finish is blamed on: {exercises(v)['finish']['where']}"
+    assert exercises(v)["finish"]["where"] == {}, (
+        f"finish is blamed on: {exercises(v)['finish']['where']}"
+    )
     code, out = report(capsys, "ch44", "--file", mine)
     assert "in your code" not in out, f"a line of run, which is correct, is shown:\n{out}"
 
 
 def test_a_learner_line_in_a_helper_belongs_to_the_exercise_that_called_it(project, capsys):
     wrong = "def give_back(self, slot):\n    self.free.append(slot / 0)\n" + FINISH.replace(
-        "self.free.append(slot)", "give_back(self, slot)")
+        "self.free.append(slot)", "give_back(self, slot)"
+    )
     code, v = judge_json(capsys, "ch44", "--file", str(project.write("mine.py", wrong)))
     where = exercises(v)["finish"]["where"]
-    assert where and all("in give_back (called from finish)" in w for w in where.values()), f"finish: {where}"
+    assert where and all("in give_back (called from finish)" in w for w in where.values()), (
+        f"finish: {where}"
+    )
 
 
 # ---------------------------------------------------------------------- where to ask for hints
@@ -272,7 +298,9 @@ def test_stuck_says_how_to_ask_for_hints_where_the_learner_is(project, capsys):
     _define(namespace, RUN + FINISH_KEEPS_THE_SLOT)
     check("ch44", namespace=namespace)
     out = capsys.readouterr().out
-    assert '`judge.check("ch44", hint=1)`' in out and "python judge.py" not in out, f"notebook:\n{out}"
+    assert '`judge.check("ch44", hint=1)`' in out and "python judge.py" not in out, (
+        f"notebook:\n{out}"
+    )
 
 
 def _define(namespace, source):
@@ -289,20 +317,32 @@ def _define(namespace, source):
 
 
 def test_a_file_with_one_function_keeps_the_others_as_the_reference(project, capsys):
-    code, out = report(capsys, "ch44", "--file", str(project.write("mine.py", FINISH_KEEPS_THE_SLOT)))
+    code, out = report(
+        capsys, "ch44", "--file", str(project.write("mine.py", FINISH_KEEPS_THE_SLOT))
+    )
     assert code == 1, "a wrong finish must not pass"
     row = next(line for line in out.splitlines() if line.startswith("run "))
-    assert "reference: not in your file" in row and row.rstrip().endswith("-"), f"run's row: {row!r}"
-    assert "not in your file, so the reference stayed in place: run" in out, f"no line under the table:\n{out}"
-    code, v = judge_json(capsys, "ch44", "--file", str(project.write("mine.py", FINISH_KEEPS_THE_SLOT)))
+    assert "reference: not in your file" in row and row.rstrip().endswith("-"), (
+        f"run's row: {row!r}"
+    )
+    assert "not in your file, so the reference stayed in place: run" in out, (
+        f"no line under the table:\n{out}"
+    )
+    code, v = judge_json(
+        capsys, "ch44", "--file", str(project.write("mine.py", FINISH_KEEPS_THE_SLOT))
+    )
     assert exercises(v)["run"]["status"] == "reference", "run is not in the file"
 
 
 def test_a_file_with_none_of_the_exercises_is_a_usage_error(project, capsys):
-    code = main(["ch44", "--file", str(project.write("mine.py", FINISH.replace("def finish", "def finsh")))])
+    code = main(
+        ["ch44", "--file", str(project.write("mine.py", FINISH.replace("def finish", "def finsh")))]
+    )
     err = capsys.readouterr().err
     assert code == 2, f"exit status {code} for a file with no exercise of the chapter"
-    assert "defines none of ch44's exercises" in err and "there is a `def finsh`" in err, f"message: {err}"
+    assert "defines none of ch44's exercises" in err and "there is a `def finsh`" in err, (
+        f"message: {err}"
+    )
 
 
 # ---------------------------------------------------------------------- progress (issue 16)
@@ -311,8 +351,12 @@ def test_a_file_with_none_of_the_exercises_is_a_usage_error(project, capsys):
 def test_a_file_run_does_not_overwrite_the_notebooks_progress(project, capsys):
     save_notebook(project, ("run", RUN), ("finish", FINISH))
     assert main(["ch44"]) == 0, "the notebook is correct"
-    code, out = report(capsys, "ch44", "--file", str(project.write("mine.py", FINISH_KEEPS_THE_SLOT)))
-    assert code == 1 and out.rstrip().endswith("not recorded in your progress: judged a file"), out[-300:]
+    code, out = report(
+        capsys, "ch44", "--file", str(project.write("mine.py", FINISH_KEEPS_THE_SLOT))
+    )
+    assert code == 1 and out.rstrip().endswith("not recorded in your progress: judged a file"), out[
+        -300:
+    ]
     _the_notebook_still_passes(capsys)
 
 
@@ -330,7 +374,9 @@ def test_a_live_check_then_a_file_run_keeps_the_live_standing(project, capsys):
 def _the_notebook_still_passes(capsys):
     capsys.readouterr()
     main([])
-    row = next(line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("ch44"))
+    row = next(
+        line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("ch44")
+    )
     assert "2/2" in row, f"the progress table lost the notebook's standing: {row!r}"
     code, v = judge_json(capsys, "ch44", "--hint")
     assert v["hints"] == {}, f"hints for exercises that pass in the notebook: {sorted(v['hints'])}"
@@ -341,12 +387,16 @@ def test_hints_come_from_the_source_being_judged(project, capsys):
     assert main(["ch44"]) == 0, "the notebook is correct"
     capsys.readouterr()
     # a file's run is not recorded: its exercises may still be wrong, the others are not its own
-    code, v = judge_json(capsys, "ch44", "--file", str(project.write("mine.py", FINISH_KEEPS_THE_SLOT)), "--hint")
+    code, v = judge_json(
+        capsys, "ch44", "--file", str(project.write("mine.py", FINISH_KEEPS_THE_SLOT)), "--hint"
+    )
     assert sorted(v["hints"]) == ["ch44.finish"], f"hints for the file: {sorted(v['hints'])}"
     # the notebook changed since it passed: that exercise may be wrong now
     save_notebook(project, ("run", RUN), ("finish", FINISH_KEEPS_THE_SLOT))
     code, v = judge_json(capsys, "ch44", "--hint")
-    assert sorted(v["hints"]) == ["ch44.finish"], f"hints for the edited notebook: {sorted(v['hints'])}"
+    assert sorted(v["hints"]) == ["ch44.finish"], (
+        f"hints for the edited notebook: {sorted(v['hints'])}"
+    )
 
 
 def test_tests_not_run_for_one_reason_are_said_once():
@@ -358,7 +408,11 @@ def test_tests_not_run_for_one_reason_are_said_once():
     from judge.runner import TestResult
 
     why = "not run: step already timed out in test_a"
-    tests = [TestResult("t.py::test_a", "timeout", message="the test did not finish within its time budget")]
+    tests = [
+        TestResult(
+            "t.py::test_a", "timeout", message="the test did not finish within its time budget"
+        )
+    ]
     tests += [TestResult(f"t.py::test_{n}", "error", message=why) for n in "bcd"]
     console = Console(record=True, width=200)
     _test_lines(tests, console, verbose=False, where=lambda t: None)

@@ -49,7 +49,7 @@ def _define(namespace, source):
 def _body(text: str) -> str:
     """From the exercise table on (the lines above say what was judged, and how long it took),
     with the terminal's hard wraps undone and the hint line (worded for where one is) left out."""
-    text = text[text.index("exercise"):]
+    text = text[text.index("exercise") :]
     text = " ".join(line for line in text.split("\n") if not line.startswith("Stuck?"))
     return " ".join(re.sub(r"\d+\.\d+ s\b", "_ s", text).split())  # times differ from run to run
 
@@ -69,7 +69,9 @@ def test_the_report_is_one_output_that_first_says_what_runs(kernel, project):
     assert len(kernel) == 1, f"expected the report as one output, got {len(kernel)} outputs"
     first, last = _text(kernel[0][0]), _text(kernel[0][-1])
     assert "judging ch42: running" in first, f"expected a 'running' line first, got {first[:80]!r}"
-    assert "7/7 tests passed" in last, f"expected the verdict in the final output, got {last[-120:]!r}"
+    assert "7/7 tests passed" in last, (
+        f"expected the verdict in the final output, got {last[-120:]!r}"
+    )
 
 
 def test_long_lines_are_not_cut_or_wrapped(kernel):
@@ -81,7 +83,9 @@ def test_long_lines_are_not_cut_or_wrapped(kernel):
 
     notebook_report.shown("running", lambda: None, render)
     text = _text(kernel[0][-1])
-    assert long in text.splitlines(), "expected a 184-character line kept whole (the browser wraps it), it was broken"
+    assert long in text.splitlines(), (
+        "expected a 184-character line kept whole (the browser wraps it), it was broken"
+    )
 
 
 def test_the_report_has_the_terminals_lines(kernel, project, capsys):
@@ -91,10 +95,14 @@ def test_the_report_has_the_terminals_lines(kernel, project, capsys):
     from judge.live import check
     from judge_fixtures import code_cell, notebook
 
-    (project.notebooks / "ch42_fake.ipynb").write_text(notebook([code_cell(SOLUTION, exercise="ch42.double")]))
+    (project.notebooks / "ch42_fake.ipynb").write_text(
+        notebook([code_cell(SOLUTION, exercise="ch42.double")])
+    )
     main(["ch42"])
     terminal = _body(capsys.readouterr().out)
     namespace = {"__name__": "__main__"}
     _define(namespace, SOLUTION)
     check("ch42", namespace=namespace)
-    assert _body(_text(kernel[0][-1])) == terminal, "expected the notebook's report to say what the terminal's says"
+    assert _body(_text(kernel[0][-1])) == terminal, (
+        "expected the notebook's report to say what the terminal's says"
+    )

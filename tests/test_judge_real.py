@@ -8,7 +8,7 @@ import json
 
 from judge.cli import main
 
-LEARNER = '''
+LEARNER = """
 def complete_one(self):
     self.cached_len += 1  # wrong after a prefill: the whole prompt is cached, not one token
     self.device_len += 1
@@ -25,7 +25,7 @@ def can_decode(self):
 
 def is_greedy(self):
     return self.temperature == 0.0 or self.top_k == 1
-'''
+"""
 
 
 def test_chapter_1_with_one_wrong_method(tmp_path, monkeypatch, capsys):

@@ -24,8 +24,9 @@ def test_a_callee_is_not_blamed_for_the_endless_loop_of_its_caller(project, caps
     # correct exercise (and stop its own tests). Only a rerun alone can tell which one loops.
     code, v = judge_file(project, capsys, SLOW_STEP + "\n\n" + ENDLESS_RUN + "\n\n" + TWICE)
     ex = by_exercise(v)
-    assert ex["step"]["status"] == "passing", \
+    assert ex["step"]["status"] == "passing", (
         f"step is right and only run loops forever calling it, yet step is {ex['step']['status']}"
+    )
     assert ex["run"]["status"] == "failing", f"run loops forever, yet it is {ex['run']['status']}"
     assert ex["twice"]["status"] == "passing", f"twice is right, yet it is {ex['twice']['status']}"
 
@@ -56,7 +57,8 @@ def test_ctrl_c_leaves_no_forked_test_process_running(tmp_path):
     (tmp_path / "test_sleep.py").write_text(
         "import os, pathlib, time\n\ndef test_sleep():\n    "
         f"pathlib.Path({str(pidfile)!r}).write_text(str(os.getpid()))\n"
-        "    time.sleep(60)\n")
+        "    time.sleep(60)\n"
+    )
     env = {"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     # As in a terminal: Ctrl-C raises KeyboardInterrupt here, and the server starts with the default
     # too.
@@ -76,8 +78,14 @@ def test_ctrl_c_leaves_no_forked_test_process_running(tmp_path):
         assert server.ready, "the fork server did not start"
         threading.Thread(target=ctrl_c, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
-            server.run(["-q", "-p", "no:cacheprovider", str(tmp_path / "test_sleep.py")], env, str(tmp_path),
-                       str(tmp_path / "out.txt"), 120, None)
+            server.run(
+                ["-q", "-p", "no:cacheprovider", str(tmp_path / "test_sleep.py")],
+                env,
+                str(tmp_path),
+                str(tmp_path / "out.txt"),
+                120,
+                None,
+            )
     finally:
         server.close()  # as judge() does on its way out
         signal.signal(signal.SIGINT, old)
@@ -95,10 +103,13 @@ def test_ctrl_c_leaves_no_forked_test_process_running(tmp_path):
 def test_an_assert_in_the_learners_code_is_not_said_to_be_the_tests(project, capsys):
     # pytest rewrites only the tests' asserts; one in the learner's (or the engine's) code reaches
     # the judge with no message at all, and the test never said anything about it.
-    code, v = judge_file(project, capsys, "def step(self, x):\n    assert x < 0\n    return x + 1\n")
+    code, v = judge_file(
+        project, capsys, "def step(self, x):\n    assert x < 0\n    return x + 1\n"
+    )
     message = by_test(v)["test_step"]["message"] or ""
-    assert "the test gave no message" not in message and "assert x < 0" in message, \
+    assert "the test gave no message" not in message and "assert x < 0" in message, (
         f"the failed assert of the learner's step is not named: {message!r}"
+    )
 
 
 def test_tests_not_run_after_a_timeout_are_not_said_to_have_run(project, capsys):
@@ -110,8 +121,9 @@ def test_tests_not_run_after_a_timeout_are_not_said_to_have_run(project, capsys)
     summary = next((line for line in out.splitlines() if "tests passed" in line), "")
     # one timeout, then step's four other tests not run: the screen must not call them run, nor
     # errors
-    assert "4 not run" in summary and "error" not in summary and "that ran" not in out, \
+    assert "4 not run" in summary and "error" not in summary and "that ran" not in out, (
         f"the report counts the 4 tests not run after the timeout as run or as errors: {summary!r}"
+    )
 
 
 def test_a_mutant_that_breaks_a_test_modules_import_is_killed(project, capsys, monkeypatch):
@@ -121,13 +133,18 @@ def test_a_mutant_that_breaks_a_test_modules_import_is_killed(project, capsys, m
 
     monkeypatch.setenv("MINISGL_MUTANTS_RESULTS", str(project.root / "results"))
     tests = project.root / "fake_tests" / "test_fake.py"
-    tests.write_text(tests.read_text().replace(
-        "from fakepkg.user import quadruple\n", "from fakepkg.user import quadruple\n\nSIX = list(range(double(3)))\n"))
+    tests.write_text(
+        tests.read_text().replace(
+            "from fakepkg.user import quadruple\n",
+            "from fakepkg.user import quadruple\n\nSIX = list(range(double(3)))\n",
+        )
+    )
     code = main(["ch42", "--exercise", "double", "--workers", "1"])
     out = capsys.readouterr().out
-    assert code == 0 and "100.0 % killed" in out, \
-        f"a mutant that breaks the tests' import was not counted as killed (exit {code}): " \
+    assert code == 0 and "100.0 % killed" in out, (
+        f"a mutant that breaks the tests' import was not counted as killed (exit {code}): "
         f"{out[-300:]}"
+    )
 
 
 def test_without_signals_a_hang_is_a_timeout_not_a_crash(project, capsys, monkeypatch):
@@ -137,8 +154,16 @@ def test_without_signals_a_hang_is_a_timeout_not_a_crash(project, capsys, monkey
 
     monkeypatch.setattr(runner, "_timer_usable", lambda: False)
     monkeypatch.setattr(runner, "_timeout_method", lambda: "thread")
-    code, v = judge_file(project, capsys, "def step(self, x):\n    while True:\n        x += 1\n",
-                         "-k", "test_step", "--timeout", "1")
+    code, v = judge_file(
+        project,
+        capsys,
+        "def step(self, x):\n    while True:\n        x += 1\n",
+        "-k",
+        "test_step",
+        "--timeout",
+        "1",
+    )
     hung = by_test(v)["test_step"]
-    assert hung["outcome"] == "timeout" and "did not finish in 1 s" in (hung["message"] or ""), \
+    assert hung["outcome"] == "timeout" and "did not finish in 1 s" in (hung["message"] or ""), (
         f"a hang stopped by pytest-timeout is reported as {hung['outcome']}: {hung['message']}"
+    )

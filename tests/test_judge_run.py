@@ -37,13 +37,17 @@ def by_exercise(verdict):
 
 
 def test_a_correct_solution_passes_and_is_recorded(project, capsys):
-    (project.notebooks / "ch42_fake.ipynb").write_text(notebook([code_cell(SOLUTION, exercise="ch42.double")]))
+    (project.notebooks / "ch42_fake.ipynb").write_text(
+        notebook([code_cell(SOLUTION, exercise="ch42.double")])
+    )
     code, v = judge_json(capsys, "ch42")
     assert code == 0 and v["passed"]
     assert {e["status"] for e in v["exercises"]} == {"passing"}
     assert v["counts"] == {"passed": 7}
     # property and classmethod were re-applied; `double` reached the module that imported it
-    assert by_test(v)["test_is_big"]["outcome"] == by_test(v)["test_quadruple"]["outcome"] == "passed"
+    assert (
+        by_test(v)["test_is_big"]["outcome"] == by_test(v)["test_quadruple"]["outcome"] == "passed"
+    )
     progress = json.loads(project.progress.read_text())["chapters"]["ch42"]
     assert progress["passed"] and progress["exercises"]["double"] == "passing"
 
@@ -76,8 +80,12 @@ def test_a_test_shared_by_two_exercises_blames_the_wrong_one(project, capsys):
 def test_stubs_in_a_notebook_are_not_attempted(project, capsys):
     from judge import stubs
 
-    cells = [code_cell(stubs.stub_source("ch42", e.name) + "\nprint('try-out')\n", exercise=f"ch42.{e.name}")
-             for e in stubs.exercises("ch42")]
+    cells = [
+        code_cell(
+            stubs.stub_source("ch42", e.name) + "\nprint('try-out')\n", exercise=f"ch42.{e.name}"
+        )
+        for e in stubs.exercises("ch42")
+    ]
     cells.insert(0, code_cell("import nothing_like_this  # scratch: never run by the judge"))
     (project.notebooks / "ch42_fake.ipynb").write_text(notebook(cells))
     code, v = judge_json(capsys, "ch42")
@@ -106,13 +114,20 @@ def test_exit_exception_and_endless_loop(project, capsys):
     def starting_at(cls, n):
         raise ValueError("boom")
     """
-    code, v = judge_json(capsys, "ch42", "--file", str(project.write("mine.py", src)), "--timeout", "2")
+    code, v = judge_json(
+        capsys, "ch42", "--file", str(project.write("mine.py", src)), "--timeout", "2"
+    )
     assert code == 1
     tests = by_test(v)
-    assert tests["test_double"]["outcome"] == "failed" and "SystemExit: 3" in tests["test_double"]["message"]
+    assert (
+        tests["test_double"]["outcome"] == "failed"
+        and "SystemExit: 3" in tests["test_double"]["message"]
+    )
     assert tests["test_bump"]["outcome"] == "timeout"
     assert tests["test_starting_at"]["message"] == "ValueError: boom"
-    assert tests["test_starting_at"]["where"].endswith('line 15, in starting_at: raise ValueError("boom")')
+    assert tests["test_starting_at"]["where"].endswith(
+        'line 15, in starting_at: raise ValueError("boom")'
+    )
     assert tests["test_unrelated"]["outcome"] == "passed"  # the run went on after all of it
 
 
@@ -140,8 +155,14 @@ def test_os_exit_wrong_signature_and_megabytes_of_output(project, capsys):
     ex, tests = by_exercise(v), by_test(v)
     assert ex["double"]["status"] == "passing"
     assert ex["bump"]["status"] == "error"
-    assert ex["bump"]["problem"] == "wrong signature: expected `def bump(self, by=1)`, got `def bump(self)`"
-    assert tests["test_is_big"]["outcome"] == "crashed" and "exit status 7" in tests["test_is_big"]["message"]
+    assert (
+        ex["bump"]["problem"]
+        == "wrong signature: expected `def bump(self, by=1)`, got `def bump(self)`"
+    )
+    assert (
+        tests["test_is_big"]["outcome"] == "crashed"
+        and "exit status 7" in tests["test_is_big"]["message"]
+    )
     assert tests["test_starting_at"]["outcome"] == "passed"  # run in a restarted process
     assert tests["test_unrelated"]["outcome"] == "passed"
 
@@ -165,13 +186,17 @@ def test_a_name_error_while_loading_and_a_missing_function(project, capsys):
 
 
 def test_a_file_that_does_not_parse_runs_no_test(project, capsys):
-    code, v = judge_json(capsys, "ch42", "--file", str(project.write("mine.py", "def double(x):\nreturn x\n")))
+    code, v = judge_json(
+        capsys, "ch42", "--file", str(project.write("mine.py", "def double(x):\nreturn x\n"))
+    )
     assert code == 1 and v["tests"] == []
     assert "syntax error" in by_exercise(v)["double"]["problem"]
 
 
 def test_the_human_report(project, capsys):
-    wrong = SOLUTION.replace("return x * SCALE", "return x * 3").replace("self.n += by", "self.n += by / 0")
+    wrong = SOLUTION.replace("return x * SCALE", "return x * 3").replace(
+        "self.n += by", "self.n += by / 0"
+    )
     assert main(["ch42", "--file", str(project.write("mine.py", wrong))]) == 1
     out = capsys.readouterr().out
     assert "✘ failing" in out and "assert 9 == 6" in out and "NOT PASSED: 3/7 tests passed" in out
@@ -180,13 +205,16 @@ def test_the_human_report(project, capsys):
     assert "return x * SCALE" not in out  # never the reference
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["ch12"], "unknown chapter 'ch12'"),
-    (["ch42"], "no notebook for ch42"),
-    (["ch42", "--file", "nope.py"], "file not found"),
-    (["ch42", "--exercise", "triple"], "ch42 has no exercise 'triple'"),
-    (["ch42", "--variant", "nope"], "no variant 'nope' for ch42"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["ch12"], "unknown chapter 'ch12'"),
+        (["ch42"], "no notebook for ch42"),
+        (["ch42", "--file", "nope.py"], "file not found"),
+        (["ch42", "--exercise", "triple"], "ch42 has no exercise 'triple'"),
+        (["ch42", "--variant", "nope"], "no variant 'nope' for ch42"),
+    ],
+)
 def test_bad_requests_exit_2_with_one_line(project, capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -214,8 +242,9 @@ def test_selection_by_exercise_and_keyword(project, capsys):
 
 
 def test_progress_table_and_hints(project, capsys):
-    (project.notebooks / "ch42_fake.ipynb").write_text(notebook([code_cell(
-        SOLUTION.replace("n > 10", "n > 11"), exercise="ch42.is_big")]))
+    (project.notebooks / "ch42_fake.ipynb").write_text(
+        notebook([code_cell(SOLUTION.replace("n > 10", "n > 11"), exercise="ch42.is_big")])
+    )
     assert main(["ch42"]) == 1
     capsys.readouterr()
     assert main([]) == 0
@@ -225,9 +254,11 @@ def test_progress_table_and_hints(project, capsys):
     assert "ch42" in table and "A fake chapter" in table and "3/4" in table
     assert main(["ch42", "--hint"]) == 0
     out = capsys.readouterr().out
-    assert "Hints for ch42.is_big" in out and "Hints for ch42.double" not in out  # only unfinished ones
+    # only unfinished ones
+    assert "Hints for ch42.is_big" in out and "Hints for ch42.double" not in out
     code, v = judge_json(capsys, "ch42", "--hint")
-    assert code == 0 and "ch42.is_big" in v["hints"] and "ch42.double" not in v["hints"]  # the same ones
+    # the same ones
+    assert code == 0 and "ch42.is_big" in v["hints"] and "ch42.double" not in v["hints"]
     assert main(["ch42", "--hint", "--hint", "--exercise", "double"]) == 0
     out = capsys.readouterr().out
     assert "1. first hint" in out and "2. second hint" in out and "third hint" not in out
@@ -236,21 +267,30 @@ def test_progress_table_and_hints(project, capsys):
 
 
 def test_variants_are_caught_or_not(project, capsys):
-    (project.variants / "ch42_triple.py").write_text('"""Triples instead of doubling."""\n\ndef double(x):\n    return 3 * x\n')
-    (project.variants / "ch42_harmless.py").write_text('"""Same as the reference."""\n\ndef double(x):\n    return x + x\n')
+    (project.variants / "ch42_triple.py").write_text(
+        '"""Triples instead of doubling."""\n\ndef double(x):\n    return 3 * x\n'
+    )
+    (project.variants / "ch42_harmless.py").write_text(
+        '"""Same as the reference."""\n\ndef double(x):\n    return x + x\n'
+    )
     assert main(["ch42", "--variant", "list"]) == 0
     assert "triple: Triples instead of doubling." in capsys.readouterr().out
     code, out = judge_json(capsys, "ch42", "--variant", "triple")
     assert code == 0 and out["caught"]
-    assert sorted(t.split("::")[-1] for t in out["variants"][0]["caught_by"]) == \
-        ["test_double", "test_quadruple", "test_total"]
+    assert sorted(t.split("::")[-1] for t in out["variants"][0]["caught_by"]) == [
+        "test_double",
+        "test_quadruple",
+        "test_total",
+    ]
     code, out = judge_json(capsys, "ch42", "--variant", "harmless")
     assert code == 1 and not out["caught"]
     assert not project.progress.exists()  # only the learner's own runs are recorded
 
 
 def test_selfcheck_proves_the_fake_chapter(project, capsys):
-    (project.variants / "ch42_triple.py").write_text('"""Triples."""\n\ndef double(x):\n    return 3 * x\n')
+    (project.variants / "ch42_triple.py").write_text(
+        '"""Triples."""\n\ndef double(x):\n    return 3 * x\n'
+    )
     assert main(["--selfcheck", "ch42"]) == 0
     out = capsys.readouterr().out
     assert "selfcheck passed" in out
@@ -258,14 +298,20 @@ def test_selfcheck_proves_the_fake_chapter(project, capsys):
 
 def test_selfcheck_names_registry_mistakes(project, capsys):
     registry = project.root / "registry.toml"
-    text = registry.read_text().replace('tests = ["test_fake.py::test_bump"]', 'tests = ["test_fake.py::test_unrelated"]')
+    text = registry.read_text().replace(
+        'tests = ["test_fake.py::test_bump"]', 'tests = ["test_fake.py::test_unrelated"]'
+    )
     registry.write_text(text)
     assert main(["--selfcheck", "ch42", "--workers", "1"]) == 1
     out = " ".join(capsys.readouterr().out.split())
-    assert "listed for ch42.bump but pass with its stub (drop them from its tests): " \
+    assert (
+        "listed for ch42.bump but pass with its stub (drop them from its tests): "
         "test_fake.py::test_unrelated" in out
-    assert 'fail with the stub of ch42.bump but are not in its tests (add them): ' \
+    )
+    assert (
+        "fail with the stub of ch42.bump but are not in its tests (add them): "
         '"test_fake.py::test_bump"' in out
+    )
 
 
 def test_live_check_judges_the_notebook_namespace(project, capsys):
@@ -276,9 +322,11 @@ def test_live_check_judges_the_notebook_namespace(project, capsys):
     from judge.live import check
 
     namespace = {"__name__": "__main__"}
-    cells = ["FACTOR = 2\n\ndef helper(x):\n    return x * FACTOR\n",
-             "def double(x):\n    return helper(x)\n",
-             "def bump(self, by=1):\n    self.n += by\n"]
+    cells = [
+        "FACTOR = 2\n\ndef helper(x):\n    return x * FACTOR\n",
+        "def double(x):\n    return helper(x)\n",
+        "def bump(self, by=1):\n    self.n += by\n",
+    ]
     for i, src in enumerate(cells):
         name = f"<ipython-input-{i}>"
         linecache.cache[name] = (len(src), None, src.splitlines(True), name)
@@ -292,20 +340,36 @@ def test_live_check_judges_the_notebook_namespace(project, capsys):
 
 
 def test_cumulative_swaps_in_every_chapter_up_to_this_one(project, capsys):
-    (project.notebooks / "ch42_fake.ipynb").write_text(notebook([code_cell(
-        SOLUTION.replace("self.n += by", "self.n -= by"), exercise="ch42.double")]))
-    (project.notebooks / "ch43_more.ipynb").write_text(notebook([code_cell(
-        "def total(xs):\n    return sum(double(x) for x in xs)\n", exercise="ch43.total")]))
+    (project.notebooks / "ch42_fake.ipynb").write_text(
+        notebook(
+            [code_cell(SOLUTION.replace("self.n += by", "self.n -= by"), exercise="ch42.double")]
+        )
+    )
+    (project.notebooks / "ch43_more.ipynb").write_text(
+        notebook(
+            [
+                code_cell(
+                    "def total(xs):\n    return sum(double(x) for x in xs)\n", exercise="ch43.total"
+                )
+            ]
+        )
+    )
     code, v = judge_json(capsys, "ch43")
     assert code == 0 and v["chapters"] == ["ch43"]  # ch42 stays the reference
     code, v = judge_json(capsys, "ch43", "--cumulative")
     assert code == 1 and v["chapters"] == ["ch42", "ch43"]
     status = {e["id"]: e["status"] for e in v["exercises"]}
-    assert status == {"ch42.double": "passing", "ch42.bump": "failing", "ch42.is_big": "passing",
-                      "ch42.starting_at": "passing", "ch43.total": "passing"}
+    assert status == {
+        "ch42.double": "passing",
+        "ch42.bump": "failing",
+        "ch42.is_big": "passing",
+        "ch42.starting_at": "passing",
+        "ch43.total": "passing",
+    }
     assert len(v["tests"]) == 9
     chapters = json.loads(project.progress.read_text())["chapters"]
-    assert not chapters["ch42"]["passed"] and chapters["ch43"]["passed"]  # each chapter its own verdict
+    # each chapter its own verdict
+    assert not chapters["ch42"]["passed"] and chapters["ch43"]["passed"]
 
 
 def test_live_check_in_a_real_ipython_shell(project, capsys):
@@ -324,7 +388,9 @@ def test_live_check_in_a_real_ipython_shell(project, capsys):
 
 def test_an_endless_loop_while_loading_hits_the_time_limit(project, capsys):
     src = "class Spin:\n    while True:\n        pass\n" + SOLUTION
-    code, v = judge_json(capsys, "ch42", "--file", str(project.write("mine.py", src)), "--time-limit", "3")
+    code, v = judge_json(
+        capsys, "ch42", "--file", str(project.write("mine.py", src)), "--time-limit", "3"
+    )
     assert code == 1 and not v["passed"]
     assert any("time limit of 3 s" in g and "while loading your code" in g for g in v["general"])
 
@@ -343,8 +409,13 @@ def test_judge_py_entry_point(project):
     import subprocess
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "judge.py", "ch42", "--file", str(project.write("mine.py", SOLUTION))],
-                         cwd=repo, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "judge.py", "ch42", "--file", str(project.write("mine.py", SOLUTION))],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "PASSED: 7/7 tests passed" in out.stdout
 
@@ -356,11 +427,15 @@ def test_blame_reruns_stay_inside_the_runs_time_limit(monkeypatch):
 
     from judge import judging
 
-    exercises = [judging.ExerciseVerdict("ch42", name, f"fakepkg.mod:{name}", judging.FAILING)
-                 for name in ("double", "bump")]
+    exercises = [
+        judging.ExerciseVerdict("ch42", name, f"fakepkg.mod:{name}", judging.FAILING)
+        for name in ("double", "bump")
+    ]
     verdict = judging.Verdict(["ch42"], "learner", "", "cpu", exercises, [], [], 0.0)
     started = []
-    monkeypatch.setattr(judging, "run_pytest", lambda *a: started.append(a[2].time_limit) or judging.RunResult())
+    monkeypatch.setattr(
+        judging, "run_pytest", lambda *a: started.append(a[2].time_limit) or judging.RunResult()
+    )
     judging._blame(verdict, [], None, judging.RunOptions(), deadline=time.monotonic() - 1)
     assert started == [] and [e.status for e in exercises] == [judging.FAILING] * 2
     judging._blame(verdict, [], None, judging.RunOptions(), deadline=time.monotonic() + 30)

@@ -25,7 +25,13 @@ def ch42(project):
 
 
 def test_chapter_names():
-    assert [chapter_key(n) for n in ("ch11", "ch3", "7", 7, " CH01 ")] == ["ch11", "ch03", "ch07", "ch07", "ch01"]
+    assert [chapter_key(n) for n in ("ch11", "ch3", "7", 7, " CH01 ")] == [
+        "ch11",
+        "ch03",
+        "ch07",
+        "ch07",
+        "ch01",
+    ]
     assert chapter_key("chapter11") is None and chapter_key("ch123") is None
 
 
@@ -64,9 +70,13 @@ def test_stub_keeps_signature_and_docstring_and_raises_the_sentinel():
 
 
 def test_reference_source_drops_only_kind_decorators():
-    assert stubs.reference_source("ch01", "extend_len").startswith("def extend_len(self)")  # was @property
-    assert stubs.reference_source("ch03", "from_hf").startswith("def from_hf(cls,")  # was @classmethod
-    assert "return self.device_len - self.cached_len" in stubs.reference_source("ch01", "extend_len")
+    # was @property
+    assert stubs.reference_source("ch01", "extend_len").startswith("def extend_len(self)")
+    # was @classmethod
+    assert stubs.reference_source("ch03", "from_hf").startswith("def from_hf(cls,")
+    assert "return self.device_len - self.cached_len" in stubs.reference_source(
+        "ch01", "extend_len"
+    )
 
 
 def test_stubs_of_the_fake_chapter(project, ch42):
@@ -78,15 +88,25 @@ def test_stubs_of_the_fake_chapter(project, ch42):
 
 def test_notebook_takes_exercise_and_support_cells_only(project, ch42):
     path = project.notebooks / "ch42_fake.ipynb"
-    path.write_text(notebook([
-        code_cell("x = undefined_thing +  # a scratch cell that does not even parse"),
-        code_cell("def helper(x):\n    return x * SCALE\n", support=True),
-        code_cell("def double(x):\n    return helper(x)\n\nprint(double(2))  # try-out\n", exercise="ch42.double"),
-        code_cell('%%time\ndef bump(self, by=1):\n    """doc"""\n    raise '
-            'NotImplementedError("ch42.bump: ...")\n',
-                  exercise="ch42.bump"),
-        code_cell("def is_big(self):\n    return True\n", exercise="ch41.is_big"),  # another chapter's
-    ]))
+    path.write_text(
+        notebook(
+            [
+                code_cell("x = undefined_thing +  # a scratch cell that does not even parse"),
+                code_cell("def helper(x):\n    return x * SCALE\n", support=True),
+                code_cell(
+                    "def double(x):\n    return helper(x)\n\nprint(double(2))  # try-out\n",
+                    exercise="ch42.double",
+                ),
+                code_cell(
+                    '%%time\ndef bump(self, by=1):\n    """doc"""\n    raise '
+                    'NotImplementedError("ch42.bump: ...")\n',
+                    exercise="ch42.bump",
+                ),
+                # another chapter's
+                code_cell("def is_big(self):\n    return True\n", exercise="ch41.is_big"),
+            ]
+        )
+    )
     assert find_notebook(ch42, project.notebooks) == path
     code = from_notebook(path, ch42)
     assert [s.exercise for s in code.snippets] == [None, "double", "bump"]
@@ -99,12 +119,18 @@ def test_notebook_takes_exercise_and_support_cells_only(project, ch42):
 
 def test_a_syntax_error_breaks_only_its_own_exercise(project, ch42):
     path = project.notebooks / "ch42_fake.ipynb"
-    path.write_text(notebook([
-        code_cell("def double(x)\n    return 2 * x\n", exercise="ch42.double"),
-        code_cell("def bump(self, by=1):\n    self.n += by\n", exercise="ch42.bump"),
-    ]))
+    path.write_text(
+        notebook(
+            [
+                code_cell("def double(x)\n    return 2 * x\n", exercise="ch42.double"),
+                code_cell("def bump(self, by=1):\n    self.n += by\n", exercise="ch42.bump"),
+            ]
+        )
+    )
     code = from_notebook(path, ch42)
-    assert code.problems["double"].startswith("syntax error in ch42_fake.ipynb cell 2 (ch42.double), line 1")
+    assert code.problems["double"].startswith(
+        "syntax error in ch42_fake.ipynb cell 2 (ch42.double), line 1"
+    )
     assert "bump" not in code.problems and code.attempted["bump"]
 
 
@@ -116,21 +142,29 @@ def test_a_syntax_error_in_a_file_breaks_every_exercise(project, ch42):
 
 def test_a_renamed_function_gets_a_suggestion(project, ch42):
     code = from_sources(ch42, {None: "def dobule(x):\n    return 2 * x\n"}, origin="test")
-    assert "there is a `def dobule`: the judge needs the exact name `double`" in code.problems["double"]
+    assert (
+        "there is a `def dobule`: the judge needs the exact name `double`"
+        in code.problems["double"]
+    )
 
 
 def test_decorated_kinds_are_accepted_in_learner_code(project, ch42):
-    src = "@property\ndef is_big(self):\n    return self.n > 10\n\n@classmethod\ndef " \
+    src = (
+        "@property\ndef is_big(self):\n    return self.n > 10\n\n@classmethod\ndef "
         "starting_at(cls, n):\n    return cls()\n"
+    )
     code = from_sources(ch42, {None: src}, origin="test")
     assert code.attempted == {"is_big": True, "starting_at": True}
 
 
-@pytest.mark.parametrize("content,message", [
-    ("{not json", "broken JSON at line 1"),
-    (json.dumps({"cells": "nope"}), "has no list of cells"),
-    (b"\xff\xfe\x00garbage", "cannot read notebook"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("{not json", "broken JSON at line 1"),
+        (json.dumps({"cells": "nope"}), "has no list of cells"),
+        (b"\xff\xfe\x00garbage", "cannot read notebook"),
+    ],
+)
 def test_corrupt_notebooks_are_reported(project, ch42, content, message):
     path = project.notebooks / "ch42_fake.ipynb"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -151,18 +185,26 @@ def test_live_sources_bring_helpers_decorators_and_modules_first(project, ch42):
 
     from judge.live import collect_sources
 
-    src = ("import functools as ft\n\nLIMIT = 10\n\ndef twice(f):\n    @ft.wraps(f)\n    def w(*a):\n"
-           "        return f(*a)\n    return w\n\n@twice\ndef is_big(self):\n    return self.n > "
-           "LIMIT\n\n"
-           "def unrelated():\n    pass\n")
+    src = (
+        "import functools as ft\n\nLIMIT = 10\n\ndef twice(f):\n    @ft.wraps(f)\n    def w(*a):\n"
+        "        return f(*a)\n    return w\n\n@twice\ndef is_big(self):\n    return self.n > "
+        "LIMIT\n\n"
+        "def unrelated():\n    pass\n"
+    )
     namespace = {"__name__": "__main__"}
     linecache.cache["<cell-1>"] = (len(src), None, src.splitlines(True), "<cell-1>")
     exec(compile(src, "<cell-1>", "exec"), namespace)
-    namespace["double"] = __import__("fakepkg.mod", fromlist=["double"]).double  # imported, not theirs
+    namespace["double"] = __import__(
+        "fakepkg.mod", fromlist=["double"]
+    ).double  # imported, not theirs
     sources = collect_sources(ch42, namespace)
     assert list(sources) == [None, "is_big"]  # the imported reference `double` is not the learner's
     helpers = sources[None]
-    assert helpers.startswith("import functools as ft\n") and "LIMIT = 10" in helpers and "def twice" in helpers
+    assert (
+        helpers.startswith("import functools as ft\n")
+        and "LIMIT = 10" in helpers
+        and "def twice" in helpers
+    )
     assert "unrelated" not in helpers
     assert sources["is_big"].startswith("@twice\ndef is_big(self):")
 
@@ -175,12 +217,15 @@ def test_learner_kernels_keep_the_plain_torch_path_on_a_gpu():
 
     def env_for(chapter: str, exercise: str):
         ch = registry.chapter(chapter)
-        code = from_sources(ch, {exercise: stubs.stub_source(chapter, exercise)}, "stub", missing="reference")
+        code = from_sources(
+            ch, {exercise: stubs.stub_source(chapter, exercise)}, "stub", missing="reference"
+        )
         return path_env([spec_unit(code, ch)], [ch])
 
     assert env_for("ch02", "rms_norm") == {"MINISGL_FUSED_KERNELS": "0"}
     assert env_for("ch05", "decode_attention") == {"MINISGL_ATTENTION_BACKEND": "torch"}
-    assert env_for("ch04", "store_kv") == {"MINISGL_FUSED_KERNELS": "0"}  # the fused kernel stores K/V
+    # the fused kernel stores K/V
+    assert env_for("ch04", "store_kv") == {"MINISGL_FUSED_KERNELS": "0"}
     assert env_for("ch01", "complete_one") == {}
 
 
@@ -190,9 +235,11 @@ def test_live_sources_leave_out_a_helper_that_only_shares_an_attributes_name(pro
 
     from judge.live import collect_sources
 
-    src = ("def n():\n    return mine.x\n\ndef is_big(self):\n    return self.n > 10\n")
+    src = "def n():\n    return mine.x\n\ndef is_big(self):\n    return self.n > 10\n"
     namespace = {"__name__": "__main__"}
     linecache.cache["<cell-2>"] = (len(src), None, src.splitlines(True), "<cell-2>")
     exec(compile(src, "<cell-2>", "exec"), namespace)
     sources = collect_sources(ch42, namespace)
-    assert "def n()" not in sources.get(None, ""), "an attribute's name was taken for a notebook helper"
+    assert "def n()" not in sources.get(None, ""), (
+        "an attribute's name was taken for a notebook helper"
+    )

@@ -42,7 +42,7 @@ class Engine:
         return self.step(self.step(x))
 '''
 
-TESTS = '''
+TESTS = """
 import time
 
 from fakepkg.engine import Engine
@@ -67,9 +67,9 @@ def test_twice():
 def test_the_tests_own_slow_work():
     time.sleep(0.8)  # like computing a Hugging Face reference: not the engine's time
     assert Engine().run(3) == 3, "run(3) should be 3"
-'''
+"""
 
-REGISTRY = '''
+REGISTRY = """
 
 [ch44]
 title = "A fake engine"
@@ -92,15 +92,28 @@ tests = ["test_speed.py::test_run_ten", "test_speed.py::test_run_twenty",
 name = "twice"
 target = "fakepkg.engine:Engine.twice"
 tests = ["test_speed.py::test_twice"]
-'''
+"""
 
 # Small numbers, so that a hang costs a fraction of a second: budget = max(0.3, 2 x measured).
-BUDGETS = {"floor": {"cpu": 0.3}, "factor": 2, "default": {"cpu": 0.5},
-           "times": {"cpu": {"test_speed.py::test_step": 0.01, "test_speed.py::test_run_ten": 0.01,
-                             "test_speed.py::test_run_twenty": 0.01, "test_speed.py::test_twice": 0.01}}}  # the slow one: the default
+# the slow one: the default
+BUDGETS = {
+    "floor": {"cpu": 0.3},
+    "factor": 2,
+    "default": {"cpu": 0.5},
+    "times": {
+        "cpu": {
+            "test_speed.py::test_step": 0.01,
+            "test_speed.py::test_run_ten": 0.01,
+            "test_speed.py::test_run_twenty": 0.01,
+            "test_speed.py::test_twice": 0.01,
+        }
+    },
+}
 
 STEP = "def step(self, x):\n    return x + 1\n"
-RUN = "def run(self, n):\n    x = 0\n    for _ in range(n):\n        x = self.step(x)\n    return x\n"
+RUN = (
+    "def run(self, n):\n    x = 0\n    for _ in range(n):\n        x = self.step(x)\n    return x\n"
+)
 HANG = "def step(self, x):\n    while True:\n        x += 1\n"
 TWICE = "def twice(self, x):\n    return self.step(self.step(x))\n"
 
@@ -113,7 +126,8 @@ def project(tmp_path, monkeypatch):
     (tmp_path / "fake_tests" / "test_speed.py").write_text(TESTS)
     with open(tmp_path / "registry.toml", "a") as f:
         f.write(REGISTRY)
-    (tmp_path / "budgets.json").write_text(json.dumps(BUDGETS))  # beside the registry, as judge/budgets.json
+    # beside the registry, as judge/budgets.json
+    (tmp_path / "budgets.json").write_text(json.dumps(BUDGETS))
     return p
 
 
@@ -135,19 +149,27 @@ def test_a_hang_is_a_timeout_at_the_budget_naming_the_learners_line(project, cap
     code, v = judge_file(project, capsys, HANG)
     assert code == 1
     hung = by_test(v)["test_step"]
-    assert hung["outcome"] == "timeout", f"an endless loop should be a timeout, got {hung['outcome']}"
+    assert hung["outcome"] == "timeout", (
+        f"an endless loop should be a timeout, got {hung['outcome']}"
+    )
     # the budget from the file (max(floor 0.3 s, 2 x 0.01 s)), not the 60 s hard cap
-    assert "time budget of 0.3 s" in hung["message"], f"the budget used is not named: {hung['message']}"
+    assert "time budget of 0.3 s" in hung["message"], (
+        f"the budget used is not named: {hung['message']}"
+    )
     # the loop's own lines (2: `while True:`, 3: its body): where it was spinning when stopped
-    assert re.search(r"mine\.py, line [23], in step", hung["where"] or ""), f"the spinning line is not named: {hung['where']}"
+    assert re.search(r"mine\.py, line [23], in step", hung["where"] or ""), (
+        f"the spinning line is not named: {hung['where']}"
+    )
 
 
 def test_an_exercise_that_timed_out_is_not_run_again(project, capsys):
     code, v = judge_file(project, capsys, HANG)
     tests = by_test(v)
     for name in ("test_run_ten", "test_run_twenty", "test_twice", "test_the_tests_own_slow_work"):
-        assert tests[name]["outcome"] != "passed" and tests[name]["message"] == \
-            "not run: step already timed out in test_step", f"{name}: {tests[name]['outcome']}, {tests[name]['message']}"
+        assert (
+            tests[name]["outcome"] != "passed"
+            and tests[name]["message"] == "not run: step already timed out in test_step"
+        ), f"{name}: {tests[name]['outcome']}, {tests[name]['message']}"
     assert v["counts"].get("timeout") == 1, f"one timeout expected, got {v['counts']}"
     assert by_exercise(v)["step"]["status"] == "failing"
 
@@ -157,31 +179,39 @@ def test_time_outside_the_engine_does_not_count_against_the_budget(project, caps
     # test itself, not in the engine
     code, v = judge_file(project, capsys, STEP + "\n\n" + RUN)
     slow = by_test(v)["test_the_tests_own_slow_work"]
-    assert slow["outcome"] == "passed", f"the test's own work was held against the budget: {slow['message']}"
+    assert slow["outcome"] == "passed", (
+        f"the test's own work was held against the budget: {slow['message']}"
+    )
     assert code == 0
 
 
 def test_a_test_without_a_measured_time_gets_the_default_budget(project, capsys, tmp_path):
     budgets = json.loads((tmp_path / "budgets.json").read_text())
-    del budgets["times"]["cpu"]["test_speed.py::test_step"]  # as for a test added since the last measurement
+    # as for a test added since the last measurement
+    del budgets["times"]["cpu"]["test_speed.py::test_step"]
     (tmp_path / "budgets.json").write_text(json.dumps(budgets))
     code, v = judge_file(project, capsys, HANG)
     hung = by_test(v)["test_step"]
-    assert hung["outcome"] == "timeout" and "time budget of 0.5 s" in hung["message"], \
+    assert hung["outcome"] == "timeout" and "time budget of 0.5 s" in hung["message"], (
         f"expected the default budget of 0.5 s, got: {hung['outcome']}, {hung['message']}"
+    )
 
 
 def test_a_stale_budget_fails_the_reference_run(project, capsys, monkeypatch):
-    monkeypatch.setenv("FAKE_STEP_SLEEP", "0.05")  # run(20) now spends 1 s in the engine: over 0.3 s
+    # run(20) now spends 1 s in the engine: over 0.3 s
+    monkeypatch.setenv("FAKE_STEP_SLEEP", "0.05")
     code = main(["ch44", "--solution", "--json"])
     v = json.loads(capsys.readouterr().out)
     assert code == 1 and not v["passed"], "the reference ran over its budgets, yet the run passed"
-    assert any("time budget" in g and "python -m judge.budgets" in g for g in v["general"]), \
+    assert any("time budget" in g and "python -m judge.budgets" in g for g in v["general"]), (
         f"no word of the stale budgets: {v['general']}"
+    )
 
 
 def test_the_reference_within_its_budgets_passes(project, capsys):
-    assert main(["ch44", "--solution", "--json"]) == 0, json.loads(capsys.readouterr().out)["general"]
+    assert main(["ch44", "--solution", "--json"]) == 0, json.loads(capsys.readouterr().out)[
+        "general"
+    ]
 
 
 def test_a_wrong_exercise_with_a_failed_test_of_its_own_is_not_rerun(project, capsys, monkeypatch):
@@ -200,7 +230,9 @@ def test_a_wrong_exercise_with_a_failed_test_of_its_own_is_not_rerun(project, ca
     code, v = judge_file(project, capsys, STEP.replace("x + 1", "x + 2") + "\n\n" + RUN)
     ex = by_exercise(v)
     assert ex["step"]["status"] == "failing", f"step: {ex['step']['status']}"
-    assert ex["run"]["status"] == "passing" and "correct on its own" in ex["run"]["note"], f"run: {ex['run']}"
+    assert ex["run"]["status"] == "passing" and "correct on its own" in ex["run"]["note"], (
+        f"run: {ex['run']}"
+    )
     reruns = runs[1:]
     assert len(reruns) == 1, f"expected one rerun (run alone), got {len(reruns)}: {reruns}"
     assert "test_step" not in reruns[0], f"the rerun ran step's own test: {reruns[0]}"
@@ -219,36 +251,55 @@ def test_the_fork_server_runs_two_at_once(tmp_path):
         f"import time, pathlib\n\ndef test_wait():\n    for _ in range(400):\n"
         f"        if pathlib.Path({str(flag)!r}).exists():\n            return\n        "
         "time.sleep(0.05)\n"
-        f"    raise AssertionError('the other run never ran')\n")
-    (tmp_path / "test_write.py").write_text(f"import pathlib\n\ndef test_write():\n    pathlib.Path({str(flag)!r}).touch()\n")
+        f"    raise AssertionError('the other run never ran')\n"
+    )
+    (tmp_path / "test_write.py").write_text(
+        f"import pathlib\n\ndef test_write():\n    pathlib.Path({str(flag)!r}).touch()\n"
+    )
     server = forkserver.ForkServer(str(REPO), ["pytest"])
-    ENV = {"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # installed plugins take seconds
+    # installed plugins take seconds
+    ENV = {
+        "PATH": "/usr/bin:/bin",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    }
     try:
         assert server.ready, "the fork server did not start"
         codes = {}
 
         def one(name):
             args = ["-q", "-p", "no:cacheprovider", str(tmp_path / f"test_{name}.py")]
-            codes[name] = server.run(args, ENV, str(tmp_path), str(tmp_path / f"{name}.out"),
-                                     60, None)
+            codes[name] = server.run(
+                args, ENV, str(tmp_path), str(tmp_path / f"{name}.out"), 60, None
+            )
 
         wait = threading.Thread(target=one, args=("wait",))
         wait.start()
         one("write")
         wait.join()
-        assert codes["write"] == (0, False) and codes["wait"] == (0, False), \
-            f"(exit code, killed) of the two runs: {codes}; the waiting one printed: " \
+        assert codes["write"] == (0, False) and codes["wait"] == (0, False), (
+            f"(exit code, killed) of the two runs: {codes}; the waiting one printed: "
             f"{(tmp_path / 'wait.out').read_text()[-300:]}"
+        )
         # and a run past its time is stopped
-        (tmp_path / "test_sleep.py").write_text("import time\n\ndef test_sleep():\n    time.sleep(60)\n")
-        code, killed = server.run(["-q", "-p", "no:cacheprovider", str(tmp_path / "test_sleep.py")], ENV,
-                                  str(tmp_path), str(tmp_path / "sleep.out"), 1, None)
+        (tmp_path / "test_sleep.py").write_text(
+            "import time\n\ndef test_sleep():\n    time.sleep(60)\n"
+        )
+        code, killed = server.run(
+            ["-q", "-p", "no:cacheprovider", str(tmp_path / "test_sleep.py")],
+            ENV,
+            str(tmp_path),
+            str(tmp_path / "sleep.out"),
+            1,
+            None,
+        )
         assert killed, f"a run past its time limit was not stopped (exit code {code})"
     finally:
         server.close()
 
 
-def test_exercises_that_only_failed_through_a_hang_are_cleared_by_one_rerun(project, capsys, monkeypatch):
+def test_exercises_that_only_failed_through_a_hang_are_cleared_by_one_rerun(
+    project, capsys, monkeypatch
+):
     """`step` hangs; `run` and `twice` are right, but their tests were not run after step's timeout:
     one rerun of the two together, with the reference's step, clears both."""
     from judge import judging
@@ -260,7 +311,9 @@ def test_exercises_that_only_failed_through_a_hang_are_cleared_by_one_rerun(proj
     ex = by_exercise(v)
     assert ex["step"]["status"] == "failing", f"step: {ex['step']['status']}"
     for name in ("run", "twice"):
-        assert ex[name]["status"] == "passing" and "in place of step" in (ex[name]["note"] or ""), f"{name}: {ex[name]}"
+        assert ex[name]["status"] == "passing" and "in place of step" in (ex[name]["note"] or ""), (
+            f"{name}: {ex[name]}"
+        )
     assert len(runs) == 2, f"expected the run and one rerun, got {len(runs)} runs"
 
 
@@ -275,15 +328,28 @@ def test_a_forked_run_sees_the_engine_switches_of_its_own_environment(tmp_path):
         pytest.skip("no fork on this platform")
     (tmp_path / "test_env.py").write_text(
         "from minisgl.env import ENV\n\ndef test_env():\n"
-        "    assert ENV.ATTENTION_BACKEND.value == 'torch', ENV.ATTENTION_BACKEND.value\n")
+        "    assert ENV.ATTENTION_BACKEND.value == 'torch', ENV.ATTENTION_BACKEND.value\n"
+    )
     server = forkserver.ForkServer(str(REPO), ["pytest", "minisgl.env"])
-    env = {"PATH": "/usr/bin:/bin", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": str(REPO),
-           "MINISGL_ATTENTION_BACKEND": "torch"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "PYTHONPATH": str(REPO),
+        "MINISGL_ATTENTION_BACKEND": "torch",
+    }
     try:
         assert server.ready, "the fork server did not start"
-        code, _ = server.run(["-q", "-p", "no:cacheprovider", str(tmp_path / "test_env.py")], env, str(tmp_path),
-                             str(tmp_path / "env.out"), 60, None)
-        assert code == 0, "the forked run saw another attention backend: " \
+        code, _ = server.run(
+            ["-q", "-p", "no:cacheprovider", str(tmp_path / "test_env.py")],
+            env,
+            str(tmp_path),
+            str(tmp_path / "env.out"),
+            60,
+            None,
+        )
+        assert code == 0, (
+            "the forked run saw another attention backend: "
             f"{(tmp_path / 'env.out').read_text()[-200:]}"
+        )
     finally:
         server.close()

@@ -1,4 +1,5 @@
-"""`LLM.generate`'s progress bar (minisgl/llm/progress.py): where it shows, and that it counts tokens."""
+"""`LLM.generate`'s progress bar (minisgl/llm/progress.py): where it shows, and that it counts
+tokens."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from minisgl.llm import progress
 
 @pytest.fixture
 def drawn(monkeypatch):
-    """Every draw of the terminal bar, as (tokens done, tokens made, requests finished); no output."""
+    """Every draw of the terminal bar, as (tokens done, tokens made, requests finished); no
+    output."""
     seen = []
 
     class Recorder:
@@ -36,7 +38,9 @@ def test_no_bar_by_default_under_pytest(monkeypatch, drawn):
     monkeypatch.setattr(progress, "DELAY", 0.0)
     llm = build_llm()
     llm.generate(["ROMEO:"] * 4, SamplingParams(max_tokens=8))
-    assert drawn == [], f"expected no progress bar under pytest by default, got {len(drawn)} draw(s)"
+    assert drawn == [], (
+        f"expected no progress bar under pytest by default, got {len(drawn)} draw(s)"
+    )
 
 
 def test_off_means_off_even_when_asked(monkeypatch, drawn):
@@ -48,11 +52,21 @@ def test_off_means_off_even_when_asked(monkeypatch, drawn):
 
 def test_the_bar_counts_tokens_and_ends_full(drawn):
     llm = build_llm()
-    out = llm.generate(["ROMEO:", "JULIET:", "KING:"], SamplingParams(max_tokens=12, ignore_eos=True), progress=True)
+    out = llm.generate(
+        ["ROMEO:", "JULIET:", "KING:"],
+        SamplingParams(max_tokens=12, ignore_eos=True),
+        progress=True,
+    )
     draws = [d for d in drawn if d[0] != "closed"]
     assert draws, "expected the bar to be drawn while generating, it never was"
     moving = [d for d in draws if d[2] == 0 and d[0] > 0]
-    assert moving, f"expected the bar to move before any request finished; it showed {draws[:3]} ..."
-    assert all(d[3] == 36 for d in draws), f"expected a total of 36 tokens (3 x 12), saw {draws[0][3]}"
+    assert moving, (
+        f"expected the bar to move before any request finished; it showed {draws[:3]} ..."
+    )
+    assert all(d[3] == 36 for d in draws), (
+        f"expected a total of 36 tokens (3 x 12), saw {draws[0][3]}"
+    )
     made = sum(len(o["token_ids"]) for o in out)
-    assert drawn[-1] == ("closed", made), f"expected the bar closed with {made} tokens, got {drawn[-1]}"
+    assert drawn[-1] == ("closed", made), (
+        f"expected the bar closed with {made} tokens, got {drawn[-1]}"
+    )

@@ -24,8 +24,21 @@ def f(self, xs, n):
 
 def test_every_class_of_mistake_is_made_once_and_compiles():
     ms = mutants(SOURCE, "f")
-    assert {m.op for m in ms} == {"arith", "compare", "logic", "negate", "const", "length", "dtype", "kwarg",
-                                  "args", "call", "drop", "swap", "flow"}, "an operator class made no mutant"
+    assert {m.op for m in ms} == {
+        "arith",
+        "compare",
+        "logic",
+        "negate",
+        "const",
+        "length",
+        "dtype",
+        "kwarg",
+        "args",
+        "call",
+        "drop",
+        "swap",
+        "flow",
+    }, "an operator class made no mutant"
     assert len({m.source for m in ms}) == len(ms), "two mutants are the same code"
     for m in ms:
         compile(m.source, m.id, "exec")
@@ -37,7 +50,9 @@ def test_every_class_of_mistake_is_made_once_and_compiles():
 
 def test_a_mutant_id_survives_an_edit_of_the_docstring():
     ids = [m.id for m in mutants(SOURCE, "f")]
-    edited = SOURCE.replace('"""Doc."""', '"""A longer contract: what f receives and leaves behind."""')
+    edited = SOURCE.replace(
+        '"""Doc."""', '"""A longer contract: what f receives and leaves behind."""'
+    )
     assert [m.id for m in mutants(edited, "f")] == ids
 
 
@@ -56,7 +71,9 @@ def test_a_weak_test_lets_mutants_survive_until_they_are_killed_or_recorded(proj
     # test_is_big checks 11 and 0 only: `> 10` -> `>= 10` and `10` -> `9` survive.
     assert main(["ch42", "--exercise", "is_big", "--workers", "1"]) == 1
     out = capsys.readouterr().out
-    survivors = [line.split()[1] for line in out.splitlines() if line.strip().startswith("survived ")]
+    survivors = [
+        line.split()[1] for line in out.splitlines() if line.strip().startswith("survived ")
+    ]
     assert len(survivors) == 2, out
     assert "self.n > 10 -> self.n >= 10" in out
 
@@ -64,20 +81,26 @@ def test_a_weak_test_lets_mutants_survive_until_they_are_killed_or_recorded(proj
     text = registry.read_text().replace(
         'tests = ["test_fake.py::test_is_big"]',
         'tests = ["test_fake.py::test_is_big"]\nequivalent_mutants = [\n'
-        + "".join(f'  {{ id = "{s}", why = "recorded for the test" }},\n' for s in survivors) + "]")
+        + "".join(f'  {{ id = "{s}", why = "recorded for the test" }},\n' for s in survivors)
+        + "]",
+    )
     registry.write_text(text)
     assert main(["ch42", "--exercise", "is_big", "--workers", "1"]) == 0
     assert "2 equivalent" in capsys.readouterr().out
 
     registry.write_text(text.replace(survivors[0], "compare-00000000"))
-    assert main(["ch42", "--exercise", "is_big", "--workers", "1"]) == 1, "a stale equivalent must fail"
+    assert main(["ch42", "--exercise", "is_big", "--workers", "1"]) == 1, (
+        "a stale equivalent must fail"
+    )
     out = capsys.readouterr().out
     assert "stale: compare-00000000" in out and "survived" in out
 
 
 def test_the_ci_sample_fails_on_a_survivor(project, capsys):
     assert main(["ch42", "--exercise", "double", "--sample", "3", "--check", "--workers", "1"]) == 0
-    assert main(["ch42", "--exercise", "is_big", "--sample", "20", "--check", "--workers", "1"]) == 1
+    assert (
+        main(["ch42", "--exercise", "is_big", "--sample", "20", "--check", "--workers", "1"]) == 1
+    )
     assert "survived" in capsys.readouterr().out
 
 

@@ -13,8 +13,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 def serve(*args: str, timeout: float = 120):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "minisgl", "serve", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "minisgl", "serve", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def test_a_port_in_use_is_named():
@@ -23,20 +28,25 @@ def test_a_port_in_use_is_named():
         taken.listen()
         port = taken.getsockname()[1]
         r = serve("--port", str(port))
-    assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, \
+    assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, (
         f"expected exit 1 naming the port in use, got {r.returncode}: {r.stderr.strip()[-200:]}"
+    )
 
 
 def test_a_missing_model_directory_is_named(tmp_path):
     r = serve("--model", str(tmp_path / "nowhere"), "--port", "0")
-    assert r.returncode == 2 and "not a directory" in r.stderr, \
-        f"expected a usage error naming the directory, got {r.returncode}: {r.stderr.strip()[-200:]}"
+    assert r.returncode == 2 and "not a directory" in r.stderr, (
+        f"expected a usage error naming the directory, got {r.returncode}: "
+        f"{r.stderr.strip()[-200:]}"
+    )
 
 
 def test_a_directory_that_is_not_a_model_is_named(tmp_path):
     r = serve("--model", str(tmp_path), "--port", "0")
-    assert r.returncode == 1 and "could not start" in r.stderr and "config.json" in r.stderr, \
-        f"expected exit 1 saying the model has no config.json, got {r.returncode}: {r.stderr.strip()[-300:]}"
+    assert r.returncode == 1 and "could not start" in r.stderr and "config.json" in r.stderr, (
+        f"expected exit 1 saying the model has no config.json, got {r.returncode}: "
+        f"{r.stderr.strip()[-300:]}"
+    )
     assert "Traceback" not in r.stderr, "a bad model directory deserves one line, not a traceback"
 
 
@@ -48,7 +58,9 @@ def test_ctrl_c_stops_every_process():
 
     from minisgl.server.background import BackgroundServer, wait_gone
 
-    server = BackgroundServer("--max-seq-len", "64", "--num-pages", "256", env={"OMP_NUM_THREADS": "1"})
+    server = BackgroundServer(
+        "--max-seq-len", "64", "--num-pages", "256", env={"OMP_NUM_THREADS": "1"}
+    )
     server.start()
     try:
         workers = list(httpx.get(server.url + "/health", timeout=30).json()["workers"].values())
@@ -59,4 +71,6 @@ def test_ctrl_c_stops_every_process():
     assert code == 0, f"Ctrl-C should stop the server cleanly (exit code 0), got {code}"
     left = wait_gone(workers, 10)
     assert not left, f"after Ctrl-C, worker process(es) {left} still run"
-    assert "Traceback" not in "".join(server.log), "Ctrl-C should stop the server quietly, not with a traceback"
+    assert "Traceback" not in "".join(server.log), (
+        "Ctrl-C should stop the server quietly, not with a traceback"
+    )

@@ -52,30 +52,44 @@ def test_chat_without_a_template_is_a_400(client):
     if not (MODEL / "tokenizer.json").is_file():
         pytest.skip("the test model has no tokenizer")
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
     body = err.value.body
-    assert isinstance(body, dict) and "chat template" in body.get("message", ""), \
+    assert isinstance(body, dict) and "chat template" in body.get("message", ""), (
         f"expected an OpenAI error naming the missing chat template, got {body}"
-    assert client.completions.create(model=NAME, prompt="ROMEO:", max_tokens=2).usage.completion_tokens >= 1, \
-        "completions should still work"
+    )
+    assert (
+        client.completions.create(model=NAME, prompt="ROMEO:", max_tokens=2).usage.completion_tokens
+        >= 1
+    ), "completions should still work"
 
 
 def test_a_scheduler_crash_answers_in_flight_requests_and_turns_health_red(server, client):
-    stream = client.completions.create(model=NAME, prompt="ROMEO:", max_tokens=200, stream=True,
-                                       extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model=NAME, prompt="ROMEO:", max_tokens=200, stream=True, extra_body={"ignore_eos": True}
+    )
     chunks = iter(stream)
     next(chunks)
     os.kill(workers(server)["scheduler"], signal.SIGKILL)
-    with pytest.raises(openai.APIError) as err:  # an error event, not a hang (the client's timeout is 20 s)
+    with pytest.raises(
+        openai.APIError
+    ) as err:  # an error event, not a hang (the client's timeout is 20 s)
         for _ in chunks:
             pass
-    assert "scheduler" in str(err.value), f"the stream's error should say the scheduler died, said {err.value}"
+    assert "scheduler" in str(err.value), (
+        f"the stream's error should say the scheduler died, said {err.value}"
+    )
     health = httpx.get(server.url + "/health")
-    assert health.status_code == 503, f"/health should turn 503 after the scheduler died, got {health.status_code}"
+    assert health.status_code == 503, (
+        f"/health should turn 503 after the scheduler died, got {health.status_code}"
+    )
     with pytest.raises(openai.InternalServerError) as err:
         client.completions.create(model=NAME, prompt="ROMEO:", max_tokens=2)
-    assert err.value.status_code == 500 and "scheduler" in str(err.value), \
-        f"a new request should get a 500 naming the dead scheduler, got {err.value.status_code}: {err.value}"
+    assert err.value.status_code == 500 and "scheduler" in str(err.value), (
+        "a new request should get a 500 naming the dead scheduler, got "
+        f"{err.value.status_code}: {err.value}"
+    )
 
 
 def test_killing_the_api_server_leaves_no_worker_behind(server):

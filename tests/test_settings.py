@@ -28,22 +28,29 @@ def _mentions(root: Path):
 
 def test_every_minisgl_variable_mentioned_anywhere_is_defined():
     unknown = sorted({(str(f), n) for f, n in _mentions(REPO) if n not in DEFINED})
-    assert not unknown, f"{len(unknown)} MINISGL_* name(s) not defined in minisgl/env.py or judge/settings.py, " \
-                        f"first: {unknown[0][1]} in {unknown[0][0]}"
+    assert not unknown, (
+        f"{len(unknown)} MINISGL_* name(s) not defined in minisgl/env.py or judge/settings.py, "
+        f"first: {unknown[0][1]} in {unknown[0][0]}"
+    )
 
 
 def test_the_readme_lists_the_settings_as_defined():
     block = settings_table.readme_block(settings_table.README.read_text(encoding="utf-8"))
-    assert block == settings_table.table(), \
-        "README.md's table of settings differs from their definitions: run `python -m " \
+    assert block == settings_table.table(), (
+        "README.md's table of settings differs from their definitions: run `python -m "
         "tools.settings_table --write`"
+    )
 
 
-@pytest.mark.parametrize("setting", [s for s in env.SETTINGS + judge_settings.SETTINGS if s.allowed],
-                         ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "setting",
+    [s for s in env.SETTINGS + judge_settings.SETTINGS if s.allowed],
+    ids=lambda s: s.name,
+)
 def test_a_value_outside_the_allowed_ones_is_an_error_naming_the_variable_and_the_values(setting):
     with pytest.raises(env.SettingError) as e:
         setting.parse("bogus")
-    assert setting.name in str(e.value) and setting.allowed[-1] in str(e.value), \
+    assert setting.name in str(e.value) and setting.allowed[-1] in str(e.value), (
         f"the error should name {setting.name} and its values, it said: {e.value}"
+    )
     assert setting.parse(None) == setting.parse(setting.default), "unset should mean the default"

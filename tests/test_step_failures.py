@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
-
 from minisgl import SamplingParams
 from minisgl.env import ENV
 
 
 def assert_all_returned(llm) -> None:
-    assert llm.table_manager.available_size == llm.table_manager.capacity, \
-        f"{llm.table_manager.capacity - llm.table_manager.available_size} request slot(s) " \
+    assert llm.table_manager.available_size == llm.table_manager.capacity, (
+        f"{llm.table_manager.capacity - llm.table_manager.available_size} request slot(s) "
         "never came back"
+    )
     llm.cache_manager.check_integrity()
 
 
@@ -69,10 +69,13 @@ def test_a_failed_prefill_fails_only_its_requests(loop):
     llm.run_until_idle()
     assert injector.failures == 1, "the test should have failed exactly one step"
     ra, rb = llm.results[a], llm.results[b]
-    assert rb.error is not None and "injected sampler failure" in rb.error, \
-        "the request whose step failed should end with an error naming the failure, got " \
+    assert rb.error is not None and "injected sampler failure" in rb.error, (
+        "the request whose step failed should end with an error naming the failure, got "
         f"error={rb.error!r}"
-    assert ra.error is None, f"a request outside the failed batch should not fail, got error={ra.error!r}"
+    )
+    assert ra.error is None, (
+        f"a request outside the failed batch should not fail, got error={ra.error!r}"
+    )
     assert_tokens_equal([ra.token_ids], [want[0]], f"{loop}: the request outside the failed batch")
     assert_all_returned(llm)
     # the engine still serves, and the failed prompt's scribbled KV was not cached
@@ -92,9 +95,12 @@ def test_a_failed_decode_step_fails_its_batch_and_the_engine_goes_on(loop):
     llm.run_until_idle()
     assert injector.failures == 1, "the test should have failed exactly one step"
     errors = {uid: llm.results[uid].error for uid in (a, b)}
-    assert all(e is not None for e in errors.values()), \
+    assert all(e is not None for e in errors.values()), (
         f"both requests of the failed decode batch should end with an error, got {errors}"
-    assert all(len(llm.results[u].token_ids) < 8 for u in (a, b)), "a failed request should not run to the end"
+    )
+    assert all(len(llm.results[u].token_ids) < 8 for u in (a, b)), (
+        "a failed request should not run to the end"
+    )
     assert_all_returned(llm)
     again = [o["token_ids"] for o in llm.generate(p, greedy(8))]
     assert_tokens_equal(again, want, f"{loop}: the next generation after a failed decode step")
@@ -107,11 +113,14 @@ def test_generate_reports_the_failed_request_and_returns_the_others(loop):
     llm = build_llm(max_running_req=2)  # two at a time: the later prompts run in later batches
     FailingSampler(llm, doomed=[2])
     out = llm.generate(p, greedy(6))
-    assert "error" in out[2] and "error" not in out[0], \
-        "generate: only prompt 2 should carry an error, got errors on " \
+    assert "error" in out[2] and "error" not in out[0], (
+        "generate: only prompt 2 should carry an error, got errors on "
         f"{[i for i, o in enumerate(out) if 'error' in o]}"
+    )
     ok = [i for i, o in enumerate(out) if "error" not in o]
-    assert_tokens_equal([out[i]["token_ids"] for i in ok], [want[i] for i in ok], f"{loop}: the other prompts")
+    assert_tokens_equal(
+        [out[i]["token_ids"] for i in ok], [want[i] for i in ok], f"{loop}: the other prompts"
+    )
     assert_all_returned(llm)
 
 
@@ -125,10 +134,17 @@ def test_bad_sampling_values_sent_as_messages_are_refused_not_run():
     params = SamplingParams(max_tokens=4)
     params.temperature = float("nan")  # assigned after construction: nothing has checked it
     llm.results[99] = RequestResult(99)
-    llm.io.put(UserMsg(uid=99, input_ids=torch.tensor(prompt_ids()[0], dtype=torch.int32), sampling_params=params))
+    llm.io.put(
+        UserMsg(
+            uid=99,
+            input_ids=torch.tensor(prompt_ids()[0], dtype=torch.int32),
+            sampling_params=params,
+        )
+    )
     llm.run_until_idle()
     error = llm.results[99].error
-    assert error is not None and "temperature" in error, \
+    assert error is not None and "temperature" in error, (
         f"a request with temperature NaN should be refused naming temperature, got error={error!r}"
+    )
     assert llm.steps_launched == 0, "a refused request should not run a single step"
     assert_all_returned(llm)

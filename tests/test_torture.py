@@ -28,12 +28,23 @@ def pool():
 
 
 def _explain(seed: int, failure, pool) -> str:
-    small, runs = shrink(generate(seed, pool, max_requests=6), failure.kind, pool, MODEL, budget=80, device=test_device())
-    return (f"seed {seed}: {failure}\nshrunk ({runs} runs): {small.to_json()}\n"
-            f"rerun the seed with: python -m tests.torture --seed {seed} --workloads 1 --max-requests 6")
+    small, runs = shrink(
+        generate(seed, pool, max_requests=6),
+        failure.kind,
+        pool,
+        MODEL,
+        budget=80,
+        device=test_device(),
+    )
+    return (
+        f"seed {seed}: {failure}\nshrunk ({runs} runs): {small.to_json()}\n"
+        f"rerun the seed with: python -m tests.torture --seed {seed} --workloads 1 --max-requests 6"
+    )
 
 
-@pytest.mark.parametrize("first", list(FAST_SEEDS)[::CHUNK], ids=lambda s: f"seeds{s}-{s + CHUNK - 1}")
+@pytest.mark.parametrize(
+    "first", list(FAST_SEEDS)[::CHUNK], ids=lambda s: f"seeds{s}-{s + CHUNK - 1}"
+)
 def test_torture_fast_profile(pool, first):
     for seed in range(first, first + CHUNK):
         result = run_workload(generate(seed, pool, max_requests=6), pool, MODEL, test_device())
@@ -50,7 +61,12 @@ def test_pool_references_are_the_normal_loops_output(pool):
     assert got == pool.references
 
 
-UPSTREAM_BUGS = ["ch11_upstream_finished", "ch11_upstream_stale", "ch11_upstream_slot", "ch11_upstream_abort"]
+UPSTREAM_BUGS = [
+    "ch11_upstream_finished",
+    "ch11_upstream_stale",
+    "ch11_upstream_slot",
+    "ch11_upstream_abort",
+]
 
 
 @pytest.mark.parametrize("variant", UPSTREAM_BUGS)
@@ -61,7 +77,9 @@ def test_torture_catches_each_upstream_bug(pool, variant):
 
     cls = variant_llm(variant)
     for seed in range(24):
-        if run_workload(generate(seed, pool, max_requests=6), pool, MODEL, test_device(), cls).failure:
+        if run_workload(
+            generate(seed, pool, max_requests=6), pool, MODEL, test_device(), cls
+        ).failure:
             return
     pytest.fail(f"{variant}: no failure in 24 workloads")
 
@@ -71,15 +89,24 @@ def test_shrinker_keeps_the_failure_and_cuts_the_workload(pool):
 
     cls = variant_llm("ch11_upstream_abort")
     dev = test_device()
-    seed, failure = next((s, f) for s in range(24)
-                         if (f := run_workload(generate(s, pool, 3), pool, MODEL, dev, cls).failure))
+    seed, failure = next(
+        (s, f)
+        for s in range(24)
+        if (f := run_workload(generate(s, pool, 3), pool, MODEL, dev, cls).failure)
+    )
     big = generate(seed, pool, 3)
     small, runs = shrink(big, failure.kind, pool, MODEL, budget=10, device=dev, llm_class=cls)
     again = run_workload(small, pool, MODEL, dev, cls).failure
     assert again is not None and again.kind == failure.kind
     assert Workload.from_json(small.to_json()) == small  # what the CLI saves replays as is
-    assert runs > 0 and len(small.requests) <= len(big.requests) and len(small.aborts) <= len(big.aborts)
-    assert len(small.requests) + len(small.aborts) < len(big.requests) + len(big.aborts), "nothing was shrunk"
+    assert (
+        runs > 0
+        and len(small.requests) <= len(big.requests)
+        and len(small.aborts) <= len(big.aborts)
+    )
+    assert len(small.requests) + len(small.aborts) < len(big.requests) + len(big.aborts), (
+        "nothing was shrunk"
+    )
 
 
 # ---------------------------------------------------------------- aborts of uids nobody issued

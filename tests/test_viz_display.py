@@ -19,7 +19,9 @@ def test_the_picture_also_goes_as_an_img_an_untrusted_notebook_shows():
     html = static_bundle(PICTURE, "a picture").get("text/html", "")
     found = re.findall(r"<img src='data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)'", html)
     assert found, f"expected an <img> with the SVG as a data URI, got {html[:80]!r}"
-    assert base64.b64decode(found[0]).decode() == PICTURE, "expected the <img> to hold the view's own SVG"
+    assert base64.b64decode(found[0]).decode() == PICTURE, (
+        "expected the <img> to hold the view's own SVG"
+    )
 
 
 def test_theme_colours_fall_back_to_a_light_picture_outside_jupyterlab():
@@ -29,7 +31,9 @@ def test_theme_colours_fall_back_to_a_light_picture_outside_jupyterlab():
     for el in root.iter():
         for attr in ("fill", "stroke"):
             value = el.get(attr, "")
-            assert "var(" not in value, f"expected var() in style, not in the {attr} attribute: {value!r}"
+            assert "var(" not in value, (
+                f"expected var() in style, not in the {attr} attribute: {value!r}"
+            )
         for var in re.findall(r"var\(([^)]*)\)", el.get("style", "")):
             assert "," in var, f"expected a fallback colour in var({var})"
 

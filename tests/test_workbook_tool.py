@@ -1,7 +1,8 @@
 """The workbook tool (tools/workbook): reading chapter sources, rendering the two notebooks and the
 site page, and the rule that a learner notebook may fail only in its exercise cells.
 
-These run on small chapters written here; nothing is executed in a kernel and torch is not needed."""
+These run on small chapters written here; nothing is executed in a kernel and torch is not
+needed."""
 
 from __future__ import annotations
 
@@ -11,14 +12,23 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat", reason="the workbook extra (pip install -e '.[workbook]')")
+nbformat = pytest.importorskip(
+    "nbformat", reason="the workbook extra (pip install -e '.[workbook]')"
+)
 from nbformat.v4 import new_output  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `tools` is not an installed package
+# `tools` is not an installed package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools.workbook import commands, listing, notebook, site  # noqa: E402
-from tools.workbook.source import (CodeCell, Exercise, Listing, Markdown, SourceError,  # noqa: E402
-                                   read_chapter)
+from tools.workbook.source import (  # noqa: E402
+    CodeCell,
+    Exercise,
+    Listing,
+    Markdown,
+    SourceError,  # noqa: E402
+    read_chapter,
+)
 
 FRONT = """---
 minisgl:
@@ -72,13 +82,16 @@ def test_blocks_are_read_in_order(tmp_path):
     assert ch.title == "A test chapter" and ch.stem == "ch11_test"
 
 
-@pytest.mark.parametrize("body,message", [
-    ("```{exercise} ch07.normal_loop\n```\n", "another chapter"),
-    ("```{figure} x.png\n```\n", "unknown directive"),
-    ("```{code-cell} ipython3\nx = 1\n", "never closed"),
-    ("```{listing} minisgl.core:Req.complete_one\nprint(1)\n```\n", "takes no body"),
-    ("```{code-cell} ipython3\n:caption: nope\nx = 1\n```\n", "does not take option"),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ("```{exercise} ch07.normal_loop\n```\n", "another chapter"),
+        ("```{figure} x.png\n```\n", "unknown directive"),
+        ("```{code-cell} ipython3\nx = 1\n", "never closed"),
+        ("```{listing} minisgl.core:Req.complete_one\nprint(1)\n```\n", "takes no body"),
+        ("```{code-cell} ipython3\n:caption: nope\nx = 1\n```\n", "does not take option"),
+    ],
+)
 def test_malformed_sources_say_where(tmp_path, body, message):
     with pytest.raises(SourceError, match=message):
         read_chapter(write(tmp_path, body))
@@ -93,7 +106,9 @@ def test_listing_reads_real_code_without_importing():
     code = listing.resolve("minisgl.scheduler.scheduler:Scheduler.step")
     assert code.path == "minisgl/scheduler/scheduler.py"
     assert code.source.startswith("@torch.inference_mode()\ndef step(self)")  # decorators kept
-    assert listing.resolve("tests/test_ch11_overlap.py::watch_slot_reuse").source.startswith("def watch_slot_reuse(")
+    assert listing.resolve("tests/test_ch11_overlap.py::watch_slot_reuse").source.startswith(
+        "def watch_slot_reuse("
+    )
     with pytest.raises(listing.ListingError, match="not defined"):
         listing.resolve("minisgl.core:Req.no_such_method")
 
@@ -110,9 +125,11 @@ def test_learner_and_solution_notebooks(tmp_path):
     assert ex[0].source == stub_source("ch11", "abort").rstrip() + "\n\n\n" + 'print("try it")'
     ref = next(c for c in solution.cells if notebook.cell_kind(c) == "exercise")
     assert ref.source.startswith(reference_source("ch11", "abort").rstrip())
-    assert learner.cells[-1].source == 'import judge\n\njudge.check("ch11")'  # every notebook ends judged
+    # every notebook ends judged
+    assert learner.cells[-1].source == 'import judge\n\njudge.check("ch11")'
     nbformat.validate(learner)
-    assert notebook.dumps(learner) == notebook.dumps(notebook.render(ch, "learner"))  # deterministic
+    # deterministic
+    assert notebook.dumps(learner) == notebook.dumps(notebook.render(ch, "learner"))
 
 
 def _executed(ch, outputs_by_kind):
@@ -132,7 +149,8 @@ def test_a_learner_notebook_must_run_to_the_end_without_an_error(tmp_path):
     assert commands.student_errors(ch, _executed(ch, {})) == []
     stub = _error("NotImplementedError", "ch11.abort: write Scheduler._abort")
     (problem,) = commands.student_errors(ch, _executed(ch, {"exercise": [stub]}))
-    assert "exercise cell" in problem and "outside `with attempt(...)`" in problem  # Run All stops there
+    # Run All stops there
+    assert "exercise cell" in problem and "outside `with attempt(...)`" in problem
     assert commands.student_errors(ch, _executed(ch, {"": [stub]}))  # an ordinary cell raised
     wrong = _error("NameError", "name 'ForwardData' is not defined")
     assert commands.student_errors(ch, _executed(ch, {"exercise": [wrong]}))
@@ -144,13 +162,17 @@ def test_site_page_shows_outputs_figures_and_exercises(tmp_path):
     svg = "<svg xmlns='http://www.w3.org/2000/svg' width='10' height='10'></svg>"
     for cell in nb.cells:
         if cell.cell_type == "code" and notebook.cell_kind(cell) == "":
-            cell.outputs = [new_output("stream", name="stdout", text="1\n"),
-                            new_output("display_data", data={"image/svg+xml": svg, "text/plain": "a view"})]
+            cell.outputs = [
+                new_output("stream", name="stdout", text="1\n"),
+                new_output("display_data", data={"image/svg+xml": svg, "text/plain": "a view"}),
+            ]
     page = site.render_page(ch, nb, tmp_path)
     assert "```text { .nb-output .no-copy }\n1\n```" in page  # no copy button over an output
     assert "![a view](ch11_test_files/cell001-1.svg)" in page
     assert (tmp_path / "ch11_test_files" / "cell001-1.svg").read_text() == svg
-    assert '!!! question "Exercise ch11.abort"' in page and '??? success "Reference solution"' in page
+    assert (
+        '!!! question "Exercise ch11.abort"' in page and '??? success "Reference solution"' in page
+    )
     assert "**`minisgl/core.py`** · `Req.complete_one`" in page
 
 
@@ -161,14 +183,24 @@ def test_a_view_with_several_pictures_gives_the_site_one_figure_each(tmp_path):
 
     ch = read_chapter(write(tmp_path, BODY))
     nb = notebook.render(ch, "solution")
-    svgs = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='10'></svg>" for w in (10, 20)]
+    svgs = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='10'></svg>" for w in (10, 20)
+    ]
     for cell in nb.cells:
         if cell.cell_type == "code" and notebook.cell_kind(cell) == "":
-            cell.outputs = [new_output("display_data", data=static_bundle(svgs, "two", labels=["first", "second"]))]
+            cell.outputs = [
+                new_output(
+                    "display_data", data=static_bundle(svgs, "two", labels=["first", "second"])
+                )
+            ]
     page = site.render_page(ch, nb, tmp_path)
     files = sorted((tmp_path / "ch11_test_files").glob("*.svg"))
-    assert [f.read_text() for f in files] == svgs, f"expected the two pictures as two files, got {len(files)}"
-    assert "![first](" in page and "![second](" in page, "expected each figure with its own alt text"
+    assert [f.read_text() for f in files] == svgs, (
+        f"expected the two pictures as two files, got {len(files)}"
+    )
+    assert "![first](" in page and "![second](" in page, (
+        "expected each figure with its own alt text"
+    )
 
 
 def test_stale_notebooks_are_reported(tmp_path, monkeypatch):
@@ -182,7 +214,8 @@ def test_stale_notebooks_are_reported(tmp_path, monkeypatch):
     executed = notebook.render(ch, "solution")
     for i, cell in enumerate(c for c in executed.cells if c.cell_type == "code"):
         cell.execution_count = i + 1
-        cell.outputs = [new_output("stream", name="stdout", text=f"run at {i}\n")]  # volatile: ignored
+        # volatile: ignored
+        cell.outputs = [new_output("stream", name="stdout", text=f"run at {i}\n")]
     executed.metadata["language_info"] = {"name": "python", "version": "3.11.7"}  # the kernel's own
     commands.solution_path(ch).write_text(notebook.dumps(executed))
     assert commands.stale(ch) == []
@@ -215,8 +248,10 @@ def test_notebook_runs_record_their_judging_apart_from_the_authors_progress(monk
 def test_a_listing_shows_the_definition_that_wins_at_run_time():
     import ast
 
-    tree = ast.parse("def f():\n    return 1\n\n\nclass A:\n    def g(self):\n        return 1\n\n"
-                     "    def g(self):\n        return 2\n\n\ndef f():\n    return 2\n")
+    tree = ast.parse(
+        "def f():\n    return 1\n\n\nclass A:\n    def g(self):\n        return 1\n\n"
+        "    def g(self):\n        return 2\n\n\ndef f():\n    return 2\n"
+    )
     assert [listing.find_definition(tree, name).lineno for name in ("f", "A.g")] == [13, 9]
 
 
@@ -228,15 +263,19 @@ def test_refresh_keeps_outputs_when_only_a_docstring_changed():
         return commands._code_cells(new_notebook(cells=[new_code_cell(source)]))
 
     before = 'def f(x):\n    """Old contract."""\n    return x + 1\n'
-    assert cells(before) == cells(before.replace("Old contract.", "New contract.\n\n    Receives: x."))
+    assert cells(before) == cells(
+        before.replace("Old contract.", "New contract.\n\n    Receives: x.")
+    )
     assert cells(before) != cells(before.replace("x + 1", "x + 2"))
     assert cells("%time f(1)") == cells("%time f(1)")  # IPython syntax: compared as written
 
 
 def test_links_between_chapters_name_notebooks_in_notebooks_and_pages_on_the_site():
     text = "See [chapter 7](ch07_scheduler.md) and [its rules](ch11_overlap.md#the-rules); [x](https://a.md)."
-    assert notebook.notebook_links(text) == ("See [chapter 7](ch07_scheduler.ipynb) and "
-                                             "[its rules](ch11_overlap.ipynb#the-rules); [x](https://a.md).")
+    assert notebook.notebook_links(text) == (
+        "See [chapter 7](ch07_scheduler.ipynb) and "
+        "[its rules](ch11_overlap.ipynb#the-rules); [x](https://a.md)."
+    )
     assert notebook.page_links(notebook.notebook_links(text)) == text
 
 

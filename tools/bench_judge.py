@@ -42,18 +42,29 @@ RAISES = "def _process_last_data(self, last_data):\n    raise ValueError('boom')
 def run(argv, env):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "judge.py", *argv, "--json"], cwd=REPO, capture_output=True, text=True,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, "judge.py", *argv, "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     try:
         verdict = json.loads(proc.stdout)
         counts = verdict["counts"]
-        status = ", ".join(f"{e['name']} {e['status']}" for e in verdict["exercises"]
-                           if e["status"] not in ("reference",))
-        tests = f"{counts.get('passed', 0)}/{len(verdict['tests'])} passed" + (
-            "".join(f", {n} {k}" for k, n in counts.items() if k != "passed")) + (f"; {status}" if status else "")
+        status = ", ".join(
+            f"{e['name']} {e['status']}"
+            for e in verdict["exercises"]
+            if e["status"] not in ("reference",)
+        )
+        tests = (
+            f"{counts.get('passed', 0)}/{len(verdict['tests'])} passed"
+            + ("".join(f", {n} {k}" for k, n in counts.items() if k != "passed"))
+            + (f"; {status}" if status else "")
+        )
     except (ValueError, KeyError):
         tests = f"no verdict (exit {proc.returncode}): {proc.stderr.strip()[-200:]}"
     return wall, cpu, tests
@@ -63,7 +74,10 @@ def all_four(chapter: str, replace: dict) -> str:
     """Every exercise of the chapter as the reference has it, some replaced: a finished notebook."""
     from judge import stubs
 
-    parts = [replace.get(e.name) or stubs.reference_source(chapter, e.name) for e in stubs.exercises(chapter)]
+    parts = [
+        replace.get(e.name) or stubs.reference_source(chapter, e.name)
+        for e in stubs.exercises(chapter)
+    ]
     return "\n\n".join(parts) + "\n"
 
 
@@ -80,9 +94,19 @@ def cases(chapter: str, tmp: Path):
         wrong = (REPO / "judge/variants/ch11_upstream_finished.py").read_text()
         out += [
             ("wrong", [chapter, "--file", str(REPO / "judge/variants/ch11_upstream_finished.py")]),
-            ("wrong-of-4", [chapter, "--file", write("wrong4", all_four(chapter, {"process_last_data": wrong}))]),
+            (
+                "wrong-of-4",
+                [
+                    chapter,
+                    "--file",
+                    write("wrong4", all_four(chapter, {"process_last_data": wrong})),
+                ],
+            ),
             ("hang", [chapter, "--file", write("hang", HANG)]),
-            ("hang-of-4", [chapter, "--file", write("hang4", all_four(chapter, {"overlap_loop": HANG}))]),
+            (
+                "hang-of-4",
+                [chapter, "--file", write("hang4", all_four(chapter, {"overlap_loop": HANG}))],
+            ),
             ("raises", [chapter, "--file", write("raises", RAISES)]),
         ]
     out.append(("cumulative", [chapter, "--solution", "--cumulative"]))
@@ -90,7 +114,9 @@ def cases(chapter: str, tmp: Path):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--chapter", default="ch11")
     p.add_argument("--device", default="cpu")
@@ -106,7 +132,10 @@ def main() -> int:
                 continue
             for i in range(args.repeat):
                 wall, cpu, tests = run([*argv, "--device", args.device], env)
-                print(f"{label:11} run {i + 1}: wall {wall:6.1f} s   cpu {cpu:6.1f} s   {tests}", flush=True)
+                print(
+                    f"{label:11} run {i + 1}: wall {wall:6.1f} s   cpu {cpu:6.1f} s   {tests}",
+                    flush=True,
+                )
     return 0
 
 

@@ -77,7 +77,9 @@ def _imported_modules(tree: ast.AST, own_module: str) -> Dict[str, str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+                bound[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
         elif isinstance(node, ast.ImportFrom):
             base = _resolve_from(node, own_module)
             for alias in node.names:
@@ -93,10 +95,16 @@ def _resolve_from(node: ast.ImportFrom, own_module: str) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def scan(root: Path = REPO, tops: Iterable[str] = ROOTS, skip: Iterable[str] = SKIP) -> List[Crossing]:
+def scan(
+    root: Path = REPO, tops: Iterable[str] = ROOTS, skip: Iterable[str] = SKIP
+) -> List[Crossing]:
     skipped = [root / s for s in skip]
-    files = sorted(p for top in tops for p in (root / top).rglob("*.py")
-                   if not any(p.is_relative_to(s) for s in skipped))
+    files = sorted(
+        p
+        for top in tops
+        for p in (root / top).rglob("*.py")
+        if not any(p.is_relative_to(s) for s in skipped)
+    )
     trees = {p: ast.parse(p.read_text(), str(p)) for p in files}
     owned: Dict[str, Set[str]] = {}  # package -> private names defined in it
     modules: Dict[str, str] = {}  # module name -> its package
@@ -128,7 +136,9 @@ def scan(root: Path = REPO, tops: Iterable[str] = ROOTS, skip: Iterable[str] = S
                         continue
                 if node.attr in everyone and node.attr not in owned[pkg]:
                     owners = sorted(p for p, names in owned.items() if node.attr in names)
-                    found.append(Crossing(rel, node.lineno, node.attr, " or ".join(p or "." for p in owners)))
+                    found.append(
+                        Crossing(rel, node.lineno, node.attr, " or ".join(p or "." for p in owners))
+                    )
     return found
 
 

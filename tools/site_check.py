@@ -7,7 +7,8 @@
    no request that leaves the machine. It checks that each page shows what it should and saves
    screenshots.
 
-    python tools/site_check.py [--site site] [--out build/site_check] [--pages index.html ch11_overlap/]
+    python tools/site_check.py [--site site] [--out build/site_check] [--pages index.html
+    ch11_overlap/]
 
 Chromium is the system's, driven through Playwright as in tools/browser (no browser is
 downloaded). Exit status 0 when everything holds.
@@ -27,21 +28,50 @@ from pathlib import Path
 from typing import Dict, List, Set, Tuple
 from urllib.parse import unquote, urljoin, urlparse
 
-FETCHED = {("link", "href"), ("script", "src"), ("img", "src"), ("source", "src"), ("iframe", "src"),
-           ("video", "src"), ("audio", "src"), ("embed", "src"), ("object", "data")}
+FETCHED = {
+    ("link", "href"),
+    ("script", "src"),
+    ("img", "src"),
+    ("source", "src"),
+    ("iframe", "src"),
+    ("video", "src"),
+    ("audio", "src"),
+    ("embed", "src"),
+    ("object", "data"),
+}
 
 # What each checked page must show (page path -> JavaScript expressions that must be true).
 EXPECTATIONS: Dict[str, List[Tuple[str, str]]] = {
     "index.html": [
         ("the title", "document.querySelector('h1').textContent.includes('minisgl workbook')"),
         ("the set-up command", "document.body.innerText.includes('python judge.py ch11')"),
-        ("the chapters in the navigation", "[...document.querySelectorAll('nav a')].some(a => a.textContent.includes('Chapter 11'))"),
+        (
+            "the chapters in the navigation",
+            "[...document.querySelectorAll('nav a')].some(a => "
+            "a.textContent.includes('Chapter 11'))",
+        ),
     ],
     "ch11_overlap/index.html": [
-        ("the chapter title", "document.querySelector('h1').textContent.includes('Overlap scheduling')"),
-        ("four exercises", "[...document.querySelectorAll('.admonition-title')].filter(t => t.textContent.includes('Exercise ch11.')).length === 4"),
-        ("figures that loaded", "[...document.querySelectorAll('img.nb-figure')].length >= 2 && [...document.querySelectorAll('img.nb-figure')].every(i => i.complete && i.naturalWidth > 0)"),
-        ("real outputs", "document.body.innerText.includes('launch 1') && document.body.innerText.includes('handle 3')"),
+        (
+            "the chapter title",
+            "document.querySelector('h1').textContent.includes('Overlap scheduling')",
+        ),
+        (
+            "four exercises",
+            "[...document.querySelectorAll('.admonition-title')].filter(t => "
+            "t.textContent.includes('Exercise ch11.')).length === 4",
+        ),
+        (
+            "figures that loaded",
+            "[...document.querySelectorAll('img.nb-figure')].length >= 2 && "
+            "[...document.querySelectorAll('img.nb-figure')].every(i => i.complete && "
+            "i.naturalWidth > 0)",
+        ),
+        (
+            "real outputs",
+            "document.body.innerText.includes('launch 1') && "
+            "document.body.innerText.includes('handle 3')",
+        ),
         ("the judge's report", "document.body.innerText.includes('PASSED:')"),
     ],
 }
@@ -93,7 +123,9 @@ def check_links(site: Path) -> List[str]:
                 problems.append(f"{rel_page}: <{tag} {attr}={value!r}> points to a missing file")
                 continue
             if url.fragment and target in pages and unquote(url.fragment) not in pages[target].ids:
-                problems.append(f"{rel_page}: <{tag} {attr}={value!r}>: no element with id {url.fragment!r}")
+                problems.append(
+                    f"{rel_page}: <{tag} {attr}={value!r}>: no element with id {url.fragment!r}"
+                )
     return problems
 
 
@@ -123,10 +155,14 @@ class PageReport:
 
     @property
     def ok(self) -> bool:
-        return not (self.console_errors or self.failed or self.external) and all(ok for _, ok in self.expectations)
+        return not (self.console_errors or self.failed or self.external) and all(
+            ok for _, ok in self.expectations
+        )
 
 
-def visit(browser, base: str, path: str, out: Path, width: int = 1280, height: int = 1000) -> PageReport:
+def visit(
+    browser, base: str, path: str, out: Path, width: int = 1280, height: int = 1000
+) -> PageReport:
     from playwright.sync_api import Error as PlaywrightError
 
     report = PageReport(path)
@@ -146,10 +182,21 @@ def visit(browser, base: str, path: str, out: Path, width: int = 1280, height: i
     context.route("**/*", keep_local)
     page = context.new_page()
     page.on("request", request)
-    page.on("requestfailed", lambda r: r.url in report.external or report.failed.append(f"{r.failure} {r.url}"))
-    page.on("response", lambda r: r.status >= 400 and report.failed.append(f"HTTP {r.status} {r.url}"))
+    page.on(
+        "requestfailed",
+        lambda r: r.url in report.external or report.failed.append(f"{r.failure} {r.url}"),
+    )
+    page.on(
+        "response", lambda r: r.status >= 400 and report.failed.append(f"HTTP {r.status} {r.url}")
+    )
     page.on("pageerror", lambda e: report.console_errors.append(f"uncaught: {e}"))
-    page.on("console", lambda m: m.type in ("error", "assert") and report.console_errors.append(f"console.error: {m.text}"))
+    page.on(
+        "console",
+        lambda m: (
+            m.type in ("error", "assert")
+            and report.console_errors.append(f"console.error: {m.text}")
+        ),
+    )
     try:
         page.goto(urljoin(base, path), wait_until="load", timeout=30_000)
         page.wait_for_load_state("networkidle", timeout=10_000)  # the search index, scripts
@@ -160,8 +207,18 @@ def visit(browser, base: str, path: str, out: Path, width: int = 1280, height: i
     stem = path.strip("/").replace("/", "_").replace(".html", "") or "index"
     shots = [(f"{stem}.png", "window.scrollTo(0, 0)")]
     if "ch11" in path:  # also the first figures (the timeline, then the problems)
-        shots.append((f"{stem}_figure1.png", "document.querySelectorAll('img.nb-figure')[0].scrollIntoView()"))
-        shots.append((f"{stem}_figure2.png", "document.querySelectorAll('img.nb-figure')[1].scrollIntoView()"))
+        shots.append(
+            (
+                f"{stem}_figure1.png",
+                "document.querySelectorAll('img.nb-figure')[0].scrollIntoView()",
+            )
+        )
+        shots.append(
+            (
+                f"{stem}_figure2.png",
+                "document.querySelectorAll('img.nb-figure')[1].scrollIntoView()",
+            )
+        )
     for name, script in shots:
         page.evaluate(f"() => {{ {script}; }}")
         page.wait_for_timeout(300)
@@ -186,7 +243,10 @@ def main(argv: List[str] | None = None) -> int:
     ap.add_argument("--pages", nargs="*", default=["index.html", "ch11_overlap/"])
     args = ap.parse_args(argv)
     if not (args.site / "index.html").is_file():
-        print(f"no built site in {args.site}/ (run: python -m tools.workbook site && mkdocs build --strict)")
+        print(
+            f"no built site in {args.site}/ (run: python -m tools.workbook site && mkdocs "
+            "build --strict)"
+        )
         return 2
     failed = False
     problems = check_links(args.site)
@@ -207,14 +267,24 @@ def main(argv: List[str] | None = None) -> int:
     pw = sync_playwright().start()
     # Every host name but the local server's fails to resolve too: nothing can leave, even a
     # request the routing above would not see (a service worker's).
-    browser = pw.chromium.launch(executable_path=binary, headless=True, args=[
-        "--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"])
+    browser = pw.chromium.launch(
+        executable_path=binary,
+        headless=True,
+        args=[
+            "--no-sandbox",
+            "--disable-gpu",
+            "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+        ],
+    )
     try:
         for path in args.pages:
             r = visit(browser, base, path, args.out)
             status = "ok  " if r.ok else "FAIL"
-            print(f"{status}  {path}: {r.requests} requests, all to 127.0.0.1" if not r.external else
-                  f"{status}  {path}: {r.requests} requests, {len(r.external)} to other hosts")
+            print(
+                f"{status}  {path}: {r.requests} requests, all to 127.0.0.1"
+                if not r.external
+                else f"{status}  {path}: {r.requests} requests, {len(r.external)} to other hosts"
+            )
             for e in r.external:
                 print(f"      request leaving the machine: {e}")
             for e in r.failed:

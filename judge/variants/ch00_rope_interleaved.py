@@ -8,7 +8,9 @@ still the identity, so only a comparison with Hugging Face shows it.
 
 def apply_rope(x, positions, theta):
     head_dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=x.device) / head_dim))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=x.device) / head_dim)
+    )
     angles = positions.to(torch.float32).unsqueeze(1) * inv_freq
     cos = angles.cos().to(x.dtype).unsqueeze(1)
     sin = angles.sin().to(x.dtype).unsqueeze(1)

@@ -7,4 +7,5 @@ casts back before the weight.
 
 
 def rms_norm(x, weight, eps):
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))  # the bug: no x.float()
+    # the bug: no x.float()
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))

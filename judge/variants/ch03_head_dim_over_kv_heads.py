@@ -11,7 +11,9 @@ def from_hf(cls, raw):
     archs = raw.get("architectures") or []
     arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
-        raise ValueError(f"unsupported architectures {archs!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+        raise ValueError(
+            f"unsupported architectures {archs!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+        )
     rope = raw.get("rope_parameters") or {}
     rope_theta = rope.get("rope_theta") or raw.get("rope_theta") or 10000.0
     dtype_name = raw.get("dtype", raw.get("torch_dtype", "bfloat16")) or "bfloat16"

@@ -14,5 +14,7 @@ def allocate_paged(self, reqs):
         new = self._take_pages(pages_for(n, p))  # the bug: the last held page may still have room
         if len(new):
             self._events.emit("pages_alloc", uid=req.uid, pages=len(new))
-        locs = (new.unsqueeze(1) * p + torch.arange(p, dtype=torch.int32, device=self.device)).flatten()
+        locs = (
+            new.unsqueeze(1) * p + torch.arange(p, dtype=torch.int32, device=self.device)
+        ).flatten()
         self.page_table[req.table_idx, start:end] = locs[:n]

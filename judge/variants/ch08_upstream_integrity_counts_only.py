@@ -8,5 +8,6 @@ left behind with no request running, and a prefix tree whose own books are wrong
 def check_integrity(self):
     cached_pages = torch.unique(self.prefix_cache.all_indices() // self.page_size)
     n_free, n_cached = len(self.free_pages), len(cached_pages)
-    assert n_free + n_cached == self.num_pages, \
+    assert n_free + n_cached == self.num_pages, (
         f"free_pages({n_free}) + cache_pages({n_cached}) != num_pages({self.num_pages})"
+    )

@@ -10,8 +10,11 @@ def evict(self, num_tokens):
     if num_tokens <= 0:
         return self.root.value
     if num_tokens > self._evictable:
-        raise RuntimeError(f"cannot evict {num_tokens} tokens: only {self._evictable} are evictable")
-    heap = [n for n in self._nodes() if n.is_leaf and n is not self.root]  # the bug: ref_count ignored
+        raise RuntimeError(
+            f"cannot evict {num_tokens} tokens: only {self._evictable} are evictable"
+        )
+    # the bug: ref_count ignored
+    heap = [n for n in self._nodes() if n.is_leaf and n is not self.root]
     heapq.heapify(heap)
     freed = []
     total = 0

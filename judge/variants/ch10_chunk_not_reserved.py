@@ -27,7 +27,9 @@ def try_add_one(self, pending):
         self.reserved_pages += need
         table_idx = self.table_manager.allocate(pending.uid)
         n = len(pending.input_ids)
-        self.token_pool[table_idx, :n] = pending.input_ids.to(self.token_pool.device, non_blocking=True)
+        self.token_pool[table_idx, :n] = pending.input_ids.to(
+            self.token_pool.device, non_blocking=True
+        )
         if cached_len:
             self.page_table[table_idx, :cached_len] = indices
     extend = len(pending.input_ids) - cached_len
@@ -35,10 +37,19 @@ def try_add_one(self, pending):
     self.token_budget -= chunk
     params = pending.sampling_params
     if chunk < extend:
-        req = ChunkedReq(pending.input_ids[: cached_len + chunk], table_idx, cached_len,
-                         params.max_tokens, pending.uid, params, handle)
+        req = ChunkedReq(
+            pending.input_ids[: cached_len + chunk],
+            table_idx,
+            cached_len,
+            params.max_tokens,
+            pending.uid,
+            params,
+            handle,
+        )
         pending.chunked_req = req
     else:
-        req = Req(pending.input_ids, table_idx, cached_len, params.max_tokens, pending.uid, params, handle)
+        req = Req(
+            pending.input_ids, table_idx, cached_len, params.max_tokens, pending.uid, params, handle
+        )
         pending.chunked_req = None
     return req

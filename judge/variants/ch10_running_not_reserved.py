@@ -7,8 +7,14 @@ pool runs dry in the middle of a request.
 
 
 def schedule_next_batch(self, token_budget):
-    adder = PrefillAdder(token_budget, 0, self.cache_manager,  # the bug: not self._reserved_pages()
-                         self.table_manager, self.token_pool, self.page_table)
+    adder = PrefillAdder(
+        token_budget,
+        0,
+        self.cache_manager,  # the bug: not self._reserved_pages()
+        self.table_manager,
+        self.token_pool,
+        self.page_table,
+    )
     reqs = []
     for pending in list(self.pending):
         req = adder.try_add_one(pending)

@@ -21,8 +21,11 @@ def _process_last_data(self, last_data):
             finished = not req.can_decode  # bug 1
             if not req.sampling_params.ignore_eos and next_token in self.eos_token_ids:
                 finished = True
-            reply.append(DetokenizeMsg(uid=req.uid, next_token=next_token, finished=finished))  # bug 2
-            if finished and req not in self.finished_reqs:  # bug 2: only guards against a double free
+            # bug 2
+            reply.append(DetokenizeMsg(uid=req.uid, next_token=next_token, finished=finished))
+            if (
+                finished and req not in self.finished_reqs
+            ):  # bug 2: only guards against a double free
                 self._live.pop(req.uid, None)
                 self.decode_manager.remove_req(req)
                 self._free_req_resources(req)

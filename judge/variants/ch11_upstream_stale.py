@@ -25,7 +25,8 @@ def _process_last_data(self, last_data):
             finished = len(req.input_ids) >= req.max_device_len
             if not req.sampling_params.ignore_eos and next_token in self.eos_token_ids:
                 finished = True
-            reply.append(DetokenizeMsg(uid=req.uid, next_token=next_token, finished=finished))  # the bug
+            # the bug
+            reply.append(DetokenizeMsg(uid=req.uid, next_token=next_token, finished=finished))
             if finished and req not in self.finished_reqs:  # only guards against a double free
                 self._live.pop(req.uid, None)
                 self.decode_manager.remove_req(req)

@@ -14,11 +14,28 @@ def detokenize(self, msg):
         return None
     if msg.error is not None:
         del self.requests[msg.uid]
-        return UserReply(uid=msg.uid, finished=True, error=msg.error, status=400, prompt_tokens=info.prompt_tokens)
-    text = next_text(self.tokenizer, info.decode, [msg.next_token], msg.finished) if self.tokenizer else ""  # noqa: F821
+        return UserReply(
+            uid=msg.uid,
+            finished=True,
+            error=msg.error,
+            status=400,
+            prompt_tokens=info.prompt_tokens,
+        )
+    # noqa: F821
+    text = (
+        next_text(self.tokenizer, info.decode, [msg.next_token], msg.finished)
+        if self.tokenizer
+        else ""
+    )
     reason = None
     if msg.finished:
         del self.requests[msg.uid]
         reason = "stop"  # the bug
-    return UserReply(uid=msg.uid, text=text, token_ids=[msg.next_token], finished=msg.finished,
-                     finish_reason=reason, prompt_tokens=info.prompt_tokens)
+    return UserReply(
+        uid=msg.uid,
+        text=text,
+        token_ids=[msg.next_token],
+        finished=msg.finished,
+        finish_reason=reason,
+        prompt_tokens=info.prompt_tokens,
+    )

@@ -14,6 +14,10 @@ async def watch(procs, frontend, stopping):
         dead = next((p for p in procs if p.exitcode is not None), None)
         if dead is not None:  # the bug: stopping() is never asked
             frontend.fail(f"{dead.name} exited with code {dead.exitcode}")
-            print(f"minisgl: {dead.name} died (exit code {dead.exitcode}); /health is now 503", file=sys.stderr, flush=True)
+            print(
+                f"minisgl: {dead.name} died (exit code {dead.exitcode}); /health is now 503",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         await asyncio.sleep(WATCH_S)  # noqa: F821 (the module's)

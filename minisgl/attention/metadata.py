@@ -40,7 +40,9 @@ class AttentionMetadata:
     cache_seqlens_host: List[int] | None = None
 
 
-def prepare_metadata(batch: Batch, page_table: torch.Tensor, device: torch.device) -> AttentionMetadata:
+def prepare_metadata(
+    batch: Batch, page_table: torch.Tensor, device: torch.device
+) -> AttentionMetadata:
     """Build the attention metadata of `batch` from its requests' lengths.
 
     It is built before the step is launched, so the lengths are those before `complete_one`: a

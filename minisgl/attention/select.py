@@ -29,11 +29,15 @@ def triton_unsupported(num_heads: int, num_kv_heads: int, head_dim: int) -> str 
     if head_dim < 16 or head_dim & (head_dim - 1):
         return f"head_dim {head_dim} is not a power of two >= 16"
     if num_heads // num_kv_heads > TRITON_MAX_GROUP:
-        return f"{num_heads // num_kv_heads} query heads share a KV head (at most {TRITON_MAX_GROUP})"
+        return (
+            f"{num_heads // num_kv_heads} query heads share a KV head (at most {TRITON_MAX_GROUP})"
+        )
     return None
 
 
-def resolve_backend_name(name: str, device: torch.device, shape: Tuple[int, int, int] | None = None) -> str:
+def resolve_backend_name(
+    name: str, device: torch.device, shape: Tuple[int, int, int] | None = None
+) -> str:
     """'auto' -> 'torch' or 'triton' for `device`; 'torch' and 'triton' as asked, if possible there.
     `shape` = (query heads, KV heads, head_dim): 'auto' falls back to torch, with a one-line notice,
     for a shape the Triton kernels cannot run, and 'triton' asked for such a shape is a ValueError.
@@ -49,15 +53,20 @@ def resolve_backend_name(name: str, device: torch.device, shape: Tuple[int, int,
     if why is None:
         return resolved
     if name == "triton":
-        raise ValueError(f"the triton attention backend cannot run this model: {why}; use "
-            "attention_backend='torch'")
-    print(f"minisgl: {why}, which the Triton kernels do not run: using the torch attention backend",
-          file=sys.stderr)
+        raise ValueError(
+            f"the triton attention backend cannot run this model: {why}; use "
+            "attention_backend='torch'"
+        )
+    print(
+        f"minisgl: {why}, which the Triton kernels do not run: using the torch attention backend",
+        file=sys.stderr,
+    )
     return "torch"
 
 
-def create_attention_backend(name: str, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int,
-                             page_table: torch.Tensor):
+def create_attention_backend(
+    name: str, kv_cache, num_heads: int, num_kv_heads: int, head_dim: int, page_table: torch.Tensor
+):
     resolved = resolve_backend_name(name, page_table.device)
     if resolved == "triton":
         from .triton_backend import TritonAttentionBackend  # imports triton: GPU machines only

@@ -24,8 +24,9 @@ class TorchAttentionBackend:
         self.group = num_heads // num_kv_heads
         self.scale = 1.0 / math.sqrt(head_dim)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: Batch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
         """q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim]. Returns like q."""
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         return self.attend(q, layer_id, batch)
@@ -61,8 +62,16 @@ class TorchAttentionBackend:
         k_cache, v_cache = self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id)
         # Host-side copies when the metadata carries them: `.tolist()` on a GPU tensor waits for
         # the GPU, which would stall the scheduler behind the step in flight.
-        cu = meta.cu_seqlens_q_host if meta.cu_seqlens_q_host is not None else meta.cu_seqlens_q.tolist()
-        lens_k = meta.cache_seqlens_host if meta.cache_seqlens_host is not None else meta.cache_seqlens.tolist()
+        cu = (
+            meta.cu_seqlens_q_host
+            if meta.cu_seqlens_q_host is not None
+            else meta.cu_seqlens_q.tolist()
+        )
+        lens_k = (
+            meta.cache_seqlens_host
+            if meta.cache_seqlens_host is not None
+            else meta.cache_seqlens.tolist()
+        )
         out = torch.empty_like(q)
         for i in range(len(lens_k)):
             qi = q[cu[i] : cu[i + 1]]  # [Lq, H, D]
@@ -73,8 +82,13 @@ class TorchAttentionBackend:
             qpos = torch.arange(len_k - len_q, len_k, device=q.device).unsqueeze(1)
             mask = torch.arange(len_k, device=q.device).unsqueeze(0) <= qpos  # [Lq, Lk]
             oi = F.scaled_dot_product_attention(
-                qi.transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1),
-                attn_mask=mask, scale=self.scale, enable_gqa=True)
+                qi.transpose(0, 1),
+                ki.transpose(0, 1),
+                vi.transpose(0, 1),
+                attn_mask=mask,
+                scale=self.scale,
+                enable_gqa=True,
+            )
             out[cu[i] : cu[i + 1]] = oi.transpose(0, 1)
         return out
 
@@ -103,6 +117,10 @@ class TorchAttentionBackend:
         mask = torch.arange(max_k, device=q.device).unsqueeze(0) < meta.cache_seqlens.unsqueeze(1)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # [B, H, 1, D]
-            keys.transpose(1, 2), values.transpose(1, 2),  # [B, Hkv, max_k, D]
-            attn_mask=mask[:, None, None, :], scale=self.scale, enable_gqa=True)
+            keys.transpose(1, 2),
+            values.transpose(1, 2),  # [B, Hkv, max_k, D]
+            attn_mask=mask[:, None, None, :],
+            scale=self.scale,
+            enable_gqa=True,
+        )
         return out.squeeze(2)

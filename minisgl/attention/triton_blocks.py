@@ -15,8 +15,12 @@ import triton.language as tl
 def key_block_scores(q, K, loc, n_ok, kv_head, d, stride_kl, stride_kh, IEEE: tl.constexpr):
     """q [M, HEAD_DIM] against one KV head's keys at locations `loc` [N] (those with n_ok):
     [M, N] dot products, unscaled."""
-    k = tl.load(K + loc[None, :] * stride_kl + kv_head * stride_kh + d[:, None],
-                mask=n_ok[None, :], other=0.0)  # [HEAD_DIM, N]
+    # [HEAD_DIM, N]
+    k = tl.load(
+        K + loc[None, :] * stride_kl + kv_head * stride_kh + d[:, None],
+        mask=n_ok[None, :],
+        other=0.0,
+    )
     if IEEE:  # float32 caches: full-precision products, as the reference computes
         s = tl.dot(q, k, input_precision="ieee")
     else:
@@ -25,16 +29,21 @@ def key_block_scores(q, K, loc, n_ok, kv_head, d, stride_kl, stride_kh, IEEE: tl
 
 
 @triton.jit
-def online_softmax_step(s, V, loc, n_ok, kv_head, d, stride_vl, stride_vh, m_i, l_i, acc,
-                        IEEE: tl.constexpr):
+def online_softmax_step(
+    s, V, loc, n_ok, kv_head, d, stride_vl, stride_vh, m_i, l_i, acc, IEEE: tl.constexpr
+):
     """Fold a block of scaled scores s [M, N] (-inf where a key is not visible) and the values at
     `loc` into the running max m_i [M], sum l_i [M] and weighted value sum acc [M, HEAD_DIM]."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(V + loc[:, None] * stride_vl + kv_head * stride_vh + d[None, :],
-                mask=n_ok[:, None], other=0.0)  # [N, HEAD_DIM]
+    # [N, HEAD_DIM]
+    v = tl.load(
+        V + loc[:, None] * stride_vl + kv_head * stride_vh + d[None, :],
+        mask=n_ok[:, None],
+        other=0.0,
+    )
     if IEEE:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     else:

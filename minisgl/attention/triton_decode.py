@@ -30,12 +30,35 @@ _BLOCK_H = 16  # query heads of one KV head, padded to the smallest tensor-core 
 
 
 @triton.jit
-def _paged_decode_kernel(Q, K, V, PT, ROWS, SEQLENS, O, LSE,
-                         stride_qb, stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_pt,
-                         stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                         scale,
-                         GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr):
+def _paged_decode_kernel(
+    Q,
+    K,
+    V,
+    PT,
+    ROWS,
+    SEQLENS,
+    O,
+    LSE,
+    stride_qb,
+    stride_qh,
+    stride_kl,
+    stride_kh,
+    stride_vl,
+    stride_vh,
+    stride_pt,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    scale,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -50,7 +73,9 @@ def _paged_decode_kernel(Q, K, V, PT, ROWS, SEQLENS, O, LSE,
     d = tl.arange(0, HEAD_DIM)
     h_ok = h < GROUP
     heads = kv_head * GROUP + h
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0.0)
+    q = tl.load(
+        Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=h_ok[:, None], other=0.0
+    )
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -61,21 +86,38 @@ def _paged_decode_kernel(Q, K, V, PT, ROWS, SEQLENS, O, LSE,
         loc = tl.load(PT + row * stride_pt + offs, mask=n_ok, other=0).to(tl.int64)
         s = key_block_scores(q, K, loc, n_ok, kv_head, d, stride_kl, stride_kh, IEEE)
         s = tl.where(n_ok[None, :], s * scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
-        m_i, l_i, acc = online_softmax_step(s, V, loc, n_ok, kv_head, d, stride_vl, stride_vh, m_i, l_i, acc, IEEE)
+        m_i, l_i, acc = online_softmax_step(
+            s, V, loc, n_ok, kv_head, d, stride_vl, stride_vh, m_i, l_i, acc, IEEE
+        )
 
     # an empty slice (a short request in a split launch) contributes nothing: lse = -inf
     has = l_i > 0
     safe_l = tl.where(has, l_i, 1.0)
     out = acc / safe_l[:, None]
     lse = tl.where(has, m_i + tl.log(safe_l), float("-inf"))
-    tl.store(O + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :],
-             out.to(O.dtype.element_ty), mask=h_ok[:, None])
+    tl.store(
+        O + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :],
+        out.to(O.dtype.element_ty),
+        mask=h_ok[:, None],
+    )
     tl.store(LSE + b * stride_lb + heads * stride_lh + split, lse, mask=h_ok)
 
 
 @triton.jit
-def _combine_kernel(O, LSE, OUT, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-                    stride_outb, stride_outh, NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _combine_kernel(
+    O,
+    LSE,
+    OUT,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    stride_outb,
+    stride_outh,
+    NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
     """Merge one (request, head)'s slices, each weighted by exp(its lse - the largest lse)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -99,9 +141,16 @@ def num_splits(batch_size: int, num_kv_heads: int) -> int:
     return max(1, min(_MAX_SPLITS, _next_pow2(-(-_TARGET_PROGRAMS // programs))))
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           page_table: torch.Tensor, rows: torch.Tensor, seqlens: torch.Tensor,
-                           scale: float, tuning: dict | None = None) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    rows: torch.Tensor,
+    seqlens: torch.Tensor,
+    scale: float,
+    tuning: dict | None = None,
+) -> torch.Tensor:
     """q: [B, H, D]; k_cache, v_cache: [locations, Hkv, D]; page_table: [R, max_len] locations;
     rows: [B] row of each request in page_table; seqlens: [B] keys of each request.
     Returns [B, H, D] in q's dtype. `tuning` overrides the launch settings (block_n, num_warps,
@@ -110,31 +159,73 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
     assert group <= _BLOCK_H, f"at most {_BLOCK_H} query heads per KV head"
-    assert head_dim == _next_pow2(head_dim) and head_dim >= 16, "head_dim must be a power of two >= 16"
+    assert head_dim == _next_pow2(head_dim) and head_dim >= 16, (
+        "head_dim must be a power of two >= 16"
+    )
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     assert page_table.stride(-1) == 1
     ieee = q.dtype == torch.float32
     # 128 keys a block in 16-bit: 8-18 % faster than 64 on an H200 (benchmarks/decode_kernels.py);
     # float32 tiles take twice the shared memory
-    tune = {"splits": num_splits(batch, num_kv_heads), "block_n": 32 if ieee else 128,
-            "num_warps": 4, "num_stages": 2, **(tuning or {})}
+    tune = {
+        "splits": num_splits(batch, num_kv_heads),
+        "block_n": 32 if ieee else 128,
+        "num_warps": 4,
+        "num_stages": 2,
+        **(tuning or {}),
+    }
     splits, block_n = tune["splits"], tune["block_n"]
     # one slice: write the output directly; several: float32 partials, merged below
     part_dtype = q.dtype if splits == 1 else torch.float32
     part = torch.empty(batch, num_heads, splits, head_dim, dtype=part_dtype, device=q.device)
     lse = torch.empty(batch, num_heads, splits, dtype=torch.float32, device=q.device)
     _paged_decode_kernel[(batch, num_kv_heads, splits)](
-        q, k_cache, v_cache, page_table, rows, seqlens, part, lse,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        page_table.stride(0), part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        rows,
+        seqlens,
+        part,
+        lse,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        page_table.stride(0),
+        part.stride(0),
+        part.stride(1),
+        part.stride(2),
+        lse.stride(0),
+        lse.stride(1),
         scale,
-        GROUP=group, BLOCK_H=_BLOCK_H, HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=splits, IEEE=ieee,
-        num_warps=tune["num_warps"], num_stages=tune["num_stages"],
+        GROUP=group,
+        BLOCK_H=_BLOCK_H,
+        HEAD_DIM=head_dim,
+        BLOCK_N=block_n,
+        NUM_SPLITS=splits,
+        IEEE=ieee,
+        num_warps=tune["num_warps"],
+        num_stages=tune["num_stages"],
     )
     if splits == 1:
         return part[:, :, 0]
     out = torch.empty_like(q)
     _combine_kernel[(batch, num_heads)](
-        part, lse, out, part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1), NUM_SPLITS=splits, HEAD_DIM=head_dim, num_warps=4)
+        part,
+        lse,
+        out,
+        part.stride(0),
+        part.stride(1),
+        part.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        NUM_SPLITS=splits,
+        HEAD_DIM=head_dim,
+        num_warps=4,
+    )
     return out

@@ -23,11 +23,31 @@ from .triton_blocks import key_block_scores, online_softmax_step
 
 
 @triton.jit
-def _paged_prefill_kernel(Q, K, V, PT, ROWS, CU_Q, SEQLENS, O,
-                          stride_qt, stride_qh, stride_kl, stride_kh, stride_vl, stride_vh, stride_pt,
-                          stride_ot, stride_oh, scale,
-                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+def _paged_prefill_kernel(
+    Q,
+    K,
+    V,
+    PT,
+    ROWS,
+    CU_Q,
+    SEQLENS,
+    O,
+    stride_qt,
+    stride_qh,
+    stride_kl,
+    stride_kh,
+    stride_vl,
+    stride_vh,
+    stride_pt,
+    stride_ot,
+    stride_oh,
+    scale,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     b = tl.program_id(0)
     block = tl.program_id(1)
     h = tl.program_id(2)
@@ -42,12 +62,17 @@ def _paged_prefill_kernel(Q, K, V, PT, ROWS, CU_Q, SEQLENS, O,
         qpos = len_k - len_q + m  # absolute position: the last key it may see
         d = tl.arange(0, HEAD_DIM)
         q_rows = (q_start + m).to(tl.int64)
-        q = tl.load(Q + q_rows[:, None] * stride_qt + h * stride_qh + d[None, :], mask=m_ok[:, None], other=0.0)
+        q = tl.load(
+            Q + q_rows[:, None] * stride_qt + h * stride_qh + d[None, :],
+            mask=m_ok[:, None],
+            other=0.0,
+        )
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        end = tl.minimum(len_k, len_k - len_q + (block + 1) * BLOCK_M)  # past the block's last query
+        # past the block's last query
+        end = tl.minimum(len_k, len_k - len_q + (block + 1) * BLOCK_M)
         for n0 in range(0, end, BLOCK_N):
             offs = n0 + tl.arange(0, BLOCK_N)
             n_ok = offs < end
@@ -55,16 +80,28 @@ def _paged_prefill_kernel(Q, K, V, PT, ROWS, CU_Q, SEQLENS, O,
             s = key_block_scores(q, K, loc, n_ok, kv_head, d, stride_kl, stride_kh, IEEE)
             # key 0 is visible to every query, so no row is all -inf after the first block
             s = tl.where((offs[None, :] <= qpos[:, None]) & n_ok[None, :], s * scale, float("-inf"))
-            m_i, l_i, acc = online_softmax_step(s, V, loc, n_ok, kv_head, d, stride_vl, stride_vh, m_i, l_i,
-                                                acc, IEEE)
+            m_i, l_i, acc = online_softmax_step(
+                s, V, loc, n_ok, kv_head, d, stride_vl, stride_vh, m_i, l_i, acc, IEEE
+            )
         out = acc / l_i[:, None]
-        tl.store(O + q_rows[:, None] * stride_ot + h * stride_oh + d[None, :], out.to(O.dtype.element_ty),
-                 mask=m_ok[:, None])
+        tl.store(
+            O + q_rows[:, None] * stride_ot + h * stride_oh + d[None, :],
+            out.to(O.dtype.element_ty),
+            mask=m_ok[:, None],
+        )
 
 
-def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            page_table: torch.Tensor, rows: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                            seqlens: torch.Tensor, max_seqlen_q: int, scale: float) -> torch.Tensor:
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    rows: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqlens: torch.Tensor,
+    max_seqlen_q: int,
+    scale: float,
+) -> torch.Tensor:
     """q: [T, H, D], the new tokens of all requests back to back (request i owns rows
     cu_seqlens_q[i]:cu_seqlens_q[i+1]); k_cache, v_cache: [locations, Hkv, D], this step's keys
     and values already stored; page_table: [R, max_len] locations; rows: [B] row of each request
@@ -73,7 +110,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     tokens, num_heads, head_dim = q.shape
     batch = rows.shape[0]
     group = num_heads // k_cache.shape[1]
-    assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, "head_dim must be a power of two >= 16"
+    assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, (
+        "head_dim must be a power of two >= 16"
+    )
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     assert page_table.stride(-1) == 1
     ieee = q.dtype == torch.float32
@@ -82,9 +121,30 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if tokens:
         grid = (batch, triton.cdiv(max_seqlen_q, block_m), num_heads)
         _paged_prefill_kernel[grid](
-            q, k_cache, v_cache, page_table, rows, cu_seqlens_q, seqlens, out,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
-            v_cache.stride(1), page_table.stride(0), out.stride(0), out.stride(1), scale,
-            GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, IEEE=ieee,
-            num_warps=4, num_stages=2)
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            rows,
+            cu_seqlens_q,
+            seqlens,
+            out,
+            q.stride(0),
+            q.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            v_cache.stride(0),
+            v_cache.stride(1),
+            page_table.stride(0),
+            out.stride(0),
+            out.stride(1),
+            scale,
+            GROUP=group,
+            HEAD_DIM=head_dim,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            IEEE=ieee,
+            num_warps=4,
+            num_stages=2,
+        )
     return out

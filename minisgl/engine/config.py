@@ -17,10 +17,14 @@ class EngineConfig:
     max_running_req: int = 16
     page_size: int = 1
     num_page_override: int | None = None  # fix the KV pool size (tests); else sized automatically
-    max_seq_len_override: int | None = None  # longest request (prompt + output); else the model's limit
+    max_seq_len_override: int | None = (
+        None  # longest request (prompt + output); else the model's limit
+    )
     memory_ratio: float = 0.85  # share of free GPU memory the KV pool may take
     cpu_kv_tokens: int = 65536  # KV pool size in tokens on a CPU when not overridden
-    cpu_streams: str | None = None  # "eager" / "deferred"; None: MINISGL_CPU_STREAMS (default eager)
+    cpu_streams: str | None = (
+        None  # "eager" / "deferred"; None: MINISGL_CPU_STREAMS (default eager)
+    )
     seed: int | None = 0
     # "auto" (triton on a CUDA GPU if installed, else torch), "torch", "triton"; None:
     # MINISGL_ATTENTION_BACKEND (default auto)
@@ -28,12 +32,22 @@ class EngineConfig:
     # fused Triton norm/RoPE/SiLU kernels, with the triton backend only; None: MINISGL_FUSED_KERNELS
     # (default on)
     fused_kernels: bool | None = None
-    use_cuda_graph: bool | None = None  # None: on when the device and the backend allow it (CUDA + triton)
-    cuda_graph_max_bs: int = 64  # largest decode batch replayed from a graph; larger ones run eagerly
+    use_cuda_graph: bool | None = (
+        None  # None: on when the device and the backend allow it (CUDA + triton)
+    )
+    cuda_graph_max_bs: int = (
+        64  # largest decode batch replayed from a graph; larger ones run eagerly
+    )
 
     def __post_init__(self) -> None:
         self.dtype = _dtype(self.dtype)
-        for name in ("max_running_req", "page_size", "cuda_graph_max_bs", "num_page_override", "max_seq_len_override"):
+        for name in (
+            "max_running_req",
+            "page_size",
+            "cuda_graph_max_bs",
+            "num_page_override",
+            "max_seq_len_override",
+        ):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
@@ -59,4 +73,6 @@ def _dtype(value: object) -> torch.dtype | None:
         return value  # type: ignore[return-value]
     if isinstance(value, str) and value.removeprefix("torch.") in DTYPES:
         return DTYPES[value.removeprefix("torch.")]
-    raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (or the torch dtype), got {value!r}")
+    raise ValueError(
+        f"dtype must be one of {', '.join(DTYPES)} (or the torch dtype), got {value!r}"
+    )

@@ -58,24 +58,39 @@ class Engine:
         self.model = load_model(config.model_path, self.dtype, self.device)
 
         cfg = self.model_config
-        if config.max_seq_len_override is not None and config.max_seq_len_override > cfg.max_position_embeddings:
+        if (
+            config.max_seq_len_override is not None
+            and config.max_seq_len_override > cfg.max_position_embeddings
+        ):
             # RoPE's tables and the attention kernels stop at the model's limit: past it a step
             # would index out of range (a device assert on a GPU) or, with some kernels, silently go
             # wrong.
-            raise ValueError(f"max_seq_len_override={config.max_seq_len_override} exceeds the model's "
-                             f"max_position_embeddings ({cfg.max_position_embeddings})")
+            raise ValueError(
+                f"max_seq_len_override={config.max_seq_len_override} exceeds the model's "
+                f"max_position_embeddings ({cfg.max_position_embeddings})"
+            )
         self.max_seq_len = config.max_seq_len_override or cfg.max_position_embeddings
         self.page_size = config.page_size
         self.num_pages = config.num_page_override or self._auto_num_pages()
         # Per engine: the config's choice, else the environment's default (minisgl/env.py).
-        self.backend_name = resolve_backend_name(config.attention_backend or str(ENV.ATTENTION_BACKEND.value),
-                                                 self.device, (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+        self.backend_name = resolve_backend_name(
+            config.attention_backend or str(ENV.ATTENTION_BACKEND.value),
+            self.device,
+            (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+        )
         self.use_cuda_graph = self._want_cuda_graph()
         # CUDA graphs pad batches with dummy requests, whose KV goes to one scratch page past the
         # pool: the cache manager never hands it out.
         extra_pages = 1 if self.use_cuda_graph else 0
-        self.kv_cache = KVCache(cfg.num_layers, self.num_pages + extra_pages, self.page_size, cfg.num_kv_heads,
-                                cfg.head_dim, self.dtype, self.device)
+        self.kv_cache = KVCache(
+            cfg.num_layers,
+            self.num_pages + extra_pages,
+            self.page_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            self.dtype,
+            self.device,
+        )
         # One row per request slot, plus a scratch row (the last) that absorbs writes nobody reads:
         # the sample of a half-done chunked prefill, and padding rows of CUDA graphs.
         rows = config.max_running_req + 1
@@ -85,11 +100,25 @@ class Engine:
 
         # fused element-wise kernels go with the Triton backend, for this engine only (see
         # dispatch.py)
-        want_fused = config.fused_kernels if config.fused_kernels is not None else bool(ENV.FUSED_KERNELS.value)
-        self.attn_backend = create_attention_backend(self.backend_name, self.kv_cache, cfg.num_heads,
-                                                     cfg.num_kv_heads, cfg.head_dim, self.page_table)
-        self.ctx = Context(self.page_size, self.kv_cache, self.attn_backend,
-                           fused_kernels(self.backend_name == "triton" and want_fused))
+        want_fused = (
+            config.fused_kernels
+            if config.fused_kernels is not None
+            else bool(ENV.FUSED_KERNELS.value)
+        )
+        self.attn_backend = create_attention_backend(
+            self.backend_name,
+            self.kv_cache,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            self.page_table,
+        )
+        self.ctx = Context(
+            self.page_size,
+            self.kv_cache,
+            self.attn_backend,
+            fused_kernels(self.backend_name == "triton" and want_fused),
+        )
         set_global_ctx(self.ctx)
         self.sampler = Sampler(self.device, config.seed)
         self.stream = self.kit.new_stream()
@@ -99,8 +128,10 @@ class Engine:
         asked = self.config.use_cuda_graph
         possible = self.kit.is_cuda and self.backend_name == "triton"
         if asked and not possible:
-            raise ValueError("CUDA graphs need a CUDA device and the triton attention backend "
-                             f"(device {self.device}, backend {self.backend_name})")
+            raise ValueError(
+                "CUDA graphs need a CUDA device and the triton attention backend "
+                f"(device {self.device}, backend {self.backend_name})"
+            )
         return possible if asked is None else bool(asked)
 
     def _build_graph_runner(self):
@@ -110,8 +141,16 @@ class Engine:
         self.page_table[self.dummy_row, 0] = scratch_loc
         max_bs = min(self.config.cuda_graph_max_bs, self.config.max_running_req)
         with torch.inference_mode():
-            return GraphRunner(self.model, self.ctx, self.stream.raw, max_bs, self.dummy_row, scratch_loc,
-                               self.max_seq_len, self.page_table)
+            return GraphRunner(
+                self.model,
+                self.ctx,
+                self.stream.raw,
+                max_bs,
+                self.dummy_row,
+                scratch_loc,
+                self.max_seq_len,
+                self.page_table,
+            )
 
     def run_model(self, batch: Batch) -> torch.Tensor:
         """Logits of `batch` (its input ids gathered): a CUDA graph's replay when one fits, else
@@ -126,15 +165,19 @@ class Engine:
         if not self.kit.is_cuda:
             return max(1, self.config.cpu_kv_tokens // self.page_size)
         free, _ = torch.cuda.mem_get_info(self.device)
-        per_page = KVCache.bytes_per_page(cfg.num_layers, self.page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        per_page = KVCache.bytes_per_page(
+            cfg.num_layers, self.page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype
+        )
         return max(1, int(free * self.config.memory_ratio) // per_page)
 
     def empty_output(self) -> ForwardOutput:
         """The output of a step that computed nothing (its batch failed): no tokens, done at
         once."""
-        out = ForwardOutput(next_tokens_gpu=torch.empty(0, dtype=torch.int32, device=self.device),
-                            next_tokens_cpu=torch.empty(0, dtype=torch.int32),
-                            copy_done=self.kit.new_event())
+        out = ForwardOutput(
+            next_tokens_gpu=torch.empty(0, dtype=torch.int32, device=self.device),
+            next_tokens_cpu=torch.empty(0, dtype=torch.int32),
+            copy_done=self.kit.new_event(),
+        )
         out.copy_done.record(self.stream)
         return out
 

@@ -35,8 +35,17 @@ def graph_batch_sizes(max_bs: int) -> List[int]:
 
 
 class GraphRunner:
-    def __init__(self, model: CausalLM, ctx: Context, stream: torch.cuda.Stream, max_bs: int,
-                 dummy_row: int, scratch_loc: int, max_seq_len: int, page_table: torch.Tensor) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        ctx: Context,
+        stream: torch.cuda.Stream,
+        max_bs: int,
+        dummy_row: int,
+        scratch_loc: int,
+        max_seq_len: int,
+        page_table: torch.Tensor,
+    ) -> None:
         self.model, self.ctx, self.stream = model, ctx, stream
         self.sizes = graph_batch_sizes(max_bs)
         self.max_bs = max_bs
@@ -61,9 +70,16 @@ class GraphRunner:
             cache_seqlens=self.seqlens[:bs],
             page_table=self._page_table,  # unused by the Triton decode path, which reads `rows`
             last_indices=torch.arange(bs, dtype=torch.int64, device=self.rows.device),
-            max_seqlen_q=1, max_seqlen_k=self._max_seq_len, rows=self.rows[:bs])
+            max_seqlen_q=1,
+            max_seqlen_k=self._max_seq_len,
+            rows=self.rows[:bs],
+        )
         batch = Batch(reqs=[None] * bs, phase="decode")  # the model reads only the tensors below
-        batch.input_ids, batch.positions, batch.out_loc = self.input_ids[:bs], self.positions[:bs], self.out_loc[:bs]
+        batch.input_ids, batch.positions, batch.out_loc = (
+            self.input_ids[:bs],
+            self.positions[:bs],
+            self.out_loc[:bs],
+        )
         batch.attn_metadata = meta
         return batch
 
@@ -100,7 +116,12 @@ class GraphRunner:
 
     def can_run(self, batch: Batch) -> bool:
         meta = batch.attn_metadata
-        return batch.is_decode and batch.size <= self.max_bs and meta is not None and meta.rows is not None
+        return (
+            batch.is_decode
+            and batch.size <= self.max_bs
+            and meta is not None
+            and meta.rows is not None
+        )
 
     def padded_size(self, bs: int) -> int:
         return next(s for s in self.sizes if s >= bs)

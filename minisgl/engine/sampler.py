@@ -24,19 +24,30 @@ class BatchSamplingArgs:
     top_p: torch.Tensor | None  # [B] float32
 
     @classmethod
-    def from_params(cls, params: List[SamplingParams], vocab_size: int, device: torch.device
-                    ) -> "BatchSamplingArgs":
+    def from_params(
+        cls, params: List[SamplingParams], vocab_size: int, device: torch.device
+    ) -> "BatchSamplingArgs":
         if all(p.is_greedy for p in params):
             return cls(None, None, None)
-        temps = torch.tensor([0.0 if p.is_greedy else p.temperature for p in params], dtype=torch.float32)
-        top_k = torch.tensor([vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params])
+        temps = torch.tensor(
+            [0.0 if p.is_greedy else p.temperature for p in params], dtype=torch.float32
+        )
+        top_k = torch.tensor(
+            [vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params]
+        )
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
-        if device.type == "cuda":  # page-locked + non_blocking: the scheduler does not wait for the copy
-            return cls(*(t.pin_memory().to(device, non_blocking=True) for t in (temps, top_k, top_p)))
+        if (
+            device.type == "cuda"
+        ):  # page-locked + non_blocking: the scheduler does not wait for the copy
+            return cls(
+                *(t.pin_memory().to(device, non_blocking=True) for t in (temps, top_k, top_p))
+            )
         return cls(temps.to(device), top_k.to(device), top_p.to(device))
 
 
-def top_k_top_p_filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def top_k_top_p_filter(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """Set to -inf every logit outside each row's top-k, then outside its top-p nucleus.
 
     Top-p works on what top-k left, renormalized: a token stays while the probability mass of the

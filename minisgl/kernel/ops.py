@@ -39,9 +39,7 @@ def fused_add_rms_norm(
     return rms_norm(residual, weight, eps), residual
 
 
-def apply_rope_neox(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> torch.Tensor:
+def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate `x` by the angles whose cosines and sines are given, in the NeoX layout.
 
     NeoX pairs dimension i of the first half of head_dim with dimension i of the second half (not

@@ -19,8 +19,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _add_rms_norm_kernel(X, R, W, Y, R_OUT, stride_x, stride_r, stride_y, stride_ro, n, eps,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(
+    X,
+    R,
+    W,
+    Y,
+    R_OUT,
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_ro,
+    n,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < n
@@ -33,15 +46,20 @@ def _add_rms_norm_kernel(X, R, W, Y, R_OUT, stride_x, stride_r, stride_y, stride
     var = tl.sum(xf * xf, axis=0) / n
     y = (xf * tl.rsqrt(var + eps)).to(X.dtype.element_ty)
     w = tl.load(W + cols, mask=ok, other=0.0)
-    tl.store(Y + row * stride_y + cols, (w.to(tl.float32) * y.to(tl.float32)).to(Y.dtype.element_ty), mask=ok)
+    tl.store(
+        Y + row * stride_y + cols,
+        (w.to(tl.float32) * y.to(tl.float32)).to(Y.dtype.element_ty),
+        mask=ok,
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _add_rms_norm(x, None, weight, eps)[0]
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                       ) -> Tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> Tuple[torch.Tensor, torch.Tensor]:
     return _add_rms_norm(x, residual, weight, eps)
 
 
@@ -56,8 +74,21 @@ def _add_rms_norm(x, residual, weight, eps):
     else:
         r2 = r_out = x2  # unused
     _add_rms_norm_kernel[(x2.shape[0],)](
-        x2, r2, weight, y, r_out, x2.stride(0), r2.stride(0), y.stride(0), r_out.stride(0), n, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n), num_warps=4)
+        x2,
+        r2,
+        weight,
+        y,
+        r_out,
+        x2.stride(0),
+        r2.stride(0),
+        y.stride(0),
+        r_out.stride(0),
+        n,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=triton.next_power_of_2(n),
+        num_warps=4,
+    )
     if residual is None:
         return y.view(x.shape), x
     return y.view(x.shape), r_out.view(x.shape)
@@ -83,10 +114,26 @@ def _norm_rope(x1, x2, W, c, s, i, eps, HALF: tl.constexpr, HAS_NORM: tl.constex
 
 
 @triton.jit
-def _qk_norm_rope_store_kernel(QKV, QW, KW, COS, SIN, POS, LOC, KC, VC,
-                               stride_t, stride_cos, stride_kc, stride_vc, eps,
-                               NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-                               HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+def _qk_norm_rope_store_kernel(
+    QKV,
+    QW,
+    KW,
+    COS,
+    SIN,
+    POS,
+    LOC,
+    KC,
+    VC,
+    stride_t,
+    stride_cos,
+    stride_kc,
+    stride_vc,
+    eps,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
     """One (token, head) of the merged q|k|v output. A query head is normalized and rotated in
     place; a key head is normalized, rotated and written to the cache at the token's location,
     its value head beside it."""
@@ -99,14 +146,18 @@ def _qk_norm_rope_store_kernel(QKV, QW, KW, COS, SIN, POS, LOC, KC, VC,
     row = QKV + t.to(tl.int64) * stride_t
     if h < NUM_HEADS:
         ptr = row + h * (2 * HALF)
-        y1, y2 = _norm_rope(tl.load(ptr + i), tl.load(ptr + HALF + i), QW, c, s, i, eps, HALF, HAS_NORM)
+        y1, y2 = _norm_rope(
+            tl.load(ptr + i), tl.load(ptr + HALF + i), QW, c, s, i, eps, HALF, HAS_NORM
+        )
         tl.store(ptr + i, y1)
         tl.store(ptr + HALF + i, y2)
     else:
         j = h - NUM_HEADS
         loc = tl.load(LOC + t).to(tl.int64)
         kp = row + (NUM_HEADS + j) * (2 * HALF)
-        y1, y2 = _norm_rope(tl.load(kp + i), tl.load(kp + HALF + i), KW, c, s, i, eps, HALF, HAS_NORM)
+        y1, y2 = _norm_rope(
+            tl.load(kp + i), tl.load(kp + HALF + i), KW, c, s, i, eps, HALF, HAS_NORM
+        )
         kc = KC + loc * stride_kc + j * (2 * HALF)
         tl.store(kc + i, y1)
         tl.store(kc + HALF + i, y2)
@@ -116,10 +167,20 @@ def _qk_norm_rope_store_kernel(QKV, QW, KW, COS, SIN, POS, LOC, KC, VC,
         tl.store(vc + HALF + i, tl.load(vp + HALF + i))
 
 
-def qk_norm_rope_store_(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
-                        q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-                        cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, eps: float,
-                        k_cache: torch.Tensor, v_cache: torch.Tensor, out_loc: torch.Tensor) -> None:
+def qk_norm_rope_store_(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out_loc: torch.Tensor,
+) -> None:
     """What the attention layer does between its projection and attention, in one kernel: per-head
     RMSNorm of q and k (Qwen3; skipped when the weights are None), RoPE at `positions`, and the
     store of this step's keys and values at `out_loc` — the work of ops.rms_norm,
@@ -141,9 +202,26 @@ def qk_norm_rope_store_(qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
     if tokens:
         norm = q_weight is not None
         _qk_norm_rope_store_kernel[(tokens, num_heads + num_kv_heads)](
-            qkv, q_weight if norm else qkv, k_weight if norm else qkv, cos, sin, positions, out_loc,
-            k_cache, v_cache, qkv.stride(0), cos.stride(0), k_cache.stride(0), v_cache.stride(0), eps,
-            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HALF=half, HAS_NORM=norm, num_warps=1)
+            qkv,
+            q_weight if norm else qkv,
+            k_weight if norm else qkv,
+            cos,
+            sin,
+            positions,
+            out_loc,
+            k_cache,
+            v_cache,
+            qkv.stride(0),
+            cos.stride(0),
+            k_cache.stride(0),
+            v_cache.stride(0),
+            eps,
+            NUM_HEADS=num_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            HALF=half,
+            HAS_NORM=norm,
+            num_warps=1,
+        )
 
 
 @triton.jit
@@ -154,7 +232,9 @@ def _silu_mul_kernel(X, Y, stride_x, stride_y, n, BLOCK: tl.constexpr):
     g = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(X + row * stride_x + n + cols, mask=ok, other=0.0)
     act = (g / (1.0 + tl.exp(-g))).to(u.dtype)  # F.silu rounds to the dtype before the product
-    tl.store(Y + row * stride_y + cols, (act.to(tl.float32) * u.to(tl.float32)).to(u.dtype), mask=ok)
+    tl.store(
+        Y + row * stride_y + cols, (act.to(tl.float32) * u.to(tl.float32)).to(u.dtype), mask=ok
+    )
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -164,14 +244,27 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     block = 1024
     if x2.shape[0]:
-        _silu_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, y, x2.stride(0), y.stride(0), n,
-                                                               BLOCK=block, num_warps=4)
+        _silu_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](
+            x2, y, x2.stride(0), y.stride(0), n, BLOCK=block, num_warps=4
+        )
     return y.view(*x.shape[:-1], n)
 
 
 @triton.jit
-def _small_batch_linear_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _small_batch_linear_kernel(
+    X,
+    W,
+    Y,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """BLOCK_N rows of W against every row of x: products summed in float32 over K. Each program
     asks for a large slice of W at once, which is what keeps enough bytes in flight to stream the
     weights at the memory's speed."""
@@ -183,13 +276,25 @@ def _small_batch_linear_kernel(X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
-        w = tl.load(W + n[:, None].to(tl.int64) * stride_wn + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(X + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(
+            W + n[:, None].to(tl.int64) * stride_wn + k[None, :],
+            mask=n_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        x = tl.load(
+            X + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0
+        )
         acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-    tl.store(Y + m[:, None] * stride_ym + n[None, :], acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(
+        Y + m[:, None] * stride_ym + n[None, :],
+        acc.to(Y.dtype.element_ty),
+        mask=m_ok[:, None] & n_ok[None, :],
+    )
 
 
-def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, tuning: dict | None = None) -> torch.Tensor:
+def small_batch_linear(
+    x: torch.Tensor, weight: torch.Tensor, tuning: dict | None = None
+) -> torch.Tensor:
     """y = x W^T for a few rows of x (a decode step of batch 1), where the time is all in reading
     W: [N, K] contiguous. float32 accumulation, like cuBLAS. `tuning` (block_n, block_k, num_warps)
     is for benchmarks/decode_kernels.py.
@@ -210,6 +315,18 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, tuning: dict | Non
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if rows:
         _small_batch_linear_kernel[(triton.cdiv(n, tune["block_n"]),)](
-            x2, weight, y, rows, n, k_dim, x2.stride(0), weight.stride(0), y.stride(0),
-            BLOCK_M=block_m, BLOCK_N=tune["block_n"], BLOCK_K=tune["block_k"], num_warps=tune["num_warps"])
+            x2,
+            weight,
+            y,
+            rows,
+            n,
+            k_dim,
+            x2.stride(0),
+            weight.stride(0),
+            y.stride(0),
+            BLOCK_M=block_m,
+            BLOCK_N=tune["block_n"],
+            BLOCK_K=tune["block_k"],
+            num_warps=tune["num_warps"],
+        )
     return y.view(*x.shape[:-1], n)

@@ -16,5 +16,12 @@ def create_prefix_cache(cache_type: str, page_size: int, device: torch.device) -
     raise ValueError(f"cache_type must be 'radix' or 'naive', got {cache_type!r}")
 
 
-__all__ = ["BasePrefixCache", "CacheHandle", "NaivePrefixCache", "KVCache", "RadixNode",
-           "RadixPrefixCache", "create_prefix_cache"]
+__all__ = [
+    "BasePrefixCache",
+    "CacheHandle",
+    "NaivePrefixCache",
+    "KVCache",
+    "RadixNode",
+    "RadixPrefixCache",
+    "create_prefix_cache",
+]

@@ -27,7 +27,9 @@ class BasePrefixCache(ABC):
         """Longest cached (page-aligned) prefix of `input_ids`: its handle and the KV locations."""
 
     @abstractmethod
-    def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> Tuple[int, CacheHandle]:
+    def insert_prefix(
+        self, input_ids: torch.Tensor, indices: torch.Tensor
+    ) -> Tuple[int, CacheHandle]:
         """Offer the cache `input_ids` whose KV lives at `indices`. Returns (prefix_len, handle):
         the first `prefix_len` tokens were already cached elsewhere (the caller's copies of them are
         duplicates it should free); the handle covers everything the cache now holds of the

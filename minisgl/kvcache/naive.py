@@ -19,7 +19,9 @@ class NaivePrefixCache(BasePrefixCache):
     def match_prefix(self, input_ids: torch.Tensor) -> Tuple[CacheHandle, torch.Tensor]:
         return CacheHandle(0), self._empty
 
-    def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> Tuple[int, CacheHandle]:
+    def insert_prefix(
+        self, input_ids: torch.Tensor, indices: torch.Tensor
+    ) -> Tuple[int, CacheHandle]:
         return 0, CacheHandle(0)
 
     def lock_handle(self, handle: CacheHandle, unlock: bool = False) -> None:

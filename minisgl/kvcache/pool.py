@@ -12,11 +12,20 @@ import torch
 
 
 class KVCache:
-    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
-        self.buffer = torch.zeros(2, num_layers, num_pages, page_size, num_kv_heads, head_dim,
-                                  dtype=dtype, device=device)
+        self.buffer = torch.zeros(
+            2, num_layers, num_pages, page_size, num_kv_heads, head_dim, dtype=dtype, device=device
+        )
         # [2, layers, locations, kv_heads, head_dim]: a view, no copy
         self._flat = self.buffer.view(2, num_layers, num_pages * page_size, num_kv_heads, head_dim)
 
@@ -30,7 +39,9 @@ class KVCache:
     def v_cache(self, layer_id: int) -> torch.Tensor:
         return self._flat[1, layer_id]
 
-    def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int
+    ) -> None:
         """Write the keys and values of the tokens just computed to their locations in one layer.
 
         A location is page * page_size + offset: one row of the flattened cache, which is how
@@ -49,6 +60,7 @@ class KVCache:
         self._flat[1, layer_id][out_loc] = v
 
     @staticmethod
-    def bytes_per_page(num_layers: int, page_size: int, num_kv_heads: int, head_dim: int,
-                       dtype: torch.dtype) -> int:
+    def bytes_per_page(
+        num_layers: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
         return 2 * num_layers * page_size * num_kv_heads * head_dim * dtype.itemsize

@@ -23,7 +23,9 @@ from .base import BasePrefixCache, CacheHandle
 class RadixNode:
     __slots__ = ("children", "parent", "key", "value", "ref_count", "last_access")
 
-    def __init__(self, key: Tuple[int, ...], value: torch.Tensor, parent: "RadixNode | None") -> None:
+    def __init__(
+        self, key: Tuple[int, ...], value: torch.Tensor, parent: "RadixNode | None"
+    ) -> None:
         self.children: Dict[Tuple[int, ...], RadixNode] = {}
         self.parent = parent
         self.key = key
@@ -124,7 +126,9 @@ class RadixPrefixCache(BasePrefixCache):
         indices = torch.cat(values) if values else self.root.value
         return CacheHandle(matched, node), indices
 
-    def insert_prefix(self, input_ids: torch.Tensor, indices: torch.Tensor) -> Tuple[int, CacheHandle]:
+    def insert_prefix(
+        self, input_ids: torch.Tensor, indices: torch.Tensor
+    ) -> Tuple[int, CacheHandle]:
         """Add a sequence's whole pages to the tree and say how much of it was cached already.
 
         Receives: `input_ids` [n] token ids and `indices` [n] their KV locations (int32); only the
@@ -209,7 +213,9 @@ class RadixPrefixCache(BasePrefixCache):
         if num_tokens <= 0:
             return self.root.value
         if num_tokens > self._evictable:
-            raise RuntimeError(f"cannot evict {num_tokens} tokens: only {self._evictable} are evictable")
+            raise RuntimeError(
+                f"cannot evict {num_tokens} tokens: only {self._evictable} are evictable"
+            )
         heap = [n for n in self._nodes() if n.is_leaf and n.ref_count == 0 and n is not self.root]
         heapq.heapify(heap)
         freed: List[torch.Tensor] = []
@@ -252,15 +258,26 @@ class RadixPrefixCache(BasePrefixCache):
                 continue
             assert node.ref_count >= 0, f"negative ref_count on a node of {len(node.key)} tokens"
             assert len(node.key) == len(node.value), "a node's key and value differ in length"
-            assert len(node.key) > 0 and len(node.key) % self.page_size == 0, "a node is not page-aligned"
-            assert node.parent.children.get(self._child_key(node.key, 0)) is node, "a node is not under its first page"
-            assert node.parent is self.root or node.parent.ref_count >= node.ref_count, \
+            assert len(node.key) > 0 and len(node.key) % self.page_size == 0, (
+                "a node is not page-aligned"
+            )
+            assert node.parent.children.get(self._child_key(node.key, 0)) is node, (
+                "a node is not under its first page"
+            )
+            assert node.parent is self.root or node.parent.ref_count >= node.ref_count, (
                 "a node is locked more often than its parent"
+            )
             if node.ref_count == 0:
                 evictable += len(node.key)
             else:
                 protected += len(node.key)
-        assert evictable == self._evictable, f"evictable size {self._evictable} != counted {evictable}"
-        assert protected == self._protected, f"protected size {self._protected} != counted {protected}"
+        assert evictable == self._evictable, (
+            f"evictable size {self._evictable} != counted {evictable}"
+        )
+        assert protected == self._protected, (
+            f"protected size {self._protected} != counted {protected}"
+        )
         idx = self.all_indices()
-        assert idx.numel() == torch.unique(idx).numel(), "a KV location appears twice in the radix tree"
+        assert idx.numel() == torch.unique(idx).numel(), (
+            "a KV location appears twice in the radix tree"
+        )

@@ -5,5 +5,13 @@ from .linear import Linear
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding
 
-__all__ = ["AttentionLayer", "BaseOP", "OPList", "LMHead", "VocabEmbedding", "Linear", "RMSNorm",
-           "RotaryEmbedding"]
+__all__ = [
+    "AttentionLayer",
+    "BaseOP",
+    "OPList",
+    "LMHead",
+    "VocabEmbedding",
+    "Linear",
+    "RMSNorm",
+    "RotaryEmbedding",
+]

@@ -17,9 +17,21 @@ class AttentionLayer(BaseOP):
     stores k/v in the paged KV cache and attends over everything cached for each request. On a GPU
     one fused kernel does the norms, RoPE and the store, and the backend only attends."""
 
-    def __init__(self, layer_id: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 qk_norm: bool, eps: float, rotary: RotaryEmbedding, dtype: torch.dtype,
-                 device: torch.device, qkv_bias: bool = False, o_bias: bool = False) -> None:
+    def __init__(
+        self,
+        layer_id: int,
+        hidden: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        qk_norm: bool,
+        eps: float,
+        rotary: RotaryEmbedding,
+        dtype: torch.dtype,
+        device: torch.device,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+    ) -> None:
         self._layer_id = layer_id
         self._num_heads, self._num_kv_heads, self._head_dim = num_heads, num_kv_heads, head_dim
         self._q_size, self._kv_size = num_heads * head_dim, num_kv_heads * head_dim
@@ -40,14 +52,25 @@ class AttentionLayer(BaseOP):
         if fused is not None:  # norms, RoPE and the K/V store in one kernel (q in place in qkv)
             rot, batch, kv = self._rotary, ctx.batch, ctx.kv_cache
             fused.qk_norm_rope_store_(
-                qkv, self._num_heads, self._num_kv_heads,
-                self.q_norm.weight if self._qk_norm else None, self.k_norm.weight if self._qk_norm else None,
-                rot._cos, rot._sin, batch.positions, self._eps,
-                kv.k_cache(self._layer_id), kv.v_cache(self._layer_id), batch.out_loc)
+                qkv,
+                self._num_heads,
+                self._num_kv_heads,
+                self.q_norm.weight if self._qk_norm else None,
+                self.k_norm.weight if self._qk_norm else None,
+                rot._cos,
+                rot._sin,
+                batch.positions,
+                self._eps,
+                kv.k_cache(self._layer_id),
+                kv.v_cache(self._layer_id),
+                batch.out_loc,
+            )
             out = ctx.attn_backend.attend(q, self._layer_id, batch)
         else:
-            k, v = (t.reshape(-1, self._num_kv_heads, self._head_dim)
-                    for t in qkv[:, self._q_size :].split(self._kv_size, dim=-1))
+            k, v = (
+                t.reshape(-1, self._num_kv_heads, self._head_dim)
+                for t in qkv[:, self._q_size :].split(self._kv_size, dim=-1)
+            )
             if self._qk_norm:
                 q, k = self.q_norm.forward(q), self.k_norm.forward(k)
             q, k = self._rotary.forward(ctx.batch.positions, q, k)

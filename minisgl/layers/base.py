@@ -49,8 +49,10 @@ class BaseOP:
         self._load(remaining, "")
         if strict and remaining:
             extra = sorted(remaining)
-            raise KeyError(f"unexpected weight(s) in checkpoint: {', '.join(extra[:5])}"
-                           + (f" and {len(extra) - 5} more" if len(extra) > 5 else ""))
+            raise KeyError(
+                f"unexpected weight(s) in checkpoint: {', '.join(extra[:5])}"
+                + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+            )
 
     def _load(self, remaining: Dict[str, torch.Tensor], prefix: str) -> None:
         for name, value in list(self.__dict__.items()):
@@ -65,7 +67,9 @@ class BaseOP:
                     raise ValueError(
                         f"weight {key} has shape {tuple(new.shape)}, expected {tuple(value.shape)}"
                     )
-                setattr(self, name, new.to(dtype=value.dtype) if value.dtype.is_floating_point else new)
+                setattr(
+                    self, name, new.to(dtype=value.dtype) if value.dtype.is_floating_point else new
+                )
             elif isinstance(value, BaseOP):
                 value._load(remaining, key + ".")
 

@@ -9,7 +9,9 @@ from .base import BaseOP
 
 
 class VocabEmbedding(BaseOP):
-    def __init__(self, vocab_size: int, hidden: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, vocab_size: int, hidden: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         self.weight = torch.empty(vocab_size, hidden, dtype=dtype, device=device)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -25,8 +27,14 @@ class LMHead(BaseOP):
     the
     embedding's weight instead."""
 
-    def __init__(self, vocab_size: int, hidden: int, dtype: torch.dtype, device: torch.device,
-                 tied_to: VocabEmbedding | None = None) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        tied_to: VocabEmbedding | None = None,
+    ) -> None:
         self._tied_to = tied_to
         if tied_to is None:
             self.weight = torch.empty(vocab_size, hidden, dtype=dtype, device=device)

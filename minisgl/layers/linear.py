@@ -11,8 +11,14 @@ from .base import BaseOP
 class Linear(BaseOP):
     """y = x W^T (+ b). Merged projections (q|k|v, gate|up) are simply Linears with a taller W."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
         if bias:
             self.bias = torch.empty(out_features, dtype=dtype, device=device)

@@ -21,8 +21,9 @@ class RMSNorm(BaseOP):
             return fused.rms_norm(x, self.weight, self._eps)
         return rms_norm(x, self.weight, self._eps)
 
-    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None
-                      ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward_fused(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Pre-norm residual step: returns (norm(x + residual), x + residual). With no residual yet
         (the first layer) x itself becomes the residual."""
         fused = fused_for(x)  # one Triton kernel on a GPU (see minisgl.kernel.dispatch)

@@ -16,9 +16,17 @@ class RotaryEmbedding:
 
     Not a BaseOP: the table is derived from the config, never loaded from a checkpoint."""
 
-    def __init__(self, head_dim: int, max_position: int, base: float, device: torch.device,
-                 scaling: "RopeScaling | None" = None) -> None:
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    def __init__(
+        self,
+        head_dim: int,
+        max_position: int,
+        base: float,
+        device: torch.device,
+        scaling: "RopeScaling | None" = None,
+    ) -> None:
+        inv_freq = 1.0 / (
+            base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+        )
         if scaling is not None:
             inv_freq = llama3_scaled(inv_freq, scaling)
         t = torch.arange(max_position, dtype=torch.float32, device=device)
@@ -26,8 +34,9 @@ class RotaryEmbedding:
         self._cos = freqs.cos()
         self._sin = freqs.sin()
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         cos = self._cos[positions].to(q.dtype)
         sin = self._sin[positions].to(q.dtype)
         return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)

@@ -35,7 +35,9 @@ def prompt_list(prompts: Any) -> List[Any]:
         return [prompts]
     if isinstance(prompts, (list, tuple)):
         return list(prompts)
-    raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; got {_kind(prompts)}")
+    raise TypeError(
+        f"prompts must be a string, a list of token ids, or a list of those; got {_kind(prompts)}"
+    )
 
 
 def token_ids(prompt: Any, tokenizer) -> torch.Tensor:
@@ -43,22 +45,30 @@ def token_ids(prompt: Any, tokenizer) -> torch.Tensor:
     later)."""
     if isinstance(prompt, str):
         if tokenizer is None:
-            raise ValueError("this model directory has no tokenizer.json: pass token ids instead of text")
+            raise ValueError(
+                "this model directory has no tokenizer.json: pass token ids instead of text"
+            )
         return torch.tensor(tokenizer.encode(prompt).ids, dtype=torch.int32)
     if isinstance(prompt, torch.Tensor) or _is_ndarray(prompt):
         t = torch.as_tensor(prompt)
         if t.dim() != 1 or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-            raise TypeError(f"a prompt given as an array must be 1-D integer token ids, got {t.dim()}-D "
-                f"{t.dtype}")
+            raise TypeError(
+                f"a prompt given as an array must be 1-D integer token ids, got {t.dim()}-D "
+                f"{t.dtype}"
+            )
         ids = t.tolist()
     elif isinstance(prompt, (list, tuple)):
         ids = list(prompt)
         if not all(_is_int(t) for t in ids):
             bad = next(t for t in ids if not _is_int(t))
-            raise ValueError(f"a prompt must be a string or a list of integer token ids; it holds {bad!r}")
+            raise ValueError(
+                f"a prompt must be a string or a list of integer token ids; it holds {bad!r}"
+            )
     else:
         hint = " (decode bytes to str first)" if isinstance(prompt, (bytes, bytearray)) else ""
-        raise TypeError(f"a prompt must be a string or a list of integer token ids, got {_kind(prompt)}{hint}")
+        raise TypeError(
+            f"a prompt must be a string or a list of integer token ids, got {_kind(prompt)}{hint}"
+        )
     out_of_range = [t for t in ids if not -MAX_TOKEN_ID <= t <= MAX_TOKEN_ID]
     if out_of_range:
         raise ValueError(f"token id {out_of_range[0]} is outside the vocabulary")
@@ -77,8 +87,10 @@ def sampling_list(sampling_params: Any, n: int) -> List[SamplingParams]:
         if len(params) != n:
             raise ValueError(f"{n} prompts but {len(params)} sampling params")
     else:
-        raise TypeError("sampling_params must be a SamplingParams or a list of them, got "
-            f"{_kind(sampling_params)}")
+        raise TypeError(
+            "sampling_params must be a SamplingParams or a list of them, got "
+            f"{_kind(sampling_params)}"
+        )
     for i, p in enumerate(params):
         if not isinstance(p, SamplingParams):
             raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {_kind(p)}")

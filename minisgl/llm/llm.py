@@ -47,7 +47,8 @@ class LLM(Scheduler):
     # ------------------------------------------------------------------ requests
 
     def encode(self, prompt: Prompt) -> torch.Tensor:
-        """A prompt (text, token ids, or a 1-D integer array: minisgl/llm/inputs.py) as int32 ids."""
+        """A prompt (text, token ids, or a 1-D integer array: minisgl/llm/inputs.py) as int32
+        ids."""
         return inputs.token_ids(prompt, self.tokenizer)
 
     def decode(self, token_ids: List[int]) -> str:
@@ -113,15 +114,21 @@ class LLM(Scheduler):
             self.step()
             idle = idle + 1 if self.steps_launched == launched and not self.in_flight else 0
             if idle > max_idle_steps:
-                raise RuntimeError("the scheduler made no progress: requests are stuck waiting "
-                                   f"({len(self.prefill_manager.pending)} queued)")
+                raise RuntimeError(
+                    "the scheduler made no progress: requests are stuck waiting "
+                    f"({len(self.prefill_manager.pending)} queued)"
+                )
 
-    def generate(self, prompts: Prompt | List[Prompt],
-                 sampling_params: SamplingParams | List[SamplingParams] | None = None,
-                 progress: bool | None = None) -> List[Dict]:
+    def generate(
+        self,
+        prompts: Prompt | List[Prompt],
+        sampling_params: SamplingParams | List[SamplingParams] | None = None,
+        progress: bool | None = None,
+    ) -> List[Dict]:
         """Run every prompt to completion; returns [{"text", "token_ids"}] in prompt order (plus
-        "error" for a request the scheduler refused or whose step failed). `progress`: a bar counting tokens, True to
-        show it, False never; None (default) shows it for runs longer than two seconds in a notebook
+        "error" for a request the scheduler refused or whose step failed). `progress`: a bar
+        counting tokens, True to show it, False never; None (default) shows it for runs longer than
+        two seconds in a notebook
         or a terminal, never under pytest or CI (minisgl/llm/progress.py, MINISGL_PROGRESS)."""
         prompts = inputs.prompt_list(prompts)
         params = self._with_model_defaults(inputs.sampling_list(sampling_params, len(prompts)))

@@ -12,7 +12,8 @@ When it shows (`progress=` of `LLM.generate`):
   * True: always (unless MINISGL_PROGRESS=off);
   * False: never;
   * None, the default: where someone watches (a notebook kernel, or stderr is a terminal), not
-    under pytest or CI, and only once the run has lasted `DELAY` seconds, so short runs print nothing.
+    under pytest or CI, and only once the run has lasted `DELAY` seconds, so short runs print
+    nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ def where(asked: bool | None) -> str | None:
     setting = ENV.PROGRESS.value
     if asked is False or setting == "off":
         return None
-    if asked is None and setting == "auto" and (os.environ.get("PYTEST_CURRENT_TEST") or os.environ.get("CI")):
+    if (
+        asked is None
+        and setting == "auto"
+        and (os.environ.get("PYTEST_CURRENT_TEST") or os.environ.get("CI"))
+    ):
         return None
     if _in_notebook():
         return "notebook"
@@ -49,7 +54,9 @@ def _in_notebook() -> bool:
 
 
 @contextmanager
-def generation_progress(llm, uids: List[int], max_tokens: Sequence[int], asked: bool | None) -> Iterator[None]:
+def generation_progress(
+    llm, uids: List[int], max_tokens: Sequence[int], asked: bool | None
+) -> Iterator[None]:
     """Show a bar while `llm` runs the requests `uids` (each may produce up to `max_tokens[i]`)."""
     mode = where(asked)
     if mode is None:
@@ -90,17 +97,33 @@ class _TerminalBar:
         self.shown = False
         self._progress = self._task = None
 
-    def draw(self, done: int, tokens: int, finished: int, total: int, requests: int, elapsed: float) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    def draw(
+        self, done: int, tokens: int, finished: int, total: int, requests: int, elapsed: float
+    ) -> None:
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         if self._progress is None:
-            self._progress = Progress(TextColumn("generating"), BarColumn(), TextColumn("{task.fields[what]}"),
-                                      TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), transient=True)
+            self._progress = Progress(
+                TextColumn("generating"),
+                BarColumn(),
+                TextColumn("{task.fields[what]}"),
+                TimeElapsedColumn(),
+                TextColumn("left"),
+                TimeRemainingColumn(),
+                transient=True,
+            )
             self._task = self._progress.add_task("generate", total=total, what="")
             self._progress.start()
             self.shown = True
-        self._progress.update(self._task, completed=done,
-                              what=f"{tokens} tokens, {finished}/{requests} requests done")
+        self._progress.update(
+            self._task, completed=done, what=f"{tokens} tokens, {finished}/{requests} requests done"
+        )
 
     def close(self, tokens: int, requests: int, elapsed: float) -> None:
         self._progress.stop()  # transient: the line is erased
@@ -111,15 +134,21 @@ class _NotebookBar:
         self.shown = False
         self._handle = None
 
-    def draw(self, done: int, tokens: int, finished: int, total: int, requests: int, elapsed: float) -> None:
+    def draw(
+        self, done: int, tokens: int, finished: int, total: int, requests: int, elapsed: float
+    ) -> None:
         from IPython.display import HTML, display
 
         pct = 100.0 * done / max(total, 1)
-        html = ("<div style='font-family:var(--jp-code-font-family,monospace);font-size:12px'>"
-                "<div style='display:inline-block;vertical-align:middle;width:240px;height:10px;"
-                "background:var(--jp-layout-color3,#ddd);border-radius:3px;overflow:hidden'>"
-                f"<div style='width:{pct:.1f}%;height:100%;background:var(--jp-brand-color1,#1976d2)'></div></div> "
-                f"generating: {tokens} tokens, {finished}/{requests} requests done · {elapsed:.0f} s</div>")
+        html = (
+            "<div style='font-family:var(--jp-code-font-family,monospace);font-size:12px'>"
+            "<div style='display:inline-block;vertical-align:middle;width:240px;height:10px;"
+            "background:var(--jp-layout-color3,#ddd);border-radius:3px;overflow:hidden'>"
+            f"<div style='width:{pct:.1f}%;height:100%;"
+            "background:var(--jp-brand-color1,#1976d2)'></div></div> "
+            f"generating: {tokens} tokens, {finished}/{requests} requests done · {elapsed:.0f} "
+            "s</div>"
+        )
         if self._handle is None:
             self._handle = display(HTML(html), display_id=True)
             self.shown = True
@@ -129,7 +158,10 @@ class _NotebookBar:
     def close(self, tokens: int, requests: int, elapsed: float) -> None:
         from IPython.display import HTML
 
-        self._handle.update(HTML(
-            "<div style='font-size:12px;color:var(--jp-content-font-color2,#555)'>"
-            f"generated {tokens} tokens for {requests} prompt(s) in {elapsed:.1f} s "
-            f"({tokens / max(elapsed, 1e-9):.0f} tokens/s)</div>"))
+        self._handle.update(
+            HTML(
+                "<div style='font-size:12px;color:var(--jp-content-font-color2,#555)'>"
+                f"generated {tokens} tokens for {requests} prompt(s) in {elapsed:.1f} s "
+                f"({tokens / max(elapsed, 1e-9):.0f} tokens/s)</div>"
+            )
+        )

@@ -6,6 +6,7 @@ ZMQ sockets, encoded by `wire.py`. The API server's own messages are in `fronten
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 
 from minisgl.core import SamplingParams
@@ -42,5 +43,14 @@ BackendMsg = UserMsg | AbortBackendMsg
 
 from .frontend import AbortMsg, StatsQuery, StatsReply, TokenizeMsg, UserReply  # noqa: E402
 
-__all__ = ["UserMsg", "AbortBackendMsg", "DetokenizeMsg", "BackendMsg", "TokenizeMsg", "AbortMsg",
-           "StatsQuery", "StatsReply", "UserReply"]
+__all__ = [
+    "UserMsg",
+    "AbortBackendMsg",
+    "DetokenizeMsg",
+    "BackendMsg",
+    "TokenizeMsg",
+    "AbortMsg",
+    "StatsQuery",
+    "StatsReply",
+    "UserReply",
+]

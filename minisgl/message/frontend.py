@@ -3,9 +3,9 @@
 The API server knows HTTP and text; the tokenizer worker knows the tokenizer and the chat template;
 the scheduler knows token ids. Each hop has its own messages:
 
-    API server --TokenizeMsg / AbortMsg / StatsQuery--> tokenizer worker --UserMsg / AbortBackendMsg /
-    StatsQuery--> scheduler --DetokenizeMsg / StatsReply--> tokenizer worker --UserReply / StatsReply-->
-    API server
+    API server --TokenizeMsg / AbortMsg / StatsQuery--> tokenizer worker --UserMsg / AbortBackendMsg
+    / StatsQuery--> scheduler --DetokenizeMsg / StatsReply--> tokenizer worker --UserReply /
+    StatsReply--> API server
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from minisgl.core import SamplingParams
 
 @dataclass
 class TokenizeMsg:
-    """A new request as the client sent it. Exactly one of `text`, `input_ids` and `messages` is set:
-    a completion's prompt as text or as token ids, or a chat's messages (rendered with the model's
-    chat template). `fill_context`: max_tokens is whatever the context has left after the prompt
+    """A new request as the client sent it. Exactly one of `text`, `input_ids` and `messages` is
+    set: a completion's prompt as text or as token ids, or a chat's messages (rendered with the
+    model's chat template). `fill_context`: max_tokens is whatever the context has left after the
+    prompt
     (a chat request that sets no max_tokens)."""
 
     uid: int

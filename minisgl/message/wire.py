@@ -21,8 +21,19 @@ from minisgl.core import SamplingParams
 from . import AbortBackendMsg, DetokenizeMsg, UserMsg
 from .frontend import AbortMsg, StatsQuery, StatsReply, TokenizeMsg, UserReply
 
-MESSAGE_TYPES: Dict[str, type] = {cls.__name__: cls for cls in (
-    UserMsg, AbortBackendMsg, DetokenizeMsg, TokenizeMsg, AbortMsg, StatsQuery, StatsReply, UserReply)}
+MESSAGE_TYPES: Dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        UserMsg,
+        AbortBackendMsg,
+        DetokenizeMsg,
+        TokenizeMsg,
+        AbortMsg,
+        StatsQuery,
+        StatsReply,
+        UserReply,
+    )
+}
 TENSOR_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 
 
@@ -75,7 +86,9 @@ def encode_value(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).removeprefix("torch.")
         if dtype not in TENSOR_DTYPES or value.dim() != 1:
-            raise TypeError(f"only 1-D int32/int64 tensors travel in messages, got {value.dim()}-D {dtype}")
+            raise TypeError(
+                f"only 1-D int32/int64 tensors travel in messages, got {value.dim()}-D {dtype}"
+            )
         return {"__tensor__": value.tolist(), "dtype": dtype}
     if isinstance(value, SamplingParams):
         return {"__sampling__": dataclasses.asdict(value)}

@@ -31,5 +31,14 @@ def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device) 
     return model
 
 
-__all__ = ["ModelConfig", "CausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "load_weight",
-           "create_model", "load_model", "BUNDLED_MODEL"]
+__all__ = [
+    "ModelConfig",
+    "CausalLM",
+    "Qwen3ForCausalLM",
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "load_weight",
+    "create_model",
+    "load_model",
+    "BUNDLED_MODEL",
+]

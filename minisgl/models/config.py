@@ -20,30 +20,73 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama",
-                           "Qwen2ForCausalLM": "qwen2"}
+SUPPORTED_ARCHITECTURES = {
+    "Qwen3ForCausalLM": "qwen3",
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+}
 
 # Read by ModelConfig.from_hf (or by the loader: the weights' names and shapes follow from them).
-READ_FIELDS = frozenset({
-    "architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
-    "rope_parameters", "rope_scaling", "max_position_embeddings", "tie_word_embeddings",
-    "attention_bias", "mlp_bias", "dtype", "torch_dtype", "eos_token_id",
-})
+READ_FIELDS = frozenset(
+    {
+        "architectures",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_parameters",
+        "rope_scaling",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "attention_bias",
+        "mlp_bias",
+        "dtype",
+        "torch_dtype",
+        "eos_token_id",
+    }
+)
 # Would change the computation; accepted only with a value that makes them a no-op
 # (check_supported).
-REFUSED_FIELDS = frozenset({
-    "hidden_act", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
-    "partial_rotary_factor", "pretraining_tp",
-})
+REFUSED_FIELDS = frozenset(
+    {
+        "hidden_act",
+        "use_sliding_window",
+        "sliding_window",
+        "max_window_layers",
+        "layer_types",
+        "partial_rotary_factor",
+        "pretraining_tp",
+    }
+)
 # Change nothing at inference: identity, tokens the tokenizer handles, training-only settings
 # (dropout, initialisation, tensor-parallel hints), what a forward pass returns, caching switches.
-NO_EFFECT_FIELDS = frozenset({
-    "_name_or_path", "model_type", "transformers_version", "bos_token_id", "pad_token_id",
-    "attention_dropout", "initializer_range", "use_cache", "chunk_size_feed_forward", "id2label",
-    "label2id", "is_encoder_decoder", "output_attentions", "output_hidden_states", "problem_type",
-    "return_dict", "base_model_tp_plan", "base_model_pp_plan",
-})
+NO_EFFECT_FIELDS = frozenset(
+    {
+        "_name_or_path",
+        "model_type",
+        "transformers_version",
+        "bos_token_id",
+        "pad_token_id",
+        "attention_dropout",
+        "initializer_range",
+        "use_cache",
+        "chunk_size_feed_forward",
+        "id2label",
+        "label2id",
+        "is_encoder_decoder",
+        "output_attentions",
+        "output_hidden_states",
+        "problem_type",
+        "return_dict",
+        "base_model_tp_plan",
+        "base_model_pp_plan",
+    }
+)
 ROPE_TYPES = ("default", "llama3")  # rope_type values the engine implements
 _SILU = ("silu", "swish")  # transformers' names for the same activation
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -68,19 +111,27 @@ def rope_scaling_from_hf(raw: Dict[str, Any]) -> RopeScaling | None:
     if kind == "default":
         return None
     if kind != "llama3":
-        raise ValueError(f"RoPE scaling {kind!r} (rope_type) is not supported; supported: "
-            f"{', '.join(ROPE_TYPES)}")
+        raise ValueError(
+            f"RoPE scaling {kind!r} (rope_type) is not supported; supported: "
+            f"{', '.join(ROPE_TYPES)}"
+        )
     try:
-        scaling = RopeScaling(float(params["factor"]), float(params["low_freq_factor"]),
-                              float(params["high_freq_factor"]),
-                              int(params.get("original_max_position_embeddings")
-                                  or raw["max_position_embeddings"]))
+        scaling = RopeScaling(
+            float(params["factor"]),
+            float(params["low_freq_factor"]),
+            float(params["high_freq_factor"]),
+            int(params.get("original_max_position_embeddings") or raw["max_position_embeddings"]),
+        )
     except (KeyError, TypeError) as e:
-        raise ValueError(f"rope_type 'llama3' needs factor, low_freq_factor and high_freq_factor: {e!r} "
-                         "is missing or not a number") from None
+        raise ValueError(
+            f"rope_type 'llama3' needs factor, low_freq_factor and high_freq_factor: {e!r} "
+            "is missing or not a number"
+        ) from None
     if not (scaling.factor > 0 and scaling.high_freq_factor > scaling.low_freq_factor > 0):
-        raise ValueError(f"rope_type 'llama3' needs factor > 0 and high_freq_factor > low_freq_factor > 0, "
-                         f"got {scaling}")
+        raise ValueError(
+            f"rope_type 'llama3' needs factor > 0 and high_freq_factor > low_freq_factor > 0, "
+            f"got {scaling}"
+        )
     return scaling
 
 
@@ -92,36 +143,58 @@ def check_supported(raw: Dict[str, Any]) -> None:
     refused, never ignored (ignoring it gives plausible but wrong tokens)."""
     if not isinstance(raw, dict):
         raise ValueError(f"config.json must hold a JSON object, got {type(raw).__name__}")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+    ):
         value = raw.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             got = "missing" if name not in raw else f"{value!r}"
             raise ValueError(f"{name} must be a positive integer, got {got}")
     for name in ("num_key_value_heads", "head_dim"):
         value = raw.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
             raise ValueError(f"{name} must be a positive integer or null, got {value!r}")
-    heads, kv = raw["num_attention_heads"], raw.get("num_key_value_heads") or raw["num_attention_heads"]
+    heads, kv = (
+        raw["num_attention_heads"],
+        raw.get("num_key_value_heads") or raw["num_attention_heads"],
+    )
     if heads % kv:
-        raise ValueError(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")
+        raise ValueError(
+            f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})"
+        )
     act = raw.get("hidden_act", "silu")
     if act not in _SILU:
-        raise ValueError(f"hidden_act={act!r} is not supported: the engine's MLP is SwiGLU with silu")
+        raise ValueError(
+            f"hidden_act={act!r} is not supported: the engine's MLP is SwiGLU with silu"
+        )
     if raw.get("use_sliding_window"):
-        raise ValueError("use_sliding_window=true is not supported: every layer attends to the "
-                         "whole sequence (sliding-window attention is not implemented)")
+        raise ValueError(
+            "use_sliding_window=true is not supported: every layer attends to the "
+            "whole sequence (sliding-window attention is not implemented)"
+        )
     layer_types = raw.get("layer_types") or []
     other = sorted({t for t in layer_types if t != "full_attention"})
     if other:
-        raise ValueError(f"layer_types {other} are not supported: only 'full_attention' layers are "
-                         "implemented")
+        raise ValueError(
+            f"layer_types {other} are not supported: only 'full_attention' layers are implemented"
+        )
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
-        raise ValueError(f"partial_rotary_factor={partial!r} is not supported: RoPE rotates the whole head")
+        raise ValueError(
+            f"partial_rotary_factor={partial!r} is not supported: RoPE rotates the whole head"
+        )
     if (raw.get("pretraining_tp") or 1) != 1:
-        raise ValueError(f"pretraining_tp={raw['pretraining_tp']!r} is not supported: "
-                         "each linear layer is computed in one piece (pretraining_tp 1)")
+        raise ValueError(
+            f"pretraining_tp={raw['pretraining_tp']!r} is not supported: "
+            "each linear layer is computed in one piece (pretraining_tp 1)"
+        )
     dtype = raw.get("dtype", raw.get("torch_dtype"))
     if dtype is not None and str(dtype).removeprefix("torch.") not in _DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; supported: {', '.join(_DTYPES)}")
@@ -150,7 +223,9 @@ class ModelConfig:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool  # biases on q, k, v and o (Qwen2's q/k/v biases come with the architecture)
+    attention_bias: (
+        bool  # biases on q, k, v and o (Qwen2's q/k/v biases come with the architecture)
+    )
     dtype: torch.dtype
     eos_token_ids: Tuple[int, ...] = ()  # generation stops after any of them; () for none
     mlp_bias: bool = False  # biases on gate, up and down (Llama's mlp_bias)
@@ -183,9 +258,13 @@ class ModelConfig:
             is accepted in every spelling and llama3 scaling is read.
         """
         archs = raw.get("architectures") or []
-        arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        arch = next(
+            (SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None
+        )
         if arch is None:
-            raise ValueError(f"unsupported architectures {archs!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
+            raise ValueError(
+                f"unsupported architectures {archs!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
         rope = raw.get("rope_parameters") or {}
         rope_theta = rope.get("rope_theta") or raw.get("rope_theta") or 10000.0
         dtype_name = raw.get("dtype", raw.get("torch_dtype", "bfloat16")) or "bfloat16"

@@ -10,33 +10,60 @@ import torch
 from minisgl.core import get_global_ctx
 from minisgl.kernel import silu_and_mul
 from minisgl.kernel.dispatch import fused_for
-from minisgl.layers import (AttentionLayer, BaseOP, Linear, LMHead, OPList, RMSNorm,
-                            RotaryEmbedding, VocabEmbedding)
+from minisgl.layers import (
+    AttentionLayer,
+    BaseOP,
+    Linear,
+    LMHead,
+    OPList,
+    RMSNorm,
+    RotaryEmbedding,
+    VocabEmbedding,
+)
 
 from .config import ModelConfig
 
 
 class MLP(BaseOP):
-    def __init__(self, hidden: int, intermediate: int, bias: bool, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(
+        self, hidden: int, intermediate: int, bias: bool, dtype: torch.dtype, device: torch.device
+    ) -> None:
         self.gate_up_proj = Linear(hidden, 2 * intermediate, bias, dtype, device)
         self.down_proj = Linear(intermediate, hidden, bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.gate_up_proj.forward(x)
         fused = fused_for(h)
-        return self.down_proj.forward(fused.silu_and_mul(h) if fused is not None else silu_and_mul(h))
+        return self.down_proj.forward(
+            fused.silu_and_mul(h) if fused is not None else silu_and_mul(h)
+        )
 
 
 class DecoderLayer(BaseOP):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer_id: int,
+        rotary: RotaryEmbedding,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         eps = cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps, dtype, device)
         self.self_attn = AttentionLayer(
-            layer_id, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-            qk_norm=cfg.architecture == "qwen3", eps=eps, rotary=rotary, dtype=dtype, device=device,
-            qkv_bias=cfg.attention_bias or cfg.architecture == "qwen2", o_bias=cfg.attention_bias)
+            layer_id,
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            qk_norm=cfg.architecture == "qwen3",
+            eps=eps,
+            rotary=rotary,
+            dtype=dtype,
+            device=device,
+            qkv_bias=cfg.attention_bias or cfg.architecture == "qwen2",
+            o_bias=cfg.attention_bias,
+        )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, dtype, device)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
 
@@ -51,10 +78,13 @@ class DecoderBody(BaseOP):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         # The rotary table is computed for real even when the weights live on the meta device.
         rope_device = torch.device("cpu") if device.type == "meta" else device
-        self._rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, rope_device,
-                                       cfg.rope_scaling)
+        self._rotary = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, rope_device, cfg.rope_scaling
+        )
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
-        self.layers = OPList([DecoderLayer(cfg, i, self._rotary, dtype, device) for i in range(cfg.num_layers)])
+        self.layers = OPList(
+            [DecoderLayer(cfg, i, self._rotary, dtype, device) for i in range(cfg.num_layers)]
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,9 @@ class GenerationDefaults:
     def from_hf(cls, raw: Dict[str, Any]) -> "GenerationDefaults":
         eos = raw.get("eos_token_id")
         ids = None if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
-        if ids is not None and not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        if ids is not None and not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+        ):
             raise ValueError(f"eos_token_id must be a token id or a list of them, got {eos!r}")
         sampling: Dict[str, Any] = {}
         if "do_sample" in raw:

@@ -54,11 +54,13 @@ def iter_hf_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]
             raise ValueError(f"cannot read checkpoint file {path}: {e}") from None
         for key in keys:
             if key in seen:
-                raise ValueError(f"weight {key} is in both {seen[key].name} and {path.name}: a checkpoint "
+                raise ValueError(
+                    f"weight {key} is in both {seen[key].name} and {path.name}: a checkpoint "
                     "in several "
-                                 "*.safetensors files must split its weights between them (or name the file "
-                                 "of each "
-                                 "in model.safetensors.index.json)")
+                    "*.safetensors files must split its weights between them (or name the file "
+                    "of each "
+                    "in model.safetensors.index.json)"
+                )
             seen[key] = path
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
@@ -68,7 +70,9 @@ def iter_hf_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]
             raise ValueError(f"cannot read checkpoint file {path}: {e}") from None
 
 
-def load_weight(model: BaseOP, model_dir: str | Path, device: torch.device) -> Dict[str, torch.Tensor]:
+def load_weight(
+    model: BaseOP, model_dir: str | Path, device: torch.device
+) -> Dict[str, torch.Tensor]:
     """Load the checkpoint in `model_dir` into `model`, merging split projections.
 
     Hugging Face stores q/k/v and gate/up projections as separate tensors; the engine uses one
@@ -107,7 +111,9 @@ def load_weight(model: BaseOP, model_dir: str | Path, device: torch.device) -> D
                 break
         if merged is None:
             target = expected.get(key)
-            state[key] = tensor.to(device=device, dtype=target.dtype if target is not None else tensor.dtype)
+            state[key] = tensor.to(
+                device=device, dtype=target.dtype if target is not None else tensor.dtype
+            )
             continue
         mkey, pos, total = merged
         parts = pending.setdefault(mkey, [None] * total)
@@ -117,14 +123,20 @@ def load_weight(model: BaseOP, model_dir: str | Path, device: torch.device) -> D
         if all(p is not None for p in parts):
             target = expected.get(mkey)
             dtype = target.dtype if target is not None else tensor.dtype
-            if len({tuple(p.shape[1:]) for p in parts}) > 1:  # torch.cat's own error names no weight
-                raise ValueError(f"the parts of {mkey} do not fit together (is one transposed?): shapes "
-                                 f"{[tuple(p.shape) for p in parts]}, in the order q, k, v or gate, up")
+            if (
+                len({tuple(p.shape[1:]) for p in parts}) > 1
+            ):  # torch.cat's own error names no weight
+                raise ValueError(
+                    f"the parts of {mkey} do not fit together (is one transposed?): shapes "
+                    f"{[tuple(p.shape) for p in parts]}, in the order q, k, v or gate, up"
+                )
             state[mkey] = torch.cat([p.to(device=device, dtype=dtype) for p in parts], dim=0)
             del pending[mkey]
     if pending:
         mkey, parts = next(iter(pending.items()))
-        raise KeyError(f"missing weight: {mkey} needs {len(parts)} parts, found "
-            f"{sum(p is not None for p in parts)}")
+        raise KeyError(
+            f"missing weight: {mkey} needs {len(parts)} parts, found "
+            f"{sum(p is not None for p in parts)}"
+        )
     model.load_state_dict(state)
     return state

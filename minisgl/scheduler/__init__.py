@@ -6,6 +6,18 @@ from .prefill import ChunkedReq, PendingReq, PrefillAdder, PrefillManager
 from .scheduler import ForwardData, Scheduler
 from .table import TableManager
 
-__all__ = ["CacheManager", "pages_for", "SchedulerConfig", "DecodeManager", "QueueIO", "SchedulerIO",
-           "ChunkedReq", "PendingReq", "PrefillAdder", "PrefillManager", "ForwardData", "Scheduler",
-           "TableManager"]
+__all__ = [
+    "CacheManager",
+    "pages_for",
+    "SchedulerConfig",
+    "DecodeManager",
+    "QueueIO",
+    "SchedulerIO",
+    "ChunkedReq",
+    "PendingReq",
+    "PrefillAdder",
+    "PrefillManager",
+    "ForwardData",
+    "Scheduler",
+    "TableManager",
+]

@@ -25,8 +25,14 @@ def pages_for(num_tokens: int, page_size: int) -> int:
 
 
 class CacheManager:
-    def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor, cache_type: str,
-                 events: EventLog | None = None) -> None:
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        page_table: torch.Tensor,
+        cache_type: str,
+        events: EventLog | None = None,
+    ) -> None:
         self.num_pages, self.page_size = num_pages, page_size
         self.page_table = page_table
         self.device = page_table.device
@@ -212,7 +218,9 @@ class CacheManager:
         so the KV of its last positions may be half written): the pages of its positions past the
         prefix its handle locks are freed, and the lock is dropped."""
         handle: CacheHandle = req.cache_handle
-        self._free_locations(self.page_table[req.table_idx, handle.cached_len : req.device_len].clone())
+        self._free_locations(
+            self.page_table[req.table_idx, handle.cached_len : req.device_len].clone()
+        )
         self.unlock(handle)
         req.cache_handle = CacheHandle(0)
 
@@ -244,8 +252,13 @@ class CacheManager:
         free = self.free_pages
         n_free, n_cached = len(free), len(cached_pages)
         assert len(torch.unique(free)) == n_free, "a page is in the free list twice"
-        assert n_free + n_cached == self.num_pages, \
+        assert n_free + n_cached == self.num_pages, (
             f"free_pages({n_free}) + cache_pages({n_cached}) != num_pages({self.num_pages})"
+        )
         overlap = torch.isin(free, cached_pages.to(free.dtype))
-        assert not bool(overlap.any()), f"{int(overlap.sum())} page(s) are both free and in the prefix cache"
-        assert self.prefix_cache.protected_size == 0, "a prefix is still locked with no request running"
+        assert not bool(overlap.any()), (
+            f"{int(overlap.sum())} page(s) are both free and in the prefix cache"
+        )
+        assert self.prefix_cache.protected_size == 0, (
+            "a prefix is still locked with no request running"
+        )

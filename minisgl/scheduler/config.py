@@ -20,4 +20,6 @@ class SchedulerConfig(EngineConfig):
         if self.max_extend_tokens < 1:
             raise ValueError("max_extend_tokens must be >= 1")
         if self.overlap_scheduling is not None and not isinstance(self.overlap_scheduling, bool):
-            raise TypeError(f"overlap_scheduling must be True, False or None, got {self.overlap_scheduling!r}")
+            raise TypeError(
+                f"overlap_scheduling must be True, False or None, got {self.overlap_scheduling!r}"
+            )

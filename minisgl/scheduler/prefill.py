@@ -55,8 +55,15 @@ class PendingReq:
 class PrefillAdder:
     """Builds one prefill batch: adds requests in arrival order while budget and memory allow."""
 
-    def __init__(self, token_budget: int, reserved_pages: int, cache_manager: CacheManager,
-                 table_manager: TableManager, token_pool: torch.Tensor, page_table: torch.Tensor) -> None:
+    def __init__(
+        self,
+        token_budget: int,
+        reserved_pages: int,
+        cache_manager: CacheManager,
+        table_manager: TableManager,
+        token_pool: torch.Tensor,
+        page_table: torch.Tensor,
+    ) -> None:
         self.token_budget = token_budget
         self.reserved_pages = reserved_pages
         self.cache_manager = cache_manager
@@ -97,7 +104,9 @@ class PrefillAdder:
         prev = pending.chunked_req
         if prev is not None:  # admitted in an earlier step: its memory was checked then
             table_idx, handle, cached_len = prev.table_idx, prev.cache_handle, prev.cached_len
-            self.reserved_pages += pages_for(pending.total_len, page_size) - pages_for(cached_len, page_size)
+            self.reserved_pages += pages_for(pending.total_len, page_size) - pages_for(
+                cached_len, page_size
+            )
         else:
             if self.table_manager.available_size == 0:
                 return None
@@ -111,7 +120,9 @@ class PrefillAdder:
             self.reserved_pages += need
             table_idx = self.table_manager.allocate(pending.uid)
             n = len(pending.input_ids)
-            self.token_pool[table_idx, :n] = pending.input_ids.to(self.token_pool.device, non_blocking=True)
+            self.token_pool[table_idx, :n] = pending.input_ids.to(
+                self.token_pool.device, non_blocking=True
+            )
             if cached_len:
                 self.page_table[table_idx, :cached_len] = indices
         extend = len(pending.input_ids) - cached_len
@@ -119,18 +130,39 @@ class PrefillAdder:
         self.token_budget -= chunk
         params = pending.sampling_params
         if chunk < extend:
-            req: Req = ChunkedReq(pending.input_ids[: cached_len + chunk], table_idx, cached_len,
-                                  params.max_tokens, pending.uid, params, handle)
+            req: Req = ChunkedReq(
+                pending.input_ids[: cached_len + chunk],
+                table_idx,
+                cached_len,
+                params.max_tokens,
+                pending.uid,
+                params,
+                handle,
+            )
             pending.chunked_req = req
         else:
-            req = Req(pending.input_ids, table_idx, cached_len, params.max_tokens, pending.uid, params, handle)
+            req = Req(
+                pending.input_ids,
+                table_idx,
+                cached_len,
+                params.max_tokens,
+                pending.uid,
+                params,
+                handle,
+            )
             pending.chunked_req = None
         return req
 
 
 class PrefillManager:
-    def __init__(self, cache_manager: CacheManager, table_manager: TableManager,
-                 decode_manager: DecodeManager, token_pool: torch.Tensor, page_table: torch.Tensor) -> None:
+    def __init__(
+        self,
+        cache_manager: CacheManager,
+        table_manager: TableManager,
+        decode_manager: DecodeManager,
+        token_pool: torch.Tensor,
+        page_table: torch.Tensor,
+    ) -> None:
         self.cache_manager = cache_manager
         self.table_manager = table_manager
         self.decode_manager = decode_manager
@@ -153,8 +185,10 @@ class PrefillManager:
     def _reserved_pages(self) -> int:
         """Pages the running requests may still ask for, up to their max_tokens."""
         p = self.cache_manager.page_size
-        return sum(pages_for(r.max_device_len, p) - pages_for(r.cached_len, p)
-                   for r in self.decode_manager.running.values())
+        return sum(
+            pages_for(r.max_device_len, p) - pages_for(r.cached_len, p)
+            for r in self.decode_manager.running.values()
+        )
 
     def schedule_next_batch(self, token_budget: int) -> Batch | None:
         """Build the next prefill batch from the queue, within `token_budget`; None if nothing fits.
@@ -174,8 +208,14 @@ class PrefillManager:
             order and fill it while prompts wait; a long prompt is split and answered only after its
             last chunk; a waiting request is not overtaken.
         """
-        adder = PrefillAdder(token_budget, self._reserved_pages(), self.cache_manager,
-                             self.table_manager, self.token_pool, self.page_table)
+        adder = PrefillAdder(
+            token_budget,
+            self._reserved_pages(),
+            self.cache_manager,
+            self.table_manager,
+            self.token_pool,
+            self.page_table,
+        )
         reqs: List[Req] = []
         for pending in list(self.pending):
             req = adder.try_add_one(pending)

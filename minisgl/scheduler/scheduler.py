@@ -37,6 +37,7 @@ from .cache import CacheManager, pages_for
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .io import SchedulerIO
+
 # The engine asks `req.is_chunk`; ChunkedReq stays in this namespace because the judge runs a
 # learner's methods here, and `isinstance(req, ChunkedReq)` is as right an answer.
 from .prefill import ChunkedReq, PrefillManager  # noqa: F401
@@ -56,15 +57,23 @@ class Scheduler:
         # The model's own generation settings: its end ids (generation_config.json's list replaces
         # config.json's, as in transformers) and sampling defaults for what a request leaves unset.
         self.generation_defaults = GenerationDefaults.from_dir(config.model_path)
-        self.eos_token_ids = self.generation_defaults.end_token_ids(engine.model_config.eos_token_ids)
+        self.eos_token_ids = self.generation_defaults.end_token_ids(
+            engine.model_config.eos_token_ids
+        )
         self.vocab_size = engine.model_config.vocab_size
         self.token_pool, self.page_table = engine.token_pool, engine.page_table
         self.table_manager = TableManager(config.max_running_req, self.events)
-        self.cache_manager = CacheManager(engine.num_pages, engine.page_size, engine.page_table,
-                                          config.cache_type, self.events)
+        self.cache_manager = CacheManager(
+            engine.num_pages, engine.page_size, engine.page_table, config.cache_type, self.events
+        )
         self.decode_manager = DecodeManager()
-        self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager, self.decode_manager,
-                                              engine.token_pool, engine.page_table)
+        self.prefill_manager = PrefillManager(
+            self.cache_manager,
+            self.table_manager,
+            self.decode_manager,
+            engine.token_pool,
+            engine.page_table,
+        )
         self.stream = engine.kit.new_stream()  # the scheduler's own stream (metadata, table writes)
         self.finished_reqs: Set[Req] = set()  # finished at the step handled last
         self._live: Dict[int, Req] = {}  # uid -> launched request whose end has not been handled
@@ -98,11 +107,15 @@ class Scheduler:
             return f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
         limit = self.engine.max_seq_len
         if n + max_tokens > limit:
-            return f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the context " \
+            return (
+                f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the context "
                 f"length {limit}"
+            )
         need = pages_for(n + max_tokens, self.engine.page_size)
         if need > self.engine.num_pages:
-            return f"the request needs {need} KV pages but the pool has only {self.engine.num_pages}"
+            return (
+                f"the request needs {need} KV pages but the pool has only {self.engine.num_pages}"
+            )
         return None
 
     def _process_one_msg(self, msg: BackendMsg) -> None:
@@ -205,31 +218,48 @@ class Scheduler:
             rows = torch.tensor([req.table_idx for req in batch.reqs], dtype=torch.int64)
             positions = torch.tensor([req.cached_len for req in batch.reqs], dtype=torch.int64)
         else:
-            rows = torch.cat([torch.full((req.extend_len,), req.table_idx, dtype=torch.int64)
-                              for req in batch.reqs])
-            positions = torch.cat([torch.arange(req.cached_len, req.device_len, dtype=torch.int64)
-                                   for req in batch.reqs])
+            rows = torch.cat(
+                [
+                    torch.full((req.extend_len,), req.table_idx, dtype=torch.int64)
+                    for req in batch.reqs
+                ]
+            )
+            positions = torch.cat(
+                [
+                    torch.arange(req.cached_len, req.device_len, dtype=torch.int64)
+                    for req in batch.reqs
+                ]
+            )
         input_tuple = (kit.to_device(rows), kit.to_device(positions))
         # Each sample goes to the position after the request's last token; a chunk's sample is junk
         # and goes to the scratch row.
         dummy = self.engine.dummy_row
         write_rows = [dummy if r.is_chunk else r.table_idx for r in batch.reqs]
         write_cols = [0 if r.is_chunk else r.device_len for r in batch.reqs]
-        write_tuple = (kit.to_device(torch.tensor(write_rows, dtype=torch.int64)),
-                       kit.to_device(torch.tensor(write_cols, dtype=torch.int64)))
+        write_tuple = (
+            kit.to_device(torch.tensor(write_rows, dtype=torch.int64)),
+            kit.to_device(torch.tensor(write_cols, dtype=torch.int64)),
+        )
         batch.positions = input_tuple[1]
         batch.out_loc = self.page_table[input_tuple].to(torch.int64)
         batch.attn_metadata = prepare_metadata(batch, self.page_table, self.device)
-        args = BatchSamplingArgs.from_params([r.sampling_params for r in batch.reqs], self.vocab_size, self.device)
+        args = BatchSamplingArgs.from_params(
+            [r.sampling_params for r in batch.reqs], self.vocab_size, self.device
+        )
         return ForwardInput(batch, args, input_tuple, write_tuple)
 
     def _forward(self, forward_input: ForwardInput) -> ForwardOutput:
         batch = forward_input.batch
         self._step += 1
         batch.step = self._step
-        self.events.emit("launch", step=batch.step, phase=batch.phase, uids=[r.uid for r in batch.reqs],
-                         table_idxs=[r.table_idx for r in batch.reqs],
-                         extend_lens=[r.extend_len for r in batch.reqs])
+        self.events.emit(
+            "launch",
+            step=batch.step,
+            phase=batch.phase,
+            uids=[r.uid for r in batch.reqs],
+            table_idxs=[r.table_idx for r in batch.reqs],
+            extend_lens=[r.extend_len for r in batch.reqs],
+        )
         for req in batch.reqs:
             if not req.is_chunk:
                 self._live[req.uid] = req
@@ -359,7 +389,9 @@ class Scheduler:
                     new_finished.add(req)
                 elif batch.is_prefill:  # hand the prompt's KV to the prefix cache right away
                     self.cache_manager.cache_req(req, finished=False)
-        self.events.emit("handle", step=batch.step, phase=batch.phase, uids=[r.uid for r in batch.reqs])
+        self.events.emit(
+            "handle", step=batch.step, phase=batch.phase, uids=[r.uid for r in batch.reqs]
+        )
         self.finished_reqs = new_finished
         self.send_result(reply)
 
@@ -464,7 +496,9 @@ class Scheduler:
             overlap = not ENV.DISABLE_OVERLAP_SCHEDULING
         with self.stream.context():
             if not overlap:
-                if self._last_data is not None:  # switched loops mid-run: finish the batch in flight
+                if (
+                    self._last_data is not None
+                ):  # switched loops mid-run: finish the batch in flight
                     self._process_last_data(self._last_data)
                     self._last_data = None
                     # Slots freed while handling it were deferred (rule 3). Nothing is in flight

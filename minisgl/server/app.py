@@ -1,6 +1,7 @@
 """The HTTP front end: an OpenAI-compatible API on FastAPI.
 
-    GET  /health                 200 {"status": "ok", "workers": {name: pid}}; 503 once a worker died
+    GET  /health                 200 {"status": "ok", "workers": {name: pid}};
+                                 503 once a worker died
     GET  /v1/models              the one model served
     POST /v1/completions         a prompt (text or token ids); streamed with "stream": true
     POST /v1/chat/completions    messages, rendered with the model's chat template
@@ -39,6 +40,7 @@ class AbortOnDisconnect(StreamingResponse):
     async def __call__(self, scope, receive, send) -> None:
         try:
             async with anyio.create_task_group() as group:
+
                 async def stream() -> None:
                     try:
                         await self.stream_response(send)
@@ -53,8 +55,12 @@ class AbortOnDisconnect(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-def create_app(frontend: Frontend, model_name: str, on_startup: Callable[[], List[Any]] | None = None,
-               workers: Dict[str, int] | None = None) -> FastAPI:
+def create_app(
+    frontend: Frontend,
+    model_name: str,
+    on_startup: Callable[[], List[Any]] | None = None,
+    workers: Dict[str, int] | None = None,
+) -> FastAPI:
     """The app; `on_startup()` returns the tasks to run beside it (the reply listener, a watchdog);
     `workers`, the worker processes' pids by name, is shown by /health."""
     from contextlib import asynccontextmanager
@@ -74,9 +80,13 @@ def create_app(frontend: Frontend, model_name: str, on_startup: Callable[[], Lis
         err = exc.errors()[0]
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         if err.get("type") == "json_invalid":
-            return error_response(ErrorInfo(400, f"the request body is not valid JSON: {err.get('msg')}"))
+            return error_response(
+                ErrorInfo(400, f"the request body is not valid JSON: {err.get('msg')}")
+            )
         where = ".".join(loc) or "body"
-        return error_response(ErrorInfo(400, f"{where}: {err.get('msg')}", param=loc[0] if loc else None))
+        return error_response(
+            ErrorInfo(400, f"{where}: {err.get('msg')}", param=loc[0] if loc else None)
+        )
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -85,14 +95,20 @@ def create_app(frontend: Frontend, model_name: str, on_startup: Callable[[], Lis
     @app.get("/health")
     async def health() -> JSONResponse:
         if frontend.failure is not None:
-            return JSONResponse({"status": "unhealthy", "reason": frontend.failure, "workers": workers or {}},
-                                status_code=503)
+            return JSONResponse(
+                {"status": "unhealthy", "reason": frontend.failure, "workers": workers or {}},
+                status_code=503,
+            )
         return JSONResponse({"status": "ok", "workers": workers or {}})
 
     @app.get("/v1/models")
     async def models() -> Dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "minisgl"}]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": model_name, "object": "model", "created": created, "owned_by": "minisgl"}
+            ],
+        }
 
     @app.get("/debug/scheduler")
     async def debug_scheduler() -> JSONResponse:
@@ -106,25 +122,42 @@ def create_app(frontend: Frontend, model_name: str, on_startup: Callable[[], Lis
             return error_response(ErrorInfo(400, "prompt is empty", param="prompt"))
         text, ids = (req.prompt, None) if isinstance(req.prompt, str) else (None, req.prompt)
         max_tokens = 16 if req.max_tokens is None else req.max_tokens  # null means the default
-        return await serve(req, request, chat=False, max_tokens=max_tokens,
-                           make=lambda uid, p: TokenizeMsg(uid=uid, sampling_params=p, text=text, input_ids=ids))
+        return await serve(
+            req,
+            request,
+            chat=False,
+            max_tokens=max_tokens,
+            make=lambda uid, p: TokenizeMsg(uid=uid, sampling_params=p, text=text, input_ids=ids),
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: api.ChatRequest, request: Request):
         if not req.messages:
             return error_response(ErrorInfo(400, "messages is empty", param="messages"))
         messages = [m.as_dict() for m in req.messages]
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        )
         fill = max_tokens is None
-        return await serve(req, request, chat=True, max_tokens=max_tokens,
-                           make=lambda uid, p: TokenizeMsg(uid=uid, sampling_params=p, messages=messages,
-                                                           fill_context=fill))
+        return await serve(
+            req,
+            request,
+            chat=True,
+            max_tokens=max_tokens,
+            make=lambda uid, p: TokenizeMsg(
+                uid=uid, sampling_params=p, messages=messages, fill_context=fill
+            ),
+        )
 
     async def serve(req, request: Request, chat: bool, max_tokens: int | None, make):
         try:
             if req.model != model_name:
-                raise ErrorInfo(404, f"The model `{req.model}` does not exist (this server serves `{model_name}`)",
-                                param="model", code="model_not_found")
+                raise ErrorInfo(
+                    404,
+                    f"The model `{req.model}` does not exist (this server serves `{model_name}`)",
+                    param="model",
+                    code="model_not_found",
+                )
             bad = req.unsupported()
             if bad:
                 raise ErrorInfo(400, f"{bad[0]}: not supported by this server", param=bad[0])
@@ -132,8 +165,8 @@ def create_app(frontend: Frontend, model_name: str, on_startup: Callable[[], Lis
         except ErrorInfo as e:
             return error_response(e)
         uid = frontend.submit(lambda u: make(u, params))
-        # Wait for the first token (or the refusal) before answering, so that an error gets its status
-        # code; a client leaving meanwhile aborts the request.
+        # Wait for the first token (or the refusal) before answering, so that an error gets its
+        # status code; a client leaving meanwhile aborts the request.
         gone = asyncio.ensure_future(disconnected(request))
         first = await first_of(frontend.next_reply(uid), gone)
         gone.cancel()
@@ -143,11 +176,17 @@ def create_app(frontend: Frontend, model_name: str, on_startup: Callable[[], Lis
         if first.error is not None:
             frontend.release(uid, abort=False)
             return error_response(ErrorInfo(first.status, first.error))
-        answer = Answer(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uid}", model_name, req.return_token_ids,
-                        bool((req.stream_options or {}).get("include_usage")))
+        answer = Answer(
+            chat,
+            f"{'chatcmpl' if chat else 'cmpl'}-{uid}",
+            model_name,
+            req.return_token_ids,
+            bool((req.stream_options or {}).get("include_usage")),
+        )
         if req.stream:
-            return AbortOnDisconnect(stream_events(frontend, uid, first, answer), media_type="text/event-stream")
+            return AbortOnDisconnect(
+                stream_events(frontend, uid, first, answer), media_type="text/event-stream"
+            )
         return await collect(frontend, uid, first, answer, request)
 
     return app
-

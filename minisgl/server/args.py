@@ -14,8 +14,11 @@ class ServerArgs:
     model: Path = BUNDLED_MODEL
     host: str = "127.0.0.1"
     port: int = 8000  # 0: any free port (the ready line names it)
-    served_model_name: str | None = None  # the `model` clients ask for; default: the directory's name
-    engine: Dict[str, Any] = field(default_factory=dict)  # SchedulerConfig options (max_running_req, ...)
+    served_model_name: str | None = (
+        None  # the `model` clients ask for; default: the directory's name
+    )
+    # SchedulerConfig options (max_running_req, ...)
+    engine: Dict[str, Any] = field(default_factory=dict)
     ipc_dir: str = ""  # where the processes' sockets live; the launcher makes a temporary one
 
     @property

@@ -29,9 +29,14 @@ class BackgroundServer:
     def start(self) -> str:
         root = str(Path(__file__).resolve().parents[2])
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, self.env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen([sys.executable, "-m", "minisgl", "serve", "--port", "0", *self.args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=self.env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "minisgl", "serve", "--port", "0", *self.args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+            start_new_session=True,
+        )
         ready = threading.Event()
         threading.Thread(target=self._read, args=(ready,), daemon=True).start()
         if not ready.wait(self.timeout) or not self.url:

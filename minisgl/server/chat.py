@@ -30,11 +30,15 @@ class ChatTemplate:
         import jinja2
 
         try:
-            return self._template.render(messages=messages, add_generation_prompt=True, **self._tokens)
+            return self._template.render(
+                messages=messages, add_generation_prompt=True, **self._tokens
+            )
         except ChatTemplateError:
             raise
         except jinja2.TemplateError as e:
-            raise ChatTemplateError(f"the model's chat template failed on these messages: {e}") from None
+            raise ChatTemplateError(
+                f"the model's chat template failed on these messages: {e}"
+            ) from None
 
 
 def load_chat_template(model_dir: Path) -> ChatTemplate | None:
@@ -47,7 +51,9 @@ def load_chat_template(model_dir: Path) -> ChatTemplate | None:
         source = next((t.get("template") for t in source if t.get("name") == "default"), None)
     if not source:
         return None
-    return ChatTemplate(source, _token_text(config.get("bos_token")), _token_text(config.get("eos_token")))
+    return ChatTemplate(
+        source, _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
+    )
 
 
 def _token_text(value) -> str | None:

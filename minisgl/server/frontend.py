@@ -77,14 +77,17 @@ class Frontend:
                     queue.put_nowait(reply)
 
     def fail(self, reason: str) -> None:
-        """A worker process died: answer every request in flight, and every later one, with a 500."""
+        """A worker process died: answer every request in flight, and every later one, with a
+        500."""
         if self.failure is None:
             self.failure = reason
             for uid, queue in self._queues.items():
                 queue.put_nowait(self._failed_reply(uid))
 
     def _failed_reply(self, uid: int) -> UserReply:
-        return UserReply(uid=uid, finished=True, error=f"the server cannot serve: {self.failure}", status=500)
+        return UserReply(
+            uid=uid, finished=True, error=f"the server cannot serve: {self.failure}", status=500
+        )
 
     def close(self) -> None:
         self._inbox.close(linger=0)

@@ -36,8 +36,20 @@ def start_workers(args: ServerArgs) -> List[mp.Process]:
 
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
-    procs = [ctx.Process(target=processes.run_scheduler, args=(args, ready), name="minisgl-scheduler", daemon=True),
-             ctx.Process(target=processes.run_tokenizer, args=(args, ready), name="minisgl-tokenizer", daemon=True)]
+    procs = [
+        ctx.Process(
+            target=processes.run_scheduler,
+            args=(args, ready),
+            name="minisgl-scheduler",
+            daemon=True,
+        ),
+        ctx.Process(
+            target=processes.run_tokenizer,
+            args=(args, ready),
+            name="minisgl-tokenizer",
+            daemon=True,
+        ),
+    ]
     for p in procs:
         p.start()
     waiting = {"scheduler", "tokenizer"}
@@ -48,7 +60,9 @@ def start_workers(args: ServerArgs) -> List[mp.Process]:
             except queue.Empty:
                 dead = [p for p in procs if p.exitcode is not None]
                 if dead:
-                    raise RuntimeError(f"{dead[0].name} exited with code {dead[0].exitcode} while starting")
+                    raise RuntimeError(
+                        f"{dead[0].name} exited with code {dead[0].exitcode} while starting"
+                    )
                 continue
             if status == "error":
                 raise RuntimeError(f"the {name} could not start: {rest[0]}")
@@ -96,8 +110,11 @@ async def watch(procs: List[mp.Process], frontend, stopping: Callable[[], bool])
             if stopping():
                 return
             frontend.fail(f"{dead.name} exited with code {dead.exitcode}")
-            print(f"minisgl: {dead.name} died (exit code {dead.exitcode}); /health is now 503",
-                  file=sys.stderr, flush=True)
+            print(
+                f"minisgl: {dead.name} died (exit code {dead.exitcode}); /health is now 503",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         await asyncio.sleep(WATCH_S)
 
@@ -119,7 +136,11 @@ def serve(args: ServerArgs, log_level: str = "warning") -> int:
     try:
         sock = bind(args.host, args.port)  # first: a port in use fails before any model is loaded
     except OSError as e:
-        print(f"minisgl: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr, flush=True)
+        print(
+            f"minisgl: cannot listen on {args.host}:{args.port}: {e.strerror or e}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     args.ipc_dir = tempfile.mkdtemp(prefix="minisgl-")
     procs: List[mp.Process] = []
@@ -137,7 +158,9 @@ def serve(args: ServerArgs, log_level: str = "warning") -> int:
 
         workers = {p.name.removeprefix("minisgl-"): p.pid for p in procs}
         app = create_app(frontend, args.model_name, background_tasks, workers)
-        server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2))
+        server = uvicorn.Server(
+            uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2)
+        )
         host, port = sock.getsockname()[:2]
         print(f"minisgl: serving {args.model_name} on http://{host}:{port}", flush=True)
         # uvicorn handles SIGINT/SIGTERM itself, then raises the signal again once it has stopped,

@@ -28,9 +28,15 @@ def run_scheduler(args: ServerArgs, ready) -> None:
         io = ZmqSchedulerIO(zmq.Context(), args.scheduler_addr, args.tokenizer_addr)
         scheduler = Scheduler(SchedulerConfig(model_path=args.model, **args.engine), io)
         counts = Counter()  # aborts by the state they found the request in, and refusals
-        scheduler.events.subscribe(lambda e: counts.update(
-            [f"abort_{e['state'].replace(' ', '_')}" if e.kind == "abort" else "reject"])
-            if e.kind in ("abort", "reject") else None)
+        scheduler.events.subscribe(
+            lambda e: (
+                counts.update(
+                    [f"abort_{e['state'].replace(' ', '_')}" if e.kind == "abort" else "reject"]
+                )
+                if e.kind in ("abort", "reject")
+                else None
+            )
+        )
         io.stats = lambda: {**scheduler_stats(scheduler), **counts}
     except Exception as e:  # a bad model directory or option: say so, do not hang the launcher
         ready.put(("error", "scheduler", f"{type(e).__name__}: {e}"))
@@ -59,10 +65,17 @@ def scheduler_stats(scheduler) -> Dict[str, Any]:
             integrity = "ok"
         except AssertionError as e:
             integrity = str(e)
-    return {"slots_total": table.capacity, "slots_free": table.available_size,
-            "pages_total": cache.num_pages, "pages_free": cache.num_free_pages,
-            "pages_available": cache.available_pages, "running": running, "queued": queued,
-            "in_flight": scheduler.in_flight, "idle_integrity": integrity}
+    return {
+        "slots_total": table.capacity,
+        "slots_free": table.available_size,
+        "pages_total": cache.num_pages,
+        "pages_free": cache.num_free_pages,
+        "pages_available": cache.available_pages,
+        "running": running,
+        "queued": queued,
+        "in_flight": scheduler.in_flight,
+        "idle_integrity": integrity,
+    }
 
 
 def run_tokenizer(args: ServerArgs, ready) -> None:
@@ -79,9 +92,13 @@ def run_tokenizer(args: ServerArgs, ready) -> None:
 
     try:
         config = ModelConfig.from_dir(args.model)
-        context_len = args.engine.get("max_seq_len_override") or config.max_position_embeddings  # as Engine
-        end_ids = GenerationDefaults.from_dir(args.model).end_token_ids(config.eos_token_ids)  # as Scheduler
-        worker = TokenizerWorker(load_tokenizer(args.model), load_chat_template(args.model), end_ids, context_len)
+        # as Engine
+        context_len = args.engine.get("max_seq_len_override") or config.max_position_embeddings
+        # as Scheduler
+        end_ids = GenerationDefaults.from_dir(args.model).end_token_ids(config.eos_token_ids)
+        worker = TokenizerWorker(
+            load_tokenizer(args.model), load_chat_template(args.model), end_ids, context_len
+        )
         ctx = zmq.Context()
         inbox = Inbox(ctx, args.tokenizer_addr)
         to_scheduler, to_api = Outbox(ctx, args.scheduler_addr), Outbox(ctx, args.api_addr)

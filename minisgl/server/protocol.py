@@ -19,7 +19,9 @@ from minisgl.core import SamplingParams
 class ErrorInfo(Exception):
     """A request the server answers with an OpenAI-style error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
@@ -28,11 +30,19 @@ class ErrorInfo(Exception):
         return "invalid_request_error" if self.status < 500 else "server_error"
 
     def body(self) -> Dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # fields we do not know are ignored, as OpenAI's clients expect
+    # fields we do not know are ignored, as OpenAI's clients expect
+    model_config = ConfigDict(extra="ignore")
 
     model: str
     temperature: float = 1.0  # the OpenAI API's default (the offline LLM's is greedy)
@@ -90,7 +100,9 @@ class ChatMessage(BaseModel):
     content: str | List[ContentPart]
 
     def as_dict(self) -> Dict[str, str]:
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        text = (
+            self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        )
         return {"role": self.role, "content": text}
 
 
@@ -107,8 +119,13 @@ class ChatRequest(_Request):
 def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
     """The request's sampling settings, or an ErrorInfo (400) naming the one that is wrong."""
     try:
-        return SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                              max_tokens=max_tokens, ignore_eos=req.ignore_eos)
+        return SamplingParams(
+            temperature=req.temperature,
+            top_k=req.top_k,
+            top_p=req.top_p,
+            max_tokens=max_tokens,
+            ignore_eos=req.ignore_eos,
+        )
     except (TypeError, ValueError) as e:
         raise ErrorInfo(400, str(e), param=str(e).split()[0]) from None
 
@@ -123,12 +140,21 @@ SSE_DONE = sse_event("[DONE]")
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def choice(chat: bool, stream: bool, text: str, finish_reason: str | None,
-           token_ids: List[int] | None, first: bool = False) -> Dict[str, Any]:
+def choice(
+    chat: bool,
+    stream: bool,
+    text: str,
+    finish_reason: str | None,
+    token_ids: List[int] | None,
+    first: bool = False,
+) -> Dict[str, Any]:
     """One choice of a response (stream: of a chunk). A chat's first chunk names the role."""
     out: Dict[str, Any] = {"index": 0}
     if chat and stream:
@@ -146,8 +172,9 @@ def choice(chat: bool, stream: bool, text: str, finish_reason: str | None,
     return out
 
 
-def envelope(chat: bool, stream: bool, rid: str, created: int, model: str,
-             choices: List[Dict[str, Any]]) -> Dict[str, Any]:
+def envelope(
+    chat: bool, stream: bool, rid: str, created: int, model: str, choices: List[Dict[str, Any]]
+) -> Dict[str, Any]:
     if chat:
         obj = "chat.completion.chunk" if stream else "chat.completion"
     else:

@@ -38,7 +38,9 @@ def error_response(e: ErrorInfo) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-async def stream_events(frontend: Frontend, uid: int, first: UserReply, answer: Answer) -> AsyncIterator[str]:
+async def stream_events(
+    frontend: Frontend, uid: int, first: UserReply, answer: Answer
+) -> AsyncIterator[str]:
     """The server-sent events answering request `uid`, from its first reply to `data: [DONE]`.
 
     Receives: `frontend`, whose `next_reply(uid)` awaits the request's next UserReply; `first`, its
@@ -55,8 +57,9 @@ async def stream_events(frontend: Frontend, uid: int, first: UserReply, answer: 
         `api.usage`, `api.SSE_DONE`.
     Checked: events are `data: ` lines ended by a blank line, [DONE] last; only the last chunk has a
         finish_reason; the text and token ids joined equal the offline engine's; usage counts the
-        prompt's and the reply's tokens; a client that leaves mid-stream aborts its request and every
-        slot and page comes back; a scheduler crash mid-stream gives an error event, not a hang.
+        prompt's and the reply's tokens; a client that leaves mid-stream aborts its request and
+        every slot and page comes back; a scheduler crash mid-stream gives an error event, not a
+        hang.
     """
     done, reply, n_tokens, is_first = False, first, 0, True
     try:
@@ -67,9 +70,19 @@ async def stream_events(frontend: Frontend, uid: int, first: UserReply, answer: 
                 return
             n_tokens += len(reply.token_ids)
             if reply.text or reply.finished or answer.return_token_ids or is_first:
-                choice = api.choice(answer.chat, True, reply.text, reply.finish_reason,
-                                    reply.token_ids if answer.return_token_ids else None, first=is_first)
-                yield api.sse_event(api.envelope(answer.chat, True, answer.rid, answer.created, answer.model, [choice]))
+                choice = api.choice(
+                    answer.chat,
+                    True,
+                    reply.text,
+                    reply.finish_reason,
+                    reply.token_ids if answer.return_token_ids else None,
+                    first=is_first,
+                )
+                yield api.sse_event(
+                    api.envelope(
+                        answer.chat, True, answer.rid, answer.created, answer.model, [choice]
+                    )
+                )
                 is_first = False
             if reply.finished:
                 done = True
@@ -84,7 +97,9 @@ async def stream_events(frontend: Frontend, uid: int, first: UserReply, answer: 
         frontend.release(uid, abort=not done)
 
 
-async def collect(frontend: Frontend, uid: int, first: UserReply, answer: Answer, request: Request) -> JSONResponse:
+async def collect(
+    frontend: Frontend, uid: int, first: UserReply, answer: Answer, request: Request
+) -> JSONResponse:
     """The JSON answer to a request that is not streamed: every reply's text joined. A client that
     leaves before the end aborts the request (499: nobody reads the answer)."""
     gone = asyncio.ensure_future(disconnected(request))
@@ -105,7 +120,13 @@ async def collect(frontend: Frontend, uid: int, first: UserReply, answer: Answer
     finally:
         gone.cancel()
         frontend.release(uid, abort=not done)
-    choice = api.choice(answer.chat, False, "".join(texts), reply.finish_reason, ids if answer.return_token_ids else None)
+    choice = api.choice(
+        answer.chat,
+        False,
+        "".join(texts),
+        reply.finish_reason,
+        ids if answer.return_token_ids else None,
+    )
     body = api.envelope(answer.chat, False, answer.rid, answer.created, answer.model, [choice])
     body["usage"] = api.usage(first.prompt_tokens, len(ids))
     return JSONResponse(body)

@@ -85,8 +85,13 @@ class ZmqSchedulerIO:
     most POLL_MS and may return nothing; the scheduler simply asks again. Stats queries are answered
     here, between steps, from `stats()`; the scheduler's loop never sees them."""
 
-    def __init__(self, ctx: zmq.Context, inbox_addr: str, outbox_addr: str,
-                 stats: Callable[[], Dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        inbox_addr: str,
+        outbox_addr: str,
+        stats: Callable[[], Dict[str, Any]] | None = None,
+    ) -> None:
         self.inbox = Inbox(ctx, inbox_addr)
         self.outbox = Outbox(ctx, outbox_addr)
         self.stats = stats

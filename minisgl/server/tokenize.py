@@ -13,8 +13,16 @@ from typing import Any, Dict, Iterable, List, Tuple
 import torch
 
 from minisgl.llm import inputs
-from minisgl.message import (AbortBackendMsg, AbortMsg, DetokenizeMsg, StatsQuery, StatsReply, TokenizeMsg,
-                             UserMsg, UserReply)
+from minisgl.message import (
+    AbortBackendMsg,
+    AbortMsg,
+    DetokenizeMsg,
+    StatsQuery,
+    StatsReply,
+    TokenizeMsg,
+    UserMsg,
+    UserReply,
+)
 
 from .chat import ChatTemplate, ChatTemplateError
 from .detokenizer import DecodeState, next_text
@@ -28,8 +36,13 @@ class RequestInfo:
 
 
 class TokenizerWorker:
-    def __init__(self, tokenizer, chat_template: ChatTemplate | None, eos_token_ids: Iterable[int],
-                 context_len: int) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        chat_template: ChatTemplate | None,
+        eos_token_ids: Iterable[int],
+        context_len: int,
+    ) -> None:
         self.tokenizer = tokenizer  # None: the model directory has no tokenizer.json (ids only)
         self.chat_template = chat_template
         self.eos_token_ids = frozenset(eos_token_ids)  # any of them ends a request (empty: none)
@@ -83,29 +96,42 @@ class TokenizerWorker:
         except (ChatTemplateError, TypeError, ValueError) as e:
             return UserReply(uid=msg.uid, finished=True, error=str(e), status=400)
         params = msg.sampling_params
-        if msg.fill_context:  # at least 1: a prompt that fills the context is refused by the scheduler
+        if (
+            msg.fill_context
+        ):  # at least 1: a prompt that fills the context is refused by the scheduler
             params.max_tokens = max(1, self.context_len - len(ids))
         self.requests[msg.uid] = RequestInfo(prompt_tokens=len(ids), ignore_eos=params.ignore_eos)
         return UserMsg(uid=msg.uid, input_ids=ids, sampling_params=params)
 
     def _prompt_ids(self, msg: TokenizeMsg) -> torch.Tensor:
-        if msg.input_ids is not None:  # checked as the offline LLM checks them (ids the scheduler checks)
+        if (
+            msg.input_ids is not None
+        ):  # checked as the offline LLM checks them (ids the scheduler checks)
             return inputs.token_ids(list(msg.input_ids), self.tokenizer)
         if self.tokenizer is None:
-            raise ValueError("this model directory has no tokenizer.json: send the prompt as token ids")
+            raise ValueError(
+                "this model directory has no tokenizer.json: send the prompt as token ids"
+            )
         if msg.messages is not None:
             if self.chat_template is None:
-                raise ChatTemplateError("this model has no chat template (chat_template.jinja or tokenizer_config.json's "
-                                        "chat_template): use /v1/completions with a prompt")
+                raise ChatTemplateError(
+                    "this model has no chat template (chat_template.jinja or "
+                    "tokenizer_config.json's "
+                    "chat_template): use /v1/completions with a prompt"
+                )
             # The template writes every special token itself.
             text = self.chat_template.render(msg.messages)
-            return torch.tensor(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=torch.int32)
-        return inputs.token_ids(msg.text or "", self.tokenizer)  # as LLM.encode: outputs match LLM.generate
+            return torch.tensor(
+                self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=torch.int32
+            )
+        # as LLM.encode: outputs match LLM.generate
+        return inputs.token_ids(msg.text or "", self.tokenizer)
 
     def detokenize(self, msg: DetokenizeMsg) -> UserReply | None:
         """The API server's reply for one of the scheduler's tokens; None for an aborted request.
 
-        Receives: `msg`, one DetokenizeMsg: a token of request `msg.uid` (`finished` on its last), or
+        Receives: `msg`, one DetokenizeMsg: a token of request `msg.uid` (`finished` on its last),
+        or
             the scheduler's refusal (`error` set, `next_token` -1); `self.requests`, uid ->
             RequestInfo of the requests tokenized and not yet ended or aborted.
         Returns: a UserReply with the new text (`next_text`), the token id, `finished`, and on the
@@ -124,11 +150,21 @@ class TokenizerWorker:
         if msg.error is not None:  # the scheduler refused it: it can never run here
             del self.requests[msg.uid]
             return UserReply(uid=msg.uid, finished=True, error=msg.error, status=400)
-        text = next_text(self.tokenizer, info.decode, [msg.next_token], msg.finished) if self.tokenizer else ""
+        text = (
+            next_text(self.tokenizer, info.decode, [msg.next_token], msg.finished)
+            if self.tokenizer
+            else ""
+        )
         reason = None
         if msg.finished:
             del self.requests[msg.uid]
             ended_by_model = msg.next_token in self.eos_token_ids and not info.ignore_eos
             reason = "stop" if ended_by_model else "length"
-        return UserReply(uid=msg.uid, text=text, token_ids=[msg.next_token], finished=msg.finished,
-                         finish_reason=reason, prompt_tokens=info.prompt_tokens)
+        return UserReply(
+            uid=msg.uid,
+            text=text,
+            token_ids=[msg.next_token],
+            finished=msg.finished,
+            finish_reason=reason,
+            prompt_tokens=info.prompt_tokens,
+        )

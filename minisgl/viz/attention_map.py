@@ -47,8 +47,14 @@ def show_attention_map(meta, num_locations: int, labels: Sequence[str], page_siz
             grid[q, visible[q]] = i + 1
     colors = ["white"] + [PALETTE[i % len(PALETTE)] for i in range(len(cu) - 1)]
     fig, ax = plt.subplots(figsize=(min(12, 2 + num_locations * 0.2), 1.2 + len(visible) * 0.22))
-    ax.imshow(grid.numpy(), cmap=ListedColormap(colors), vmin=0, vmax=len(colors) - 1,
-              aspect="auto", interpolation="nearest")
+    ax.imshow(
+        grid.numpy(),
+        cmap=ListedColormap(colors),
+        vmin=0,
+        vmax=len(colors) - 1,
+        aspect="auto",
+        interpolation="nearest",
+    )
     ax.set_xticks(range(0, num_locations, page_size))
     ax.set_xticks([x - 0.5 for x in range(0, num_locations + 1, page_size)], minor=True)
     ax.set_yticks(range(len(visible)))
@@ -59,7 +65,16 @@ def show_attention_map(meta, num_locations: int, labels: Sequence[str], page_siz
     ax.tick_params(which="both", labelsize=7, length=0)
     ax.set_xlabel("KV location" + (f" (grid lines: pages of {page_size})" if page_size > 1 else ""))
     ax.set_ylabel("query (batch order)")
-    handles = [Patch(facecolor=colors[i + 1], edgecolor="#333", label=label) for i, label in enumerate(labels)]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(labels), fontsize=8,
-              frameon=False)
+    handles = [
+        Patch(facecolor=colors[i + 1], edgecolor="#333", label=label)
+        for i, label in enumerate(labels)
+    ]
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.25),
+        ncol=len(labels),
+        fontsize=8,
+        frameon=False,
+    )
     show_figure(fig, "attention map: which KV locations each query of the batch sees")

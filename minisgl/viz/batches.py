@@ -15,8 +15,8 @@ from html import escape
 from typing import Callable, Dict, List, Sequence
 
 from . import svg
-from .display import show
 from .controls import with_range
+from .display import show
 
 PHASE_FILL = {"prefill": "#9ecae1", "decode": "#a1d99b"}
 
@@ -27,7 +27,8 @@ class StepRecord:
     phase: str  # "prefill" | "decode"
     uids: List[int]
     rows: List[int]  # each request's slot (row of the page table and token pool)
-    tokens: Dict[int, int] = field(default_factory=dict)  # uid -> the token this step produced for it
+    # uid -> the token this step produced for it
+    tokens: Dict[int, int] = field(default_factory=dict)
     finished: List[int] = field(default_factory=list)  # uids whose last token came from this step
 
 
@@ -37,7 +38,9 @@ def history(log: Sequence) -> List[StepRecord]:
     handled: int | None = None  # the step whose results are being sent
     for ev in log:
         if ev.kind == "launch":
-            steps[ev["step"]] = StepRecord(ev["step"], ev["phase"], list(ev["uids"]), list(ev["table_idxs"]))
+            steps[ev["step"]] = StepRecord(
+                ev["step"], ev["phase"], list(ev["uids"]), list(ev["table_idxs"])
+            )
         elif ev.kind == "handle":
             handled = ev["step"]
         elif ev.kind == "send" and handled in steps:
@@ -60,7 +63,9 @@ def requests_in(records: Sequence[StepRecord]) -> List[int]:
     return list(seen)
 
 
-def text_so_far(records: Sequence[StepRecord], uid: int, upto: int, decode: Callable[[List[int]], str]) -> str:
+def text_so_far(
+    records: Sequence[StepRecord], uid: int, upto: int, decode: Callable[[List[int]], str]
+) -> str:
     return decode([r.tokens[uid] for r in records[:upto] if uid in r.tokens])
 
 
@@ -78,8 +83,12 @@ def table(records: Sequence[StepRecord]) -> str:
 CELL_W, CELL_H, LEFT, TOP = 30, 24, 170, 48
 
 
-def batches_svg(records: Sequence[StepRecord], labels: Dict[int, str] | None = None,
-                upto: int | None = None, title: str = "batches over time") -> str:
+def batches_svg(
+    records: Sequence[StepRecord],
+    labels: Dict[int, str] | None = None,
+    upto: int | None = None,
+    title: str = "batches over time",
+) -> str:
     """The grid: a box where request (row) ran in step (column), coloured by phase, with a thick
     border on the step that finished it. `upto` dims the steps after it (the widget's cursor)."""
     labels = labels or {}
@@ -88,15 +97,23 @@ def batches_svg(records: Sequence[StepRecord], labels: Dict[int, str] | None = N
     parts = [svg.text(8, 18, title, 13, weight="bold")]
     for j, rec in enumerate(records):
         x = LEFT + j * CELL_W
-        parts.append(svg.text(x + CELL_W / 2, TOP - 8, str(rec.step), 10, anchor="middle", fill=svg.MUTED))
+        parts.append(
+            svg.text(x + CELL_W / 2, TOP - 8, str(rec.step), 10, anchor="middle", fill=svg.MUTED)
+        )
     parts.append(svg.text(LEFT - 8, TOP - 8, "step", 10, anchor="end", fill=svg.MUTED))
     for i, uid in enumerate(uids):
         y = TOP + i * CELL_H
-        parts.append(svg.text(LEFT - 8, y + 16, labels.get(uid, f"request {uid}"), 11, anchor="end"))
+        parts.append(
+            svg.text(LEFT - 8, y + 16, labels.get(uid, f"request {uid}"), 11, anchor="end")
+        )
         for j, rec in enumerate(records):
             x = LEFT + j * CELL_W
             if uid not in rec.uids:
-                parts.append(svg.rect(x + 2, y + 2, CELL_W - 4, CELL_H - 4, "#f4f4f4", stroke="#e2e2e2", rx=2))
+                parts.append(
+                    svg.rect(
+                        x + 2, y + 2, CELL_W - 4, CELL_H - 4, "#f4f4f4", stroke="#e2e2e2", rx=2
+                    )
+                )
                 continue
             later = upto is not None and j >= upto
             fill = "#eeeeee" if later else PHASE_FILL[rec.phase]
@@ -106,17 +123,45 @@ def batches_svg(records: Sequence[StepRecord], labels: Dict[int, str] | None = N
                 tip += f", token {rec.tokens[uid]}"
             if done:
                 tip += " (its last)"
-            parts.append(svg.rect(x + 2, y + 2, CELL_W - 4, CELL_H - 4, fill, stroke="#111" if done else "#666",
-                                  rx=2, title=tip))
+            parts.append(
+                svg.rect(
+                    x + 2,
+                    y + 2,
+                    CELL_W - 4,
+                    CELL_H - 4,
+                    fill,
+                    stroke="#111" if done else "#666",
+                    rx=2,
+                    title=tip,
+                )
+            )
             if done and not later:
-                parts.append(svg.rect(x + 3, y + 3, CELL_W - 6, CELL_H - 6, "none", stroke="#111", rx=2))
-            parts.append(svg.text(x + CELL_W / 2, y + 16, rec.phase[0].upper(), 10, anchor="middle",
-                                  fill="#999" if later else "#222"))
+                parts.append(
+                    svg.rect(x + 3, y + 3, CELL_W - 6, CELL_H - 6, "none", stroke="#111", rx=2)
+                )
+            parts.append(
+                svg.text(
+                    x + CELL_W / 2,
+                    y + 16,
+                    rec.phase[0].upper(),
+                    10,
+                    anchor="middle",
+                    fill="#999" if later else "#222",
+                )
+            )
     y = TOP + len(uids) * CELL_H + 16
     parts.append(svg.text(LEFT - 8, y, "batch size", 10, anchor="end", fill=svg.MUTED))
     for j, rec in enumerate(records):
-        parts.append(svg.text(LEFT + j * CELL_W + CELL_W / 2, y, str(len(rec.uids)), 10, anchor="middle",
-                              fill=svg.MUTED))
+        parts.append(
+            svg.text(
+                LEFT + j * CELL_W + CELL_W / 2,
+                y,
+                str(len(rec.uids)),
+                10,
+                anchor="middle",
+                fill=svg.MUTED,
+            )
+        )
     y += 22
     parts.append(svg.rect(LEFT, y - 11, 12, 12, PHASE_FILL["prefill"], rx=2))
     parts.append(svg.text(LEFT + 18, y, "P: prefill", 10))
@@ -136,8 +181,12 @@ def _status(records: Sequence[StepRecord], uid: int, upto: int) -> str:
     return "in this batch" if uid in records[upto - 1].uids else "waiting"
 
 
-def show_batches(records: Sequence[StepRecord], labels: Dict[int, str] | None = None,
-                 decode: Callable[[List[int]], str] | None = None, title: str = "batches over time") -> None:
+def show_batches(
+    records: Sequence[StepRecord],
+    labels: Dict[int, str] | None = None,
+    decode: Callable[[List[int]], str] | None = None,
+    title: str = "batches over time",
+) -> None:
     """The grid as an SVG; in a live kernel also a slider through the steps that shows each
     request's state and, with `decode`, its text so far."""
     labels = labels or {}
@@ -155,12 +204,19 @@ def show_batches(records: Sequence[StepRecord], labels: Dict[int, str] | None = 
             rows = []
             for uid in requests_in(records):
                 text = text_so_far(records, uid, k, decode) if decode else ""
-                rows.append(f"<tr><td>{escape(labels.get(uid, str(uid)))}</td><td>{_status(records, uid, k)}</td>"
-                            f"<td style='white-space:pre-wrap;font-family:monospace'>{escape(text)}</td></tr>")
-            panel.value = (f"<b>step {rec.step}</b>: {rec.phase} of requests {rec.uids} (rows {rec.rows})"
-                           f"{'; finished ' + str(rec.finished) if rec.finished else ''}"
-                           "<table><tr><th>request</th><th>after this step</th><th>text so far</th></tr>"
-                           + "".join(rows) + "</table>")
+                label, status = escape(labels.get(uid, str(uid))), _status(records, uid, k)
+                rows.append(
+                    f"<tr><td>{label}</td><td>{status}</td>"
+                    "<td style='white-space:pre-wrap;font-family:monospace'>"
+                    f"{escape(text)}</td></tr>"
+                )
+            panel.value = (
+                f"<b>step {rec.step}</b>: {rec.phase} of requests {rec.uids} (rows {rec.rows})"
+                f"{'; finished ' + str(rec.finished) if rec.finished else ''}"
+                "<table><tr><th>request</th><th>after this step</th><th>text so far</th></tr>"
+                + "".join(rows)
+                + "</table>"
+            )
 
         slider.observe(redraw, "value")
         redraw()

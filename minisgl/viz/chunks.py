@@ -14,8 +14,8 @@ from html import escape
 from typing import Dict, List, Sequence, Tuple
 
 from . import svg
-from .display import show
 from .controls import with_range
+from .display import show
 
 PALETTE = ["#6baed6", "#fd8d3c", "#74c476", "#9e9ac8", "#e377c2", "#bcbd22", "#17becf", "#d6616b"]
 
@@ -73,7 +73,9 @@ def loads(log: Sequence) -> List[StepLoad]:
 
 def describe(load: StepLoad, budget: int | None) -> str:
     if load.phase == "decode":
-        return f"step {load.step:>2}  decode   {len(load.decoding)} token(s): requests {load.decoding}"
+        return (
+            f"step {load.step:>2}  decode   {len(load.decoding)} token(s): requests {load.decoding}"
+        )
     parts = []
     for p in load.pieces:
         kind = "" if p.last else ", chunk"
@@ -95,33 +97,93 @@ def _colour(uid: int) -> str:
     return PALETTE[uid % len(PALETTE)]
 
 
-def _run_svg(run: BudgetRun, scale: float, top: float, upto: int | None = None) -> Tuple[List[str], float]:
+def _run_svg(
+    run: BudgetRun, scale: float, top: float, upto: int | None = None
+) -> Tuple[List[str], float]:
     parts = [svg.text(8, top + 14, run.title, 12, weight="bold")]
     y = top + 24
     for i, load in enumerate(run.steps):
         dim = upto is not None and i >= upto
-        parts.append(svg.text(LEFT - 8, y + 12, f"step {load.step} {load.phase}", 10, anchor="end",
-                              fill=svg.FAINT if dim else svg.INK))
+        parts.append(
+            svg.text(
+                LEFT - 8,
+                y + 12,
+                f"step {load.step} {load.phase}",
+                10,
+                anchor="end",
+                fill=svg.FAINT if dim else svg.INK,
+            )
+        )
         if run.budget is not None and load.phase == "prefill":
-            parts.append(svg.rect(LEFT, y, run.budget * scale, BAR_H, "#fafafa", stroke="#bbb", dash=True, rx=1,
-                                  title=f"budget {run.budget} tokens"))
+            parts.append(
+                svg.rect(
+                    LEFT,
+                    y,
+                    run.budget * scale,
+                    BAR_H,
+                    "#fafafa",
+                    stroke="#bbb",
+                    dash=True,
+                    rx=1,
+                    title=f"budget {run.budget} tokens",
+                )
+            )
         x = LEFT
         if load.phase == "prefill":
             for p in load.pieces:
                 w = p.tokens * scale
-                tip = f"request {p.uid}: prompt tokens {p.start}..{p.start + p.tokens - 1}" + ("" if p.last else " (a chunk)")
-                parts.append(svg.rect(x, y, w, BAR_H, "#eee" if dim else _colour(p.uid), stroke="#333",
-                                      dash=not p.last, rx=1, title=tip))
+                tip = f"request {p.uid}: prompt tokens {p.start}..{p.start + p.tokens - 1}" + (
+                    "" if p.last else " (a chunk)"
+                )
+                parts.append(
+                    svg.rect(
+                        x,
+                        y,
+                        w,
+                        BAR_H,
+                        "#eee" if dim else _colour(p.uid),
+                        stroke="#333",
+                        dash=not p.last,
+                        rx=1,
+                        title=tip,
+                    )
+                )
                 if w >= 26:
-                    parts.append(svg.text(x + w / 2, y + 12, f"{p.uid}: {p.tokens}", 9, anchor="middle",
-                                          fill="#aaa" if dim else "#111"))
+                    parts.append(
+                        svg.text(
+                            x + w / 2,
+                            y + 12,
+                            f"{p.uid}: {p.tokens}",
+                            9,
+                            anchor="middle",
+                            fill="#aaa" if dim else "#111",
+                        )
+                    )
                 x += w
         else:
             for uid in load.decoding:
-                parts.append(svg.rect(x, y + 3, scale, BAR_H - 6, "#eee" if dim else _colour(uid), stroke="#666",
-                                      rx=1, title=f"request {uid}: one decode token"))
+                parts.append(
+                    svg.rect(
+                        x,
+                        y + 3,
+                        scale,
+                        BAR_H - 6,
+                        "#eee" if dim else _colour(uid),
+                        stroke="#666",
+                        rx=1,
+                        title=f"request {uid}: one decode token",
+                    )
+                )
                 x += scale
-            parts.append(svg.text(x + 6, y + 12, f"decode {load.decoding}", 9, fill=svg.FAINT if dim else svg.MUTED))
+            parts.append(
+                svg.text(
+                    x + 6,
+                    y + 12,
+                    f"decode {load.decoding}",
+                    9,
+                    fill=svg.FAINT if dim else svg.MUTED,
+                )
+            )
         y += ROW_H
     return parts, y + 8
 
@@ -137,8 +199,10 @@ def budget_svg(runs: Sequence[BudgetRun], upto: int | None = None) -> str:
     for run in runs:
         run_parts, y = _run_svg(run, scale, y, upto)
         parts.extend(run_parts)
-    legend = ("a box per request (colour), its width the tokens it computes in that step; "
-              "dashed box: a chunk; dashed outline: the budget")
+    legend = (
+        "a box per request (colour), its width the tokens it computes in that step; "
+        "dashed box: a chunk; dashed outline: the budget"
+    )
     parts.append(svg.text(8, y + 8, legend, 10, fill=svg.MUTED))
     width = LEFT + widest * scale + 160
     return svg.document(max(width, 640), y + 16, parts, "prefill token budget")

@@ -25,25 +25,38 @@ def widgets_available() -> bool:
 
 
 def as_img(svg: str, label: str) -> str:
-    """The SVG as an HTML <img> at its natural size, scrolling sideways when wider than the output."""
+    """The SVG as an HTML <img> at its natural size, scrolling sideways when wider than the
+    output."""
     data = base64.b64encode(svg.encode()).decode()
-    return (f"<div class='minisgl-figure' style='overflow-x:auto'><img src='data:image/svg+xml;base64,{data}' "
-            f"alt='{escape(label, quote=True)}' style='max-width:none'></div>")
+    return (
+        "<div class='minisgl-figure' style='overflow-x:auto'><img "
+        f"src='data:image/svg+xml;base64,{data}' "
+        f"alt='{escape(label, quote=True)}' style='max-width:none'></div>"
+    )
 
 
-def static_bundle(svgs: str | Sequence[str], label: str, labels: Sequence[str] | None = None) -> Dict[str, str]:
+def static_bundle(
+    svgs: str | Sequence[str], label: str, labels: Sequence[str] | None = None
+) -> Dict[str, str]:
     """One picture, or several shown one under another (each its own figure on the site, which
     reads them from the HTML); the SVG representation holds them all in one picture."""
     figures: List[str] = [svgs] if isinstance(svgs, str) else list(svgs)
     names = list(labels) if labels else [label] * len(figures)
     from .svg import stack
 
-    return {"image/svg+xml": figures[0] if len(figures) == 1 else stack(figures, label),
-            "text/html": "".join(as_img(f, n) for f, n in zip(figures, names)), "text/plain": label}
+    return {
+        "image/svg+xml": figures[0] if len(figures) == 1 else stack(figures, label),
+        "text/html": "".join(as_img(f, n) for f, n in zip(figures, names)),
+        "text/plain": label,
+    }
 
 
-def show(static_svg: str | Sequence[str], label: str, make_widget: Callable[[], Any] | None = None,
-         labels: Sequence[str] | None = None) -> None:
+def show(
+    static_svg: str | Sequence[str],
+    label: str,
+    make_widget: Callable[[], Any] | None = None,
+    labels: Sequence[str] | None = None,
+) -> None:
     """`static_svg`: the picture, or a list of pictures (`labels`: their alt texts)."""
     from IPython.display import display
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Sequence, Set
 
 from . import svg
-from .display import show
 from .controls import with_range
+from .display import show
 
 PALETTE = ["#9ecae9", "#ffbf86", "#a5d99f", "#f4a3a4", "#c9b3e0", "#d8b9a9", "#f7b6d2", "#c7c7c7"]
 
@@ -70,16 +70,27 @@ class PoolRecorder:
         for req in llm.live_requests():
             row = req.table_idx
             slots[row] = SlotState(
-                row=row, uid=req.uid,
+                row=row,
+                uid=req.uid,
                 tokens=llm.token_pool[row, : req.device_len].tolist(),
                 locations=llm.page_table[row, : req.cached_len].tolist(),
-                new_from=self._seen_cached.get(req.uid, 0))
+                new_from=self._seen_cached.get(req.uid, 0),
+            )
         self._seen_cached = {s.uid: len(s.locations) for s in slots.values()}
-        cached = {int(loc) // page_size for loc in llm.cache_manager.prefix_cache.all_indices().tolist()}
-        snap = Snapshot(step=len(self.snapshots), note=describe(self._events), page_size=page_size,
-                        num_pages=llm.engine.num_pages, num_slots=llm.table_manager.capacity,
-                        max_cols=llm.engine.max_seq_len, slots=slots,
-                        free_pages=llm.cache_manager.free_pages.tolist(), cached_pages=cached)
+        cached = {
+            int(loc) // page_size for loc in llm.cache_manager.prefix_cache.all_indices().tolist()
+        }
+        snap = Snapshot(
+            step=len(self.snapshots),
+            note=describe(self._events),
+            page_size=page_size,
+            num_pages=llm.engine.num_pages,
+            num_slots=llm.table_manager.capacity,
+            max_cols=llm.engine.max_seq_len,
+            slots=slots,
+            free_pages=llm.cache_manager.free_pages.tolist(),
+            cached_pages=cached,
+        )
         self._events.clear()
         self.snapshots.append(snap)
         return snap
@@ -106,7 +117,9 @@ def describe(events: Sequence) -> str:
         elif ev.kind == "slot_free":
             parts.append(f"request {ev['uid']} finished, slot {ev['table_idx']} is free")
         elif ev.kind == "pages_alloc":
-            parts.append(f"request {ev['uid']} gets {ev['pages']} page{'s' if ev['pages'] > 1 else ''}")
+            parts.append(
+                f"request {ev['uid']} gets {ev['pages']} page{'s' if ev['pages'] > 1 else ''}"
+            )
         elif ev.kind == "pages_free":
             parts.append(f"{ev['pages']} page{'s' if ev['pages'] > 1 else ''} freed")
     return "; ".join(parts) if parts else "nothing to do"
@@ -124,8 +137,9 @@ def color(uid: int) -> str:
     return PALETTE[uid % len(PALETTE)]
 
 
-def _snapshot_parts(snap: Snapshot, top: float, token_text: Callable[[int], str] | None,
-                    cols: int) -> tuple[List[str], float]:
+def _snapshot_parts(
+    snap: Snapshot, top: float, token_text: Callable[[int], str] | None, cols: int
+) -> tuple[List[str], float]:
     parts: List[str] = []
     y = top
     title = f"after step {snap.step}: {snap.note}" if snap.step else snap.note
@@ -135,14 +149,25 @@ def _snapshot_parts(snap: Snapshot, top: float, token_text: Callable[[int], str]
     y += 7
     # column numbers (positions)
     for c in range(cols):
-        parts.append(svg.text(LABEL_W + c * CELL_W + CELL_W / 2, y + 10, str(c), 9, anchor="middle", fill=svg.FAINT))
+        parts.append(
+            svg.text(
+                LABEL_W + c * CELL_W + CELL_W / 2,
+                y + 10,
+                str(c),
+                9,
+                anchor="middle",
+                fill=svg.FAINT,
+            )
+        )
     y += 14
     for row in range(snap.num_slots):
         s = snap.slots.get(row)
         label = f"slot {row}" + (f" · req {s.uid}" if s else " · free")
         parts.append(svg.text(PAD, y + 14, label, 11, fill=svg.INK if s else svg.FAINT))
         parts.append(svg.text(LABEL_W - 6, y + 14, "tokens", 9, anchor="end", fill=svg.FAINT))
-        parts.append(svg.text(LABEL_W - 6, y + CELL_H + 14, "KV loc", 9, anchor="end", fill=svg.FAINT))
+        parts.append(
+            svg.text(LABEL_W - 6, y + CELL_H + 14, "KV loc", 9, anchor="end", fill=svg.FAINT)
+        )
         for c in range(cols):
             x = LABEL_W + c * CELL_W
             if s is not None and c < len(s.tokens):
@@ -150,25 +175,68 @@ def _snapshot_parts(snap: Snapshot, top: float, token_text: Callable[[int], str]
                 no_kv = c >= len(s.locations)
                 tip = f"position {c}: token {tok}" + (f" {token_text(tok)!r}" if token_text else "")
                 tip += " (sampled last: its KV is computed in the next step)" if no_kv else ""
-                parts.append(svg.rect(x, y, CELL_W - 2, CELL_H - 2, color(s.uid), rx=2, dash=no_kv, title=tip))
-                parts.append(svg.text(x + CELL_W / 2 - 1, y + 13, str(tok), 8, anchor="middle", mono=True, fill=svg.ON_BOX))
+                parts.append(
+                    svg.rect(
+                        x, y, CELL_W - 2, CELL_H - 2, color(s.uid), rx=2, dash=no_kv, title=tip
+                    )
+                )
+                parts.append(
+                    svg.text(
+                        x + CELL_W / 2 - 1,
+                        y + 13,
+                        str(tok),
+                        8,
+                        anchor="middle",
+                        mono=True,
+                        fill=svg.ON_BOX,
+                    )
+                )
             else:
-                parts.append(svg.rect(x, y, CELL_W - 2, CELL_H - 2, "#fafafa", stroke="#e3e3e3", rx=2))
+                parts.append(
+                    svg.rect(x, y, CELL_W - 2, CELL_H - 2, "#fafafa", stroke="#e3e3e3", rx=2)
+                )
             ly = y + CELL_H
             if s is not None and c < len(s.locations):
                 loc = s.locations[c]
                 new = c >= s.new_from
-                tip = f"position {c}: KV at location {loc} = page {loc // snap.page_size}, offset {loc % snap.page_size}"
+                tip = (
+                    f"position {c}: KV at location {loc} = page {loc // snap.page_size}, "
+                    f"offset {loc % snap.page_size}"
+                )
                 tip += " (written in this step)" if new else ""
-                parts.append(svg.rect(x, ly, CELL_W - 2, CELL_H - 2, "white", stroke="#d62728" if new else "#555",
-                                      rx=2, title=tip))
-                parts.append(svg.text(x + CELL_W / 2 - 1, ly + 13, str(loc), 9, anchor="middle", mono=True, fill=svg.ON_BOX))
+                parts.append(
+                    svg.rect(
+                        x,
+                        ly,
+                        CELL_W - 2,
+                        CELL_H - 2,
+                        "white",
+                        stroke="#d62728" if new else "#555",
+                        rx=2,
+                        title=tip,
+                    )
+                )
+                parts.append(
+                    svg.text(
+                        x + CELL_W / 2 - 1,
+                        ly + 13,
+                        str(loc),
+                        9,
+                        anchor="middle",
+                        mono=True,
+                        fill=svg.ON_BOX,
+                    )
+                )
             else:
-                parts.append(svg.rect(x, ly, CELL_W - 2, CELL_H - 2, "#fafafa", stroke="#e3e3e3", rx=2))
+                parts.append(
+                    svg.rect(x, ly, CELL_W - 2, CELL_H - 2, "#fafafa", stroke="#e3e3e3", rx=2)
+                )
         y += 2 * CELL_H + 8
     # the KV pool
     y += 4
-    parts.append(svg.text(PAD, y + 12, f"KV pool: {snap.num_pages} pages x {snap.page_size} locations", 11))
+    parts.append(
+        svg.text(PAD, y + 12, f"KV pool: {snap.num_pages} pages x {snap.page_size} locations", 11)
+    )
     y += 18
     owner = snap.owner_of_page()
     used: Dict[int, Set[int]] = {}
@@ -187,15 +255,36 @@ def _snapshot_parts(snap: Snapshot, top: float, token_text: Callable[[int], str]
             if page in owner:
                 filled = loc in used.get(page, set())
                 fill = color(owner[page]) if filled else "white"
-                tip = f"location {loc}: request {owner[page]}" + ("" if filled else " (page held, location not used yet)")
+                tip = f"location {loc}: request {owner[page]}" + (
+                    "" if filled else " (page held, location not used yet)"
+                )
             elif page in snap.cached_pages:
                 fill, tip = "#e0e0e0", f"location {loc}: kept by the prefix cache"
             else:
                 fill, tip = "white", f"location {loc}: free" if page in free else f"location {loc}"
-            parts.append(svg.rect(lx, py + 12, LOC_W - 2, CELL_H - 4, fill,
-                                  stroke="#333" if page in owner else "#bbb", rx=1, title=tip))
-            parts.append(svg.text(lx + LOC_W / 2 - 1, py + 24, str(loc), 8, anchor="middle", mono=True,
-                                  fill="#111" if page in owner else "#aaa"))
+            parts.append(
+                svg.rect(
+                    lx,
+                    py + 12,
+                    LOC_W - 2,
+                    CELL_H - 4,
+                    fill,
+                    stroke="#333" if page in owner else "#bbb",
+                    rx=1,
+                    title=tip,
+                )
+            )
+            parts.append(
+                svg.text(
+                    lx + LOC_W / 2 - 1,
+                    py + 24,
+                    str(loc),
+                    8,
+                    anchor="middle",
+                    mono=True,
+                    fill="#111" if page in owner else "#aaa",
+                )
+            )
     lines = -(-snap.num_pages // PAGES_PER_LINE)
     y += lines * (CELL_H + 22) + 6
     return parts, y
@@ -230,21 +319,30 @@ def pool_svg(snapshots: Sequence[Snapshot], token_text: Callable[[int], str] | N
 
 
 def key_steps(snapshots: Sequence[Snapshot], limit: int = 4) -> List[int]:
-    """Steps worth a static picture: the first few where slots changed hands and requests still run."""
+    """Steps worth a static picture: the first few where slots changed hands and requests still
+    run."""
     picked = [i for i, s in enumerate(snapshots) if i > 0 and s.slots and "slot" in s.note]
     return picked[:limit] or [len(snapshots) - 1]
 
 
-def show_pool(snapshots: Sequence[Snapshot], token_text: Callable[[int], str] | None = None,
-              static_steps: Sequence[int] | None = None) -> None:
+def show_pool(
+    snapshots: Sequence[Snapshot],
+    token_text: Callable[[int], str] | None = None,
+    static_steps: Sequence[int] | None = None,
+) -> None:
     """The run as a static SVG of a few steps; in a live kernel, a widget with a slider over all."""
     steps = list(static_steps) if static_steps is not None else key_steps(snapshots)
 
     def make_widget():
         import ipywidgets as w
 
-        slider = w.IntSlider(min=0, max=len(snapshots) - 1, value=min(1, len(snapshots) - 1),
-                             description="step", continuous_update=True)
+        slider = w.IntSlider(
+            min=0,
+            max=len(snapshots) - 1,
+            value=min(1, len(snapshots) - 1),
+            description="step",
+            continuous_update=True,
+        )
         figure = w.HTML()
 
         def redraw(_=None) -> None:
@@ -254,5 +352,8 @@ def show_pool(snapshots: Sequence[Snapshot], token_text: Callable[[int], str] | 
         redraw()
         return w.VBox([with_range(slider), figure])
 
-    show(pool_svg([snapshots[i] for i in steps], token_text),
-         f"page table and KV pool after steps {steps}", make_widget)
+    show(
+        pool_svg([snapshots[i] for i in steps], token_text),
+        f"page table and KV pool after steps {steps}",
+        make_widget,
+    )

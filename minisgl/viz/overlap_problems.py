@@ -20,10 +20,17 @@ from minisgl.env import ENV
 from minisgl.llm import LLM
 
 # A small engine on the CPU; every problem shows up with one or two requests.
-OPTIONS = dict(device="cpu", dtype=torch.float32, max_running_req=4, num_page_override=512,
-               max_seq_len_override=256)
+OPTIONS = dict(
+    device="cpu",
+    dtype=torch.float32,
+    max_running_req=4,
+    num_page_override=512,
+    max_seq_len_override=256,
+)
 PROMPT = "ROMEO:\nBut soft, what light"
-LONG_PROMPT = "KING HENRY:\nOnce more unto the breach, dear friends, once more;\nOr close the wall up"
+LONG_PROMPT = (
+    "KING HENRY:\nOnce more unto the breach, dear friends, once more;\nOr close the wall up"
+)
 
 
 @dataclass
@@ -40,7 +47,8 @@ class ProblemRun:
     frames: List[Frame]
     verdict: List[str]  # what the run shows, a few lines
     ok: bool  # the behaviour is right
-    sent: Dict[int, List[Tuple[int, bool]]] = field(default_factory=dict)  # uid -> (token, finished)
+    # uid -> (token, finished)
+    sent: Dict[int, List[Tuple[int, bool]]] = field(default_factory=dict)
 
 
 def subclass_from_file(path: str | Path, base: type = LLM) -> type:
@@ -75,7 +83,9 @@ class Recorder:
         k, f, llm = ev.kind, ev.fields, self.llm
         if k == "launch":
             self.in_flight[f["step"]] = set(f["table_idxs"])
-            self._lines.append(f"launch {f['step']} {f['phase']}: req {f['uids']} row {f['table_idxs']}")
+            self._lines.append(
+                f"launch {f['step']} {f['phase']}: req {f['uids']} row {f['table_idxs']}"
+            )
         elif k == "handle":
             self.in_flight.pop(f["step"], None)
             self._lines.append(f"handle {f['step']}")
@@ -83,7 +93,9 @@ class Recorder:
             for m in f["msgs"]:
                 self.sent.setdefault(m.uid, []).append((m.next_token, m.finished))
                 word = llm.decode([m.next_token]) if m.next_token >= 0 else ""
-                self._lines.append(f"  send to req {m.uid}: {m.next_token} {word!r} finished={m.finished}")
+                self._lines.append(
+                    f"  send to req {m.uid}: {m.next_token} {word!r} finished={m.finished}"
+                )
         elif k == "slot_alloc":
             busy = [s for s, rows in self.in_flight.items() if f["table_idx"] in rows]
             warn = f"  !! step {busy[0]} in flight writes it" if busy else ""
@@ -121,7 +133,9 @@ def reference_tokens(prompt: str, max_tokens: int) -> List[int]:
     if key not in _REFERENCE:
         saved = ENV.DISABLE_OVERLAP_SCHEDULING.value
         llm = _new(LLM, overlap=False)
-        _REFERENCE[key] = llm.generate([prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True))[0]["token_ids"]
+        _REFERENCE[key] = llm.generate(
+            [prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        )[0]["token_ids"]
         ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
     return list(_REFERENCE[key])
 
@@ -150,10 +164,18 @@ def finished_flag(llm_class: type = LLM) -> ProblemRun:
     got = rec.sent.get(uid, [])
     flags = [f for _, f in got]
     ok = flags == [False, False, True]
-    return ProblemRun("finished flag", llm_class.__name__, rec.frames,
-                      [f"(token, finished) sent: {got}",
-                       "a streaming client stops at the first finished=True: it gets "
-                       f"{flags.index(True) + 1 if True in flags else len(flags)} of 3 tokens"], ok, rec.sent)
+    return ProblemRun(
+        "finished flag",
+        llm_class.__name__,
+        rec.frames,
+        [
+            f"(token, finished) sent: {got}",
+            "a streaming client stops at the first finished=True: it gets "
+            f"{flags.index(True) + 1 if True in flags else len(flags)} of 3 tokens",
+        ],
+        ok,
+        rec.sent,
+    )
 
 
 def message_after_eos(llm_class: type = LLM) -> ProblemRun:
@@ -168,10 +190,19 @@ def message_after_eos(llm_class: type = LLM) -> ProblemRun:
     rec.run_until_idle()
     got = rec.sent.get(uid, [])
     want = [(t, False) for t in ref[:k]] + [(eos, True)]
-    extra = got[len(want):]
-    return ProblemRun("message after EOS", llm_class.__name__, rec.frames,
-                      [f"EOS stand-in: token {eos} (output token {k})", f"(token, finished) sent: {got}",
-                       f"messages after the finished one: {extra}"], got == want, rec.sent)
+    extra = got[len(want) :]
+    return ProblemRun(
+        "message after EOS",
+        llm_class.__name__,
+        rec.frames,
+        [
+            f"EOS stand-in: token {eos} (output token {k})",
+            f"(token, finished) sent: {got}",
+            f"messages after the finished one: {extra}",
+        ],
+        got == want,
+        rec.sent,
+    )
 
 
 def slot_reuse(llm_class: type = LLM, streams: str = "deferred") -> ProblemRun:
@@ -190,12 +221,24 @@ def slot_reuse(llm_class: type = LLM, streams: str = "deferred") -> ProblemRun:
     b = llm.add_request(LONG_PROMPT, SamplingParams(max_tokens=6, ignore_eos=True))
     rec.run_until_idle()
     got_long = llm.results[b].token_ids
-    ok = got_long == want_long and llm.results[a].token_ids == ref_short[: k + 1] and not rec.reused_in_flight
-    return ProblemRun("slot reuse", llm_class.__name__, rec.frames,
-                      [f"{streams} CPU streams; rows reused while still written by a batch in flight: "
-                          f"{rec.reused_in_flight}",
-                       f"request 1 alone gives {want_long} {llm.decode(want_long)!r}",
-                       f"request 1 here gets  {got_long} {llm.decode(got_long)!r}"], ok, rec.sent)
+    ok = (
+        got_long == want_long
+        and llm.results[a].token_ids == ref_short[: k + 1]
+        and not rec.reused_in_flight
+    )
+    return ProblemRun(
+        "slot reuse",
+        llm_class.__name__,
+        rec.frames,
+        [
+            f"{streams} CPU streams; rows reused while still written by a batch in flight: "
+            f"{rec.reused_in_flight}",
+            f"request 1 alone gives {want_long} {llm.decode(want_long)!r}",
+            f"request 1 here gets  {got_long} {llm.decode(got_long)!r}",
+        ],
+        ok,
+        rec.sent,
+    )
 
 
 def abort_in_flight(llm_class: type = LLM) -> ProblemRun:
@@ -213,9 +256,14 @@ def abort_in_flight(llm_class: type = LLM) -> ProblemRun:
     except AssertionError as e:
         integrity = f"BROKEN: {e}"
     sent = rec.sent.get(uid, [])
-    return ProblemRun("abort in flight", llm_class.__name__, rec.frames,
-                      [f"messages sent to the aborted request: {sent}", f"KV page integrity {integrity}"],
-                      not sent and integrity == "holds", rec.sent)
+    return ProblemRun(
+        "abort in flight",
+        llm_class.__name__,
+        rec.frames,
+        [f"messages sent to the aborted request: {sent}", f"KV page integrity {integrity}"],
+        not sent and integrity == "holds",
+        rec.sent,
+    )
 
 
 PROBLEMS: Dict[str, Callable[[type], ProblemRun]] = {

@@ -15,12 +15,16 @@ from html import escape
 from typing import List, Sequence
 
 from . import svg
-from .display import show
 from .controls import with_range
+from .display import show
 
 COLOURS = {"held": "#6baed6", "locked": "#fd8d3c", "evictable": "#a1d99b", "free": "#f0f0f0"}
-NAMES = {"held": "held by running requests", "locked": "cached, locked", "evictable": "cached, evictable",
-         "free": "free"}
+NAMES = {
+    "held": "held by running requests",
+    "locked": "cached, locked",
+    "evictable": "cached, evictable",
+    "free": "free",
+}
 
 
 @dataclass
@@ -34,7 +38,12 @@ class Census:
     waiting: int
 
     def parts(self):
-        return [("held", self.held), ("locked", self.locked), ("evictable", self.evictable), ("free", self.free)]
+        return [
+            ("held", self.held),
+            ("locked", self.locked),
+            ("evictable", self.evictable),
+            ("free", self.free),
+        ]
 
 
 def census(llm) -> Census:
@@ -43,8 +52,15 @@ def census(llm) -> Census:
     evictable = cache.evictable_size // cm.page_size
     locked = cache.protected_size // cm.page_size
     held = cm.num_pages - cm.num_free_pages - evictable - locked
-    return Census(llm.steps_launched, cm.num_free_pages, evictable, locked, held,
-                  len(llm.decode_manager.running), len(llm.prefill_manager.pending))
+    return Census(
+        llm.steps_launched,
+        cm.num_free_pages,
+        evictable,
+        locked,
+        held,
+        len(llm.decode_manager.running),
+        len(llm.prefill_manager.pending),
+    )
 
 
 def watch(llm, limit: int = 1000) -> List[Census]:
@@ -61,26 +77,48 @@ def watch(llm, limit: int = 1000) -> List[Census]:
 BAR_W, H, TOP, LEFT = 18, 180, 34, 46
 
 
-def census_svg(rows: Sequence[Census], num_pages: int, title: str = "KV pages, step by step") -> str:
+def census_svg(
+    rows: Sequence[Census], num_pages: int, title: str = "KV pages, step by step"
+) -> str:
     width = LEFT + len(rows) * BAR_W + 20
     scale = H / num_pages
     parts = [svg.text(8, 16, title, 13, weight="bold")]
     for frac in (0, 0.5, 1):
         y = TOP + H - frac * H
         parts.append(svg.line(LEFT - 4, y, width - 10, y, stroke=svg.RULE))
-        parts.append(svg.text(LEFT - 8, y + 4, str(int(frac * num_pages)), 9, anchor="end", fill=svg.MUTED))
+        parts.append(
+            svg.text(LEFT - 8, y + 4, str(int(frac * num_pages)), 9, anchor="end", fill=svg.MUTED)
+        )
     for i, c in enumerate(rows):
         x, y = LEFT + i * BAR_W, TOP + H
         for name, n in c.parts():
             h = n * scale
             y -= h
             if n:
-                parts.append(svg.rect(x + 1, y, BAR_W - 2, h, COLOURS[name], stroke="#999", rx=0,
-                                      title=f"step {c.step}: {n} {NAMES[name]}"))
+                parts.append(
+                    svg.rect(
+                        x + 1,
+                        y,
+                        BAR_W - 2,
+                        h,
+                        COLOURS[name],
+                        stroke="#999",
+                        rx=0,
+                        title=f"step {c.step}: {n} {NAMES[name]}",
+                    )
+                )
         parts.append(svg.text(x + BAR_W / 2, TOP + H + 12, str(c.running), 9, anchor="middle"))
-        parts.append(svg.text(x + BAR_W / 2, TOP + H + 24, str(c.waiting), 9, anchor="middle", fill=svg.FAINT))
+        parts.append(
+            svg.text(
+                x + BAR_W / 2, TOP + H + 24, str(c.waiting), 9, anchor="middle", fill=svg.FAINT
+            )
+        )
         if i % 5 == 0 or i == len(rows) - 1:
-            parts.append(svg.text(x + BAR_W / 2, TOP + H + 38, str(c.step), 9, anchor="middle", fill=svg.MUTED))
+            parts.append(
+                svg.text(
+                    x + BAR_W / 2, TOP + H + 38, str(c.step), 9, anchor="middle", fill=svg.MUTED
+                )
+            )
     parts.append(svg.text(LEFT - 8, TOP + H + 12, "running", 9, anchor="end"))
     parts.append(svg.text(LEFT - 8, TOP + H + 24, "waiting", 9, anchor="end", fill=svg.FAINT))
     parts.append(svg.text(LEFT - 8, TOP + H + 38, "step", 9, anchor="end", fill=svg.MUTED))
@@ -93,7 +131,9 @@ def census_svg(rows: Sequence[Census], num_pages: int, title: str = "KV pages, s
     return svg.document(max(width, x + 10), y + 10, parts, title)
 
 
-def show_census(rows: Sequence[Census], num_pages: int, title: str = "KV pages, step by step") -> None:
+def show_census(
+    rows: Sequence[Census], num_pages: int, title: str = "KV pages, step by step"
+) -> None:
     """The bars; in a live kernel also a slider that reads one step's numbers out."""
 
     def make_widget():
@@ -105,8 +145,10 @@ def show_census(rows: Sequence[Census], num_pages: int, title: str = "KV pages, 
         def redraw(_=None) -> None:
             c = rows[slider.value - 1]
             items = "".join(f"<li>{n} {escape(NAMES[name])}</li>" for name, n in c.parts())
-            text.value = (f"<b>after step {c.step}</b>: {c.running} running, {c.waiting} waiting"
-                          f"<ul>{items}</ul>")
+            text.value = (
+                f"<b>after step {c.step}</b>: {c.running} running, {c.waiting} waiting"
+                f"<ul>{items}</ul>"
+            )
 
         slider.observe(redraw, "value")
         redraw()

@@ -17,8 +17,8 @@ from html import escape
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from . import svg
-from .display import show
 from .controls import with_range
+from .display import show
 
 TokenText = Callable[[int], str]
 
@@ -53,7 +53,13 @@ class Frame:
 
 def _copy(node, path: Tuple[int, ...]) -> NodeView:
     full = path + tuple(node.key)
-    view = NodeView(tuple(node.key), [int(x) for x in node.value.tolist()], node.ref_count, node.last_access, full)
+    view = NodeView(
+        tuple(node.key),
+        [int(x) for x in node.value.tolist()],
+        node.ref_count,
+        node.last_access,
+        full,
+    )
     view.children = [_copy(child, full) for child in node.children.values()]
     return view
 
@@ -93,8 +99,10 @@ def text_tree(frame: Frame, token_text: TokenText | None = None) -> str:
         for i, child in enumerate(node.children):
             last = i == len(node.children) - 1
             lock = f"locked x{child.ref_count}" if child.ref_count else "evictable"
-            lines.append(f"{prefix}{'└─' if last else '├─'} {token_label(child.key, token_text, 60)!r}  "
-                         f"locs {locations(child.value)}  {lock}  t={child.last_access}")
+            lines.append(
+                f"{prefix}{'└─' if last else '├─'} {token_label(child.key, token_text, 60)!r}  "
+                f"locs {locations(child.value)}  {lock}  t={child.last_access}"
+            )
             visit(child, prefix + ("   " if last else "│  "))
 
     visit(frame.root, "")
@@ -125,8 +133,9 @@ def _layout(root: NodeView) -> Dict[int, Tuple[int, float]]:
     return pos
 
 
-def frame_svg(frame: Frame, token_text: TokenText | None = None, before: Frame | None = None,
-              title: str = "") -> str:
+def frame_svg(
+    frame: Frame, token_text: TokenText | None = None, before: Frame | None = None, title: str = ""
+) -> str:
     """One frame: the tree from left (root) to right. Locked nodes orange, evictable green; a
     node that is new since `before` has a thick border."""
     pos = _layout(frame.root)
@@ -143,8 +152,16 @@ def frame_svg(frame: Frame, token_text: TokenText | None = None, before: Frame |
         return x, HEAD + r * ROW_H
 
     parts = [svg.text(LEFT, 16, title or frame.caption, 12, weight="bold")]
-    parts.append(svg.text(LEFT, 31, f"evictable {frame.evictable} · protected {frame.protected} tokens "
-                          "(orange: locked, green: evictable, thick border: new)", 10, fill=svg.MUTED))
+    parts.append(
+        svg.text(
+            LEFT,
+            31,
+            f"evictable {frame.evictable} · protected {frame.protected} tokens "
+            "(orange: locked, green: evictable, thick border: new)",
+            10,
+            fill=svg.MUTED,
+        )
+    )
     for node in nodes:  # edges first, under the boxes
         x, y = xy(node)
         right = x + (50 if node is frame.root else BOX_W)
@@ -159,12 +176,20 @@ def frame_svg(frame: Frame, token_text: TokenText | None = None, before: Frame |
             continue
         fresh = before is not None and node.path not in old_paths
         fill = LOCKED if node.ref_count else EVICTABLE
-        tip = (f"key {list(node.key)}\nlocations {node.value}\nref_count {node.ref_count}, "
-               f"last access {node.last_access}")
-        parts.append(svg.rect(x, y, BOX_W, BOX_H, fill, stroke="#111" if fresh else "#666", title=tip))
+        tip = (
+            f"key {list(node.key)}\nlocations {node.value}\nref_count {node.ref_count}, "
+            f"last access {node.last_access}"
+        )
+        parts.append(
+            svg.rect(x, y, BOX_W, BOX_H, fill, stroke="#111" if fresh else "#666", title=tip)
+        )
         if fresh:
             parts.append(svg.rect(x + 1.5, y + 1.5, BOX_W - 3, BOX_H - 3, "none", stroke="#111"))
-        parts.append(svg.text(x + 6, y + 15, token_label(node.key, token_text), 11, mono=True, fill=svg.ON_BOX))
+        parts.append(
+            svg.text(
+                x + 6, y + 15, token_label(node.key, token_text), 11, mono=True, fill=svg.ON_BOX
+            )
+        )
         lock = f"locked x{node.ref_count}" if node.ref_count else "evictable"
         meta = f"{len(node.key)} tok · locs {locations(node.value)} · {lock} · t={node.last_access}"
         parts.append(svg.text(x + 6, y + 30, meta, 9, fill="#444"))
@@ -177,10 +202,12 @@ def film_svg(frames: Sequence[Frame], token_text: TokenText | None = None, title
 
     parts, y, width = [], 0.0, 0.0
     for i, frame in enumerate(frames):
-        fig = frame_svg(frame, token_text, frames[i - 1] if i else None, title=f"{i + 1}. {frame.caption}")
+        fig = frame_svg(
+            frame, token_text, frames[i - 1] if i else None, title=f"{i + 1}. {frame.caption}"
+        )
         m = re.match(r"<svg [^>]*width='(\d+)' height='(\d+)'", fig)
         w, h = float(m[1]), float(m[2])
-        inner = fig[fig.index(">") + 1: fig.rindex("</svg>")]
+        inner = fig[fig.index(">") + 1 : fig.rindex("</svg>")]
         parts.append(f"<g transform='translate(0,{y:.0f})'>{inner}</g>")
         parts.append(svg.line(0, y + h + 4, max(w, 400), y + h + 4, stroke=svg.RULE))
         y += h + 10
@@ -188,7 +215,9 @@ def film_svg(frames: Sequence[Frame], token_text: TokenText | None = None, title
     return svg.document(max(width, 400), y, parts, title or "radix tree, step by step")
 
 
-def show_film(frames: Sequence[Frame], token_text: TokenText | None = None, title: str = "radix tree") -> None:
+def show_film(
+    frames: Sequence[Frame], token_text: TokenText | None = None, title: str = "radix tree"
+) -> None:
     """All frames as one SVG; in a live kernel, a slider that shows one frame at a time."""
 
     def make_widget():
@@ -199,9 +228,15 @@ def show_film(frames: Sequence[Frame], token_text: TokenText | None = None, titl
 
         def redraw(_=None) -> None:
             i = slider.value - 1
-            figure.value = frame_svg(frames[i], token_text, frames[i - 1] if i else None,
-                                     title=f"{i + 1}/{len(frames)}. {frames[i].caption}")
-            text.value = f"<pre style='font-size:11px'>{escape(text_tree(frames[i], token_text))}</pre>"
+            figure.value = frame_svg(
+                frames[i],
+                token_text,
+                frames[i - 1] if i else None,
+                title=f"{i + 1}/{len(frames)}. {frames[i].caption}",
+            )
+            text.value = (
+                f"<pre style='font-size:11px'>{escape(text_tree(frames[i], token_text))}</pre>"
+            )
 
         slider.observe(redraw, "value")
         redraw()
@@ -236,7 +271,7 @@ class EngineFilm:
         if launch is None:
             return "no batch"
         before = self._events[: self._events.index(launch)]
-        after = self._events[self._events.index(launch):]
+        after = self._events[self._events.index(launch) :]
         words = [f"step {launch['step']}: {launch['phase']} of {launch['uids']}"]
         evicted = sum(e["pages"] for e in before if e.kind == "pages_free")
         if evicted:

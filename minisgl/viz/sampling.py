@@ -49,37 +49,68 @@ def panel(logits: torch.Tensor, setting: Setting, shown: int = 12) -> Panel:
     vocab = logits.shape[0]
     scaled = logits / max(setting.temperature, 1e-6)
     k = vocab if setting.top_k == -1 else min(setting.top_k, vocab)
-    filtered = top_k_top_p_filter(scaled.unsqueeze(0), torch.tensor([k]), torch.tensor([setting.top_p]))[0]
+    filtered = top_k_top_p_filter(
+        scaled.unsqueeze(0), torch.tensor([k]), torch.tensor([setting.top_p])
+    )[0]
     probs, final = scaled.softmax(-1), filtered.softmax(-1)
     top = probs.argsort(descending=True)[:shown].tolist()
     kept = torch.isfinite(filtered)
-    return Panel(setting, top, [float(probs[t]) for t in top], [bool(kept[t]) for t in top],
-                 int(kept.sum()), [float(final[t]) for t in top])
+    return Panel(
+        setting,
+        top,
+        [float(probs[t]) for t in top],
+        [bool(kept[t]) for t in top],
+        int(kept.sum()),
+        [float(final[t]) for t in top],
+    )
 
 
 def describe(p: Panel, token_text: Callable[[int], str]) -> str:
     rows = [f"{p.setting.label}: {p.num_kept} token(s) kept"]
     for t, prob, keep, fin in zip(p.tokens, p.probs, p.kept, p.final):
-        rows.append(f"  {token_text(t)!r:<12} p={prob:.3f}  {'kept, drawn with p=' + format(fin, '.3f') if keep else 'removed'}")
+        rows.append(
+            f"  {token_text(t)!r:<12} p={prob:.3f}  "
+            f"{'kept, drawn with p=' + format(fin, '.3f') if keep else 'removed'}"
+        )
     return "\n".join(rows)
 
 
 PANEL_W, ROW_H, LABEL_W, TOP = 250, 16, 80, 40
 
 
-def _panel_parts(p: Panel, token_text: Callable[[int], str], x0: float, top_prob: float) -> List[str]:
-    parts = [svg.text(x0, 16, p.setting.label, 11, weight="bold"),
-             svg.text(x0, 30, f"{p.num_kept} token(s) kept", 10, fill=svg.MUTED)]
+def _panel_parts(
+    p: Panel, token_text: Callable[[int], str], x0: float, top_prob: float
+) -> List[str]:
+    parts = [
+        svg.text(x0, 16, p.setting.label, 11, weight="bold"),
+        svg.text(x0, 30, f"{p.num_kept} token(s) kept", 10, fill=svg.MUTED),
+    ]
     bar_w = PANEL_W - LABEL_W - 70
     for i, (t, prob, keep, fin) in enumerate(zip(p.tokens, p.probs, p.kept, p.final)):
         y = TOP + i * ROW_H
         w = max(prob / top_prob * bar_w, 1)
-        parts.append(svg.text(x0 + LABEL_W - 6, y + 11, repr(token_text(t))[:12], 10, anchor="end", mono=True))
-        parts.append(svg.rect(x0 + LABEL_W, y + 2, w, ROW_H - 4, KEPT if keep else DROPPED,
-                              stroke="#888", rx=1, title=f"p = {prob:.4f}{'' if keep else ' (removed)'}"))
+        parts.append(
+            svg.text(
+                x0 + LABEL_W - 6, y + 11, repr(token_text(t))[:12], 10, anchor="end", mono=True
+            )
+        )
+        parts.append(
+            svg.rect(
+                x0 + LABEL_W,
+                y + 2,
+                w,
+                ROW_H - 4,
+                KEPT if keep else DROPPED,
+                stroke="#888",
+                rx=1,
+                title=f"p = {prob:.4f}{'' if keep else ' (removed)'}",
+            )
+        )
         before, after = f"{prob:.2f}", f"{fin:.2f}"
         note = before if not keep or before == after else f"{before} → {after}"
-        parts.append(svg.text(x0 + LABEL_W + w + 4, y + 11, note, 9, fill=svg.MUTED if keep else svg.FAINT))
+        parts.append(
+            svg.text(x0 + LABEL_W + w + 4, y + 11, note, 9, fill=svg.MUTED if keep else svg.FAINT)
+        )
     return parts
 
 
@@ -90,13 +121,27 @@ def sampling_svg(panels: Sequence[Panel], token_text: Callable[[int], str], titl
     for i, p in enumerate(panels):
         parts.extend(_panel_parts(p, token_text, 10 + i * PANEL_W, top_prob))
     height = TOP + max(len(p.tokens) for p in panels) * ROW_H + 26
-    parts.append(svg.text(10, height - 8, "bar: probability after the temperature; blue: kept, grey: removed by "
-                          "top-k / top-p; a → b: renormalized over the kept tokens", 10, fill=svg.MUTED))
-    return svg.document(max(len(panels) * PANEL_W + 10, 600), height, parts, title or "sampling settings")
+    parts.append(
+        svg.text(
+            10,
+            height - 8,
+            "bar: probability after the temperature; blue: kept, grey: removed by "
+            "top-k / top-p; a → b: renormalized over the kept tokens",
+            10,
+            fill=svg.MUTED,
+        )
+    )
+    return svg.document(
+        max(len(panels) * PANEL_W + 10, 600), height, parts, title or "sampling settings"
+    )
 
 
-def show_sampling(logits: torch.Tensor, token_text: Callable[[int], str], settings: Sequence[Setting],
-                  title: str = "") -> None:
+def show_sampling(
+    logits: torch.Tensor,
+    token_text: Callable[[int], str],
+    settings: Sequence[Setting],
+    title: str = "",
+) -> None:
     """The settings side by side; in a live kernel, sliders for temperature, top-k and top-p."""
 
     def make_widget():

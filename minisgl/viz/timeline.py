@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Deque, Dict, List, Tuple
 
 from . import svg
-from .display import show
 from .controls import with_range
+from .display import show
 
 
 @dataclass
@@ -82,7 +82,9 @@ COLORS = {"launch": "#cfe3ff", "handle": "#d5f0d0", "compute": "#ffe2b8"}
 BOX_W, BOX_H, GAP, LEFT, LANE_GAP = 66, 26, 6, 190, 8
 
 
-def timeline_svg(timelines: List[Timeline], upto: int | None = None, highlight: int | None = None) -> str:
+def timeline_svg(
+    timelines: List[Timeline], upto: int | None = None, highlight: int | None = None
+) -> str:
     """Each timeline as two lanes, the CPU (scheduler) above the engine, one column per mark in
     the order the marks happened. `upto` draws only the first marks (the widget steps through)."""
     width = LEFT + max(len(t.marks) for t in timelines) * (BOX_W + GAP) + 12
@@ -92,19 +94,40 @@ def timeline_svg(timelines: List[Timeline], upto: int | None = None, highlight: 
         top = 10 + r * block_h
         parts.append(svg.text(8, top + 14, tl.title, 13, weight="bold"))
         lanes = {"cpu": top + 22, "engine": top + 22 + BOX_H + LANE_GAP}
-        parts.append(svg.text(LEFT - 10, lanes["cpu"] + 17, "CPU (scheduler)", 11, anchor="end", fill=svg.MUTED))
-        parts.append(svg.text(LEFT - 10, lanes["engine"] + 17, "engine stream", 11, anchor="end", fill=svg.MUTED))
+        parts.append(
+            svg.text(
+                LEFT - 10, lanes["cpu"] + 17, "CPU (scheduler)", 11, anchor="end", fill=svg.MUTED
+            )
+        )
+        parts.append(
+            svg.text(
+                LEFT - 10, lanes["engine"] + 17, "engine stream", 11, anchor="end", fill=svg.MUTED
+            )
+        )
         shown = tl.marks if upto is None else tl.marks[:upto]
         for i, m in enumerate(shown):
             x = LEFT + i * (BOX_W + GAP)
             y = lanes["engine" if m.kind == "compute" else "cpu"]
             stroke = "#d62728" if highlight == i else "#333"
-            parts.append(svg.rect(x, y, BOX_W, BOX_H, COLORS[m.kind], stroke=stroke,
-                                  title=f"{m.label} ({m.phase})"))
-            parts.append(svg.text(x + BOX_W / 2, y + 12, m.label, 11, anchor="middle", fill=svg.ON_BOX))
+            parts.append(
+                svg.rect(
+                    x,
+                    y,
+                    BOX_W,
+                    BOX_H,
+                    COLORS[m.kind],
+                    stroke=stroke,
+                    title=f"{m.label} ({m.phase})",
+                )
+            )
+            parts.append(
+                svg.text(x + BOX_W / 2, y + 12, m.label, 11, anchor="middle", fill=svg.ON_BOX)
+            )
             parts.append(svg.text(x + BOX_W / 2, y + 23, m.phase, 9, anchor="middle", fill="#555"))
     height = 10 + len(timelines) * block_h
-    return svg.document(width, height, parts, "timeline of " + ", ".join(t.title for t in timelines))
+    return svg.document(
+        width, height, parts, "timeline of " + ", ".join(t.title for t in timelines)
+    )
 
 
 def explain(tl: Timeline, i: int) -> str:
@@ -113,22 +136,29 @@ def explain(tl: Timeline, i: int) -> str:
     before = tl.marks[:i]
     launched = {x.step for x in before if x.kind == "launch"}
     handled = {x.step for x in before if x.kind == "handle"}
-    computed = {x.step for x in before if x.kind == "compute"}
     if m.kind == "launch":
         waiting = sorted(launched - handled)
         if waiting:
-            return (f"The CPU launches step {m.step} ({m.phase}) while step {waiting[0]}'s results are still "
-                    "unhandled: its inputs are read from the token pool, where the engine will write them.")
+            return (
+                f"The CPU launches step {m.step} ({m.phase}) while step {waiting[0]}'s results "
+                "are still "
+                "unhandled: its inputs are read from the token pool, where the engine will "
+                "write them."
+            )
         return f"The CPU launches step {m.step} ({m.phase}); nothing else is in flight."
     if m.kind == "compute":
         prev = before[-1] if before else None
         if prev is not None and prev.kind == "launch" and prev.step == m.step:
             return f"The engine runs step {m.step} at once, inside its launch (eager CPU streams)."
-        return (f"The engine runs step {m.step} only now, because the CPU has to wait for its tokens "
-                "(deferred CPU streams: like a GPU, the engine runs behind the CPU).")
+        return (
+            f"The engine runs step {m.step} only now, because the CPU has to wait for its tokens "
+            "(deferred CPU streams: like a GPU, the engine runs behind the CPU)."
+        )
     pending = sorted(launched - handled - {m.step})
     tail = f"; step {pending[0]} is already launched" if pending else ""
-    return f"The CPU handles step {m.step}'s results: it waits for the tokens, then sends them{tail}."
+    return (
+        f"The CPU handles step {m.step}'s results: it waits for the tokens, then sends them{tail}."
+    )
 
 
 def show_timeline(timelines: List[Timeline]) -> None:
@@ -137,8 +167,11 @@ def show_timeline(timelines: List[Timeline]) -> None:
     def make_widget():
         import ipywidgets as w
 
-        pick = w.ToggleButtons(options=[(t.title, i) for i, t in enumerate(timelines)], value=0,
-                               style={"button_width": "auto"})
+        pick = w.ToggleButtons(
+            options=[(t.title, i) for i, t in enumerate(timelines)],
+            value=0,
+            style={"button_width": "auto"},
+        )
         n = len(timelines[0].marks)
         slider = w.IntSlider(min=1, max=n, value=n, description="events")
         figure, caption = w.HTML(), w.HTML()

@@ -27,8 +27,10 @@ def attempt(exercise: str) -> Iterator[None]:
     except NotImplementedError as e:
         if not str(e).startswith(f"{exercise}:"):
             raise
-        print(f"{exercise} {NOT_WRITTEN} ({str(e)[len(exercise) + 2:]}).\n"
-              "Write the function above and run this cell again; the cells below do not need it.")
+        print(
+            f"{exercise} {NOT_WRITTEN} ({str(e)[len(exercise) + 2 :]}).\n"
+            "Write the function above and run this cell again; the cells below do not need it."
+        )
 
 
 def check(rule: str, ok: bool, seen: str = "") -> bool:

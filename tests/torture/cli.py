@@ -28,18 +28,30 @@ SAVE_DIR = REPO / ".cache" / "torture"
 
 
 def _parse(argv) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m tests.torture", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.torture",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--workloads", type=int, default=None, help="stop after this many workloads")
     ap.add_argument("--minutes", type=float, default=None, help="stop after this much wall time")
     ap.add_argument("--seed", type=int, default=0, help="first seed (the others follow it)")
     ap.add_argument("--max-requests", type=int, default=10, help="requests per workload, at most")
-    ap.add_argument("--shrink-budget", type=int, default=400, help="runs the shrinker may spend per failure")
-    ap.add_argument("--max-failures", type=int, default=5, help="stop after this many failing workloads")
-    ap.add_argument("--replay", type=Path, default=None, help="run one workload saved as JSON, then stop")
-    ap.add_argument("--variant", default=None,
-                    help="run a known-wrong scheduler variant (judge/variants/NAME.py) instead of the "
-                        "reference")
+    ap.add_argument(
+        "--shrink-budget", type=int, default=400, help="runs the shrinker may spend per failure"
+    )
+    ap.add_argument(
+        "--max-failures", type=int, default=5, help="stop after this many failing workloads"
+    )
+    ap.add_argument(
+        "--replay", type=Path, default=None, help="run one workload saved as JSON, then stop"
+    )
+    ap.add_argument(
+        "--variant",
+        default=None,
+        help="run a known-wrong scheduler variant (judge/variants/NAME.py) instead of the "
+        "reference",
+    )
     ap.add_argument("--model", type=Path, default=MODEL)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
@@ -51,8 +63,10 @@ def _parse(argv) -> argparse.Namespace:
 def _replay(args, pool, llm_class) -> int:
     wl = Workload.from_json(args.replay.read_text())
     result = run_workload(wl, pool, args.model, args.device, llm_class)
-    print(f"replayed seed {wl.seed}: {result.transcript.iterations} steps, {result.aborts} aborts: "
-          f"{result.failure or 'ok'}")
+    print(
+        f"replayed seed {wl.seed}: {result.transcript.iterations} steps, {result.aborts} aborts: "
+        f"{result.failure or 'ok'}"
+    )
     return 1 if result.failure else 0
 
 
@@ -85,24 +99,34 @@ def main(argv=None) -> int:
             print(f"seed {seed}: FAIL {result.failure}", flush=True)
             failures.setdefault(kind, []).append(seed)
             if len(failures[kind]) == 1:  # shrink the first failure of each kind
-                small, runs = shrink(wl, kind, pool, args.model, args.shrink_budget, args.device, llm_class)
+                small, runs = shrink(
+                    wl, kind, pool, args.model, args.shrink_budget, args.device, llm_class
+                )
                 SAVE_DIR.mkdir(parents=True, exist_ok=True)
                 path = SAVE_DIR / f"{kind.replace(':', '-')}-seed{seed}.json"
                 path.write_text(small.to_json())
-                print(f"  shrunk in {runs} runs to {len(small.requests)} request(s), "
+                print(
+                    f"  shrunk in {runs} runs to {len(small.requests)} request(s), "
                     f"{len(small.aborts)} abort(s):\n"
-                      f"  {small.to_json()}\n  replay: python -m tests.torture --replay {path}"
-                      f"{' --variant ' + args.variant if args.variant else ''}", flush=True)
+                    f"  {small.to_json()}\n  replay: python -m tests.torture --replay {path}"
+                    f"{' --variant ' + args.variant if args.variant else ''}",
+                    flush=True,
+                )
             if sum(len(v) for v in failures.values()) >= args.max_failures:
                 break
         seed += 1
         if done % 100 == 0:
-            print(f"... {done} workloads, {iterations} steps, {sum(abort_states.values())} aborts, "
-                  f"{time.monotonic() - start:.0f}s", flush=True)
+            print(
+                f"... {done} workloads, {iterations} steps, {sum(abort_states.values())} aborts, "
+                f"{time.monotonic() - start:.0f}s",
+                flush=True,
+            )
     elapsed = time.monotonic() - start
-    print(f"ran {done} workloads (seeds {args.seed}..{args.seed + done - 1}) in {elapsed:.0f}s: "
-          f"{iterations} steps, {launches} batches, {sum(abort_states.values())} aborts "
-          f"({', '.join(f'{k} {v}' for k, v in sorted(abort_states.items()))})")
+    print(
+        f"ran {done} workloads (seeds {args.seed}..{args.seed + done - 1}) in {elapsed:.0f}s: "
+        f"{iterations} steps, {launches} batches, {sum(abort_states.values())} aborts "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(abort_states.items()))})"
+    )
     if failures:
         for kind, seeds in failures.items():
             print(f"FAILED [{kind}]: {len(seeds)} workload(s), seeds {seeds[:10]}")

@@ -43,24 +43,33 @@ class SlotWatch:
         if ev.kind == "slot_alloc":
             idx, uid = ev["table_idx"], ev["uid"]
             if idx in self.owner:
-                raise Violation("slot-double-alloc", f"slot {idx} given to uid {uid} while uid {self.owner[idx]} owns it")
+                raise Violation(
+                    "slot-double-alloc",
+                    f"slot {idx} given to uid {uid} while uid {self.owner[idx]} owns it",
+                )
             busy = [s for s, idxs in self.in_flight.items() if idx in idxs]
             if busy:
-                raise Violation("slot-reuse-in-flight",
-                                f"slot {idx} given to uid {uid} while the batch of step {busy[0]} still "
-                                "holds it")
+                raise Violation(
+                    "slot-reuse-in-flight",
+                    f"slot {idx} given to uid {uid} while the batch of step {busy[0]} still "
+                    "holds it",
+                )
             self.owner[idx] = uid
         elif ev.kind == "slot_free":
             idx, uid = ev["table_idx"], ev["uid"]
             if self.owner.get(idx) != uid:
-                raise Violation("slot-bad-free", f"uid {uid} freed slot {idx}, owned by {self.owner.get(idx)}")
+                raise Violation(
+                    "slot-bad-free", f"uid {uid} freed slot {idx}, owned by {self.owner.get(idx)}"
+                )
             del self.owner[idx]
         elif ev.kind == "launch":
             for uid, idx in zip(ev["uids"], ev["table_idxs"]):
                 if self.owner.get(idx) != uid:
-                    raise Violation("slot-not-owned",
-                                    f"step {ev['step']} runs uid {uid} in slot {idx}, owned by "
-                                    f"{self.owner.get(idx)}")
+                    raise Violation(
+                        "slot-not-owned",
+                        f"step {ev['step']} runs uid {uid} in slot {idx}, owned by "
+                        f"{self.owner.get(idx)}",
+                    )
             self.in_flight[ev["step"]] = set(ev["table_idxs"])
         elif ev.kind == "handle":
             self.in_flight.pop(ev["step"], None)
@@ -68,7 +77,9 @@ class SlotWatch:
     def check(self, llm) -> None:
         free = llm.table_manager.available_size
         if free + len(self.owner) != self.capacity:
-            raise Violation("slot-accounting", f"{free} free + {len(self.owner)} owned != {self.capacity} slots")
+            raise Violation(
+                "slot-accounting", f"{free} free + {len(self.owner)} owned != {self.capacity} slots"
+            )
 
 
 def check_pages(llm) -> None:
@@ -80,11 +91,13 @@ def check_pages(llm) -> None:
     everything = torch.cat([free, cached, *held])
     n_held = sum(len(h) for h in held)
     if len(everything) != cm.num_pages or len(torch.unique(everything)) != cm.num_pages:
-        raise Violation("page-accounting",
-                        f"free {len(free)} + cached {len(cached)} + held {n_held} by {len(live)} live "
-                        "request(s) "
-                        f"= {len(everything)} ({len(torch.unique(everything))} distinct), pool has "
-                        f"{cm.num_pages}")
+        raise Violation(
+            "page-accounting",
+            f"free {len(free)} + cached {len(cached)} + held {n_held} by {len(live)} live "
+            "request(s) "
+            f"= {len(everything)} ({len(torch.unique(everything))} distinct), pool has "
+            f"{cm.num_pages}",
+        )
 
 
 def check_locks(llm) -> None:
@@ -103,19 +116,27 @@ def check_locks(llm) -> None:
             depth += len(node.key)
             node = node.parent
         if depth != req.cache_handle.cached_len:
-            raise Violation("radix-handle", f"uid {req.uid}: handle says {req.cache_handle.cached_len} tokens, "
-                                            f"its path holds {depth}")
+            raise Violation(
+                "radix-handle",
+                f"uid {req.uid}: handle says {req.cache_handle.cached_len} tokens, "
+                f"its path holds {depth}",
+            )
     seen = 0
     stack = list(cache.root.children.values())
     while stack:
         node = stack.pop()
         stack.extend(node.children.values())
         if node.ref_count != want[id(node)]:
-            raise Violation("radix-lock", f"a node of {len(node.key)} tokens has ref_count {node.ref_count}, "
-                                          f"{want[id(node)]} live request(s) use it")
+            raise Violation(
+                "radix-lock",
+                f"a node of {len(node.key)} tokens has ref_count {node.ref_count}, "
+                f"{want[id(node)]} live request(s) use it",
+            )
         seen += want[id(node)] > 0
     if seen != len(want):
-        raise Violation("radix-lock", "a live request's handle points at a node no longer in the tree")
+        raise Violation(
+            "radix-lock", "a live request's handle points at a node no longer in the tree"
+        )
 
 
 def check_running(llm, slots: SlotWatch) -> None:
@@ -131,8 +152,11 @@ def check_idle(llm, slots: SlotWatch) -> None:
     if llm.live_requests():
         raise Violation("idle-leak", f"idle, but live requests remain: {llm.live_requests()}")
     if llm.table_manager.available_size != slots.capacity:
-        raise Violation("idle-leak", f"idle, but {slots.capacity - llm.table_manager.available_size} slot(s) "
-                                     f"are not back (owners {slots.owner})")
+        raise Violation(
+            "idle-leak",
+            f"idle, but {slots.capacity - llm.table_manager.available_size} slot(s) "
+            f"are not back (owners {slots.owner})",
+        )
     try:
         llm.cache_manager.check_integrity()
     except AssertionError as e:

@@ -25,14 +25,21 @@ def expected_greedy(spec: RequestSpec, reference: List[int], eos: int | None) ->
     return want
 
 
-def _check_sampled(uid: int, spec: RequestSpec, tokens: List[int], eos: int | None, complete: bool) -> None:
+def _check_sampled(
+    uid: int, spec: RequestSpec, tokens: List[int], eos: int | None, complete: bool
+) -> None:
     if len(tokens) > spec.max_tokens:
-        raise Violation("length", f"uid {uid}: {len(tokens)} tokens, max_tokens is {spec.max_tokens}")
+        raise Violation(
+            "length", f"uid {uid}: {len(tokens)} tokens, max_tokens is {spec.max_tokens}"
+        )
     if not spec.ignore_eos and eos in tokens[:-1]:
         raise Violation("eos", f"uid {uid}: tokens continue after EOS {eos}: {tokens}")
     if complete and len(tokens) < spec.max_tokens and (spec.ignore_eos or tokens[-1:] != [eos]):
-        raise Violation("length", f"uid {uid}: stopped after {len(tokens)} of {spec.max_tokens} tokens "
-                                  f"without an EOS: {tokens}")
+        raise Violation(
+            "length",
+            f"uid {uid}: stopped after {len(tokens)} of {spec.max_tokens} tokens "
+            f"without an EOS: {tokens}",
+        )
 
 
 def check_outcome(driver) -> None:
@@ -51,11 +58,15 @@ def check_outcome(driver) -> None:
         if any(not 0 <= tok < vocab for tok in tokens):
             raise Violation("bad-token", f"{what}: token outside the vocabulary: {tokens}")
         if True in flags[:-1]:
-            raise Violation("finished-early", f"{what}: finished flag before its last message: {flags}")
+            raise Violation(
+                "finished-early", f"{what}: finished flag before its last message: {flags}"
+            )
         if spec.is_greedy:
             want = expected_greedy(spec, pool.references[spec.prompt], driver.eos)
             if tokens != want[: len(tokens)] or (not aborted and len(tokens) != len(want)):
-                raise Violation("greedy-mismatch", f"{what}: got {tokens}, Hugging Face gives {want}")
+                raise Violation(
+                    "greedy-mismatch", f"{what}: got {tokens}, Hugging Face gives {want}"
+                )
         else:
             _check_sampled(uid, spec, tokens, driver.eos, complete=not aborted)
         result = llm.results[uid]
@@ -63,11 +74,17 @@ def check_outcome(driver) -> None:
             if flags[-1:] != [True]:
                 raise Violation("not-finished", f"{what}: no finished message (flags {flags})")
             if result.token_ids != tokens or not result.finished or result.aborted:
-                raise Violation("client-result", f"{what}: client holds {result}, scheduler sent {tokens}")
+                raise Violation(
+                    "client-result", f"{what}: client holds {result}, scheduler sent {tokens}"
+                )
         else:
             before = [m.next_token for seq, m in sent if seq < fa.seq]
             if result.token_ids != before or not result.aborted:
-                raise Violation("client-result", f"{what}: client holds {result}, had {before} when it aborted")
+                raise Violation(
+                    "client-result", f"{what}: client holds {result}, had {before} when it aborted"
+                )
     for k in range(len(wl.stray_aborts)):
         if STRAY_UID + k not in t.scheduler_aborts:
-            raise Violation("stray-abort", f"the abort of unknown uid {STRAY_UID + k} was never processed")
+            raise Violation(
+                "stray-abort", f"the abort of unknown uid {STRAY_UID + k} was never processed"
+            )

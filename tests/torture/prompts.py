@@ -55,10 +55,30 @@ def load_pool(model: Path) -> PromptPool:
     from minisgl.models import ModelConfig
 
     b0, b1, b2 = _bases(model, ModelConfig.from_dir(model).vocab_size)
-    first = [b0[:1], b0[:2], b0[:5], b0[:8], b0[:13], b0[:21], b0[:34], b1[:4], b1[:9], b1[:17],
-             b1[:30], b0[:8] + b1[:6], b0[:13] + b2[:10], b2[:3], b2[:16], b2[:40]]
+    first = [
+        b0[:1],
+        b0[:2],
+        b0[:5],
+        b0[:8],
+        b0[:13],
+        b0[:21],
+        b0[:34],
+        b1[:4],
+        b1[:9],
+        b1[:17],
+        b1[:30],
+        b0[:8] + b1[:6],
+        b0[:13] + b2[:10],
+        b2[:3],
+        b2[:16],
+        b2[:40],
+    ]
     first_refs = hf_greedy(first, REF_TOKENS, model)
     # A prompt that is another prompt plus the start of its own greedy output.
-    second = [first[3] + first_refs[3][:6], first[9] + first_refs[9][:12], first[1] + first_refs[1][:3]]
+    second = [
+        first[3] + first_refs[3][:6],
+        first[9] + first_refs[9][:12],
+        first[1] + first_refs[1][:3],
+    ]
     second_refs = hf_greedy(second, REF_TOKENS, model)
     return PromptPool(first + second, first_refs + second_refs)

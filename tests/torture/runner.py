@@ -38,7 +38,8 @@ class Transcript:
     uids: Dict[int, int] = field(default_factory=dict)  # request index -> uid
     messages: Dict[int, List[Tuple[int, DetokenizeMsg]]] = field(default_factory=dict)
     frontend_aborts: Dict[int, FrontendAbort] = field(default_factory=dict)
-    scheduler_aborts: Dict[int, int] = field(default_factory=dict)  # uid -> seq of its first abort event
+    # uid -> seq of its first abort event
+    scheduler_aborts: Dict[int, int] = field(default_factory=dict)
     abort_states: Counter = field(default_factory=Counter)  # "queued", "prefilling", "running", ...
     rejects: List[str] = field(default_factory=list)
     iterations: int = 0
@@ -57,20 +58,36 @@ class RunResult:
 
 
 def _params(spec) -> SamplingParams:
-    return SamplingParams(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
-                          max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos)
+    return SamplingParams(
+        temperature=spec.temperature,
+        top_k=spec.top_k,
+        top_p=spec.top_p,
+        max_tokens=spec.max_tokens,
+        ignore_eos=spec.ignore_eos,
+    )
 
 
 class Driver:
-    def __init__(self, wl: Workload, pool: PromptPool, model: Path, device: str = "cpu", llm_class=None) -> None:
+    def __init__(
+        self, wl: Workload, pool: PromptPool, model: Path, device: str = "cpu", llm_class=None
+    ) -> None:
         from helpers import build_llm
 
         s = wl.setup
         self.wl, self.pool = wl, pool
-        options = dict(device=device, cache_type=s.cache_type, page_size=s.page_size, num_page_override=s.num_pages,
-                       max_extend_tokens=s.max_extend_tokens, max_running_req=s.max_running_req,
-                       cpu_streams=s.cpu_streams, max_seq_len_override=s.max_seq_len)
-        if llm_class is not None:  # a subclass of LLM, e.g. a known-wrong variant the torture must catch
+        options = dict(
+            device=device,
+            cache_type=s.cache_type,
+            page_size=s.page_size,
+            num_page_override=s.num_pages,
+            max_extend_tokens=s.max_extend_tokens,
+            max_running_req=s.max_running_req,
+            cpu_streams=s.cpu_streams,
+            max_seq_len_override=s.max_seq_len,
+        )
+        if (
+            llm_class is not None
+        ):  # a subclass of LLM, e.g. a known-wrong variant the torture must catch
             options["llm_class"] = llm_class
         self.llm = build_llm(model, **options)
         if wl.eos_token is not None:
@@ -83,8 +100,11 @@ class Driver:
 
     @property
     def eos(self) -> int | None:
-        ids = self.llm.eos_token_ids  # the torture's checks assume one end id (the bundled model has one)
-        assert len(ids) <= 1, f"the torture test expects a model with at most one EOS id, got {sorted(ids)}"
+        # the torture's checks assume one end id (the bundled model has one)
+        ids = self.llm.eos_token_ids
+        assert len(ids) <= 1, (
+            f"the torture test expects a model with at most one EOS id, got {sorted(ids)}"
+        )
         return next(iter(ids), None)
 
     # ------------------------------------------------------------------ aborts
@@ -104,7 +124,11 @@ class Driver:
         if idx is None:
             return
         for a in self.wl.aborts:
-            if a.request == idx and a.moment == moment and (moment == "finish" or a.at == self.batch_counts[moment, uid]):
+            if (
+                a.request == idx
+                and a.moment == moment
+                and (moment == "finish" or a.at == self.batch_counts[moment, uid])
+            ):
                 self.abort(idx, a.duplicate)
 
     def _on_event(self, ev) -> None:
@@ -132,9 +156,15 @@ class Driver:
     def _on_message(self, seq: int, m: DetokenizeMsg) -> None:
         got = self.t.messages.setdefault(m.uid, [])
         if got and got[-1][1].finished:
-            raise Violation("message-after-finished", f"uid {m.uid} got token {m.next_token} after its finished message")
+            raise Violation(
+                "message-after-finished",
+                f"uid {m.uid} got token {m.next_token} after its finished message",
+            )
         if m.uid in self.t.scheduler_aborts:
-            raise Violation("message-after-abort", f"uid {m.uid} got token {m.next_token} after the scheduler aborted it")
+            raise Violation(
+                "message-after-abort",
+                f"uid {m.uid} got token {m.next_token} after the scheduler aborted it",
+            )
         got.append((seq, m))
 
     # ------------------------------------------------------------------ the loop
@@ -166,15 +196,20 @@ class Driver:
             except ValueError:
                 pass
             else:
-                raise Violation("abort-unknown", f"llm.abort({STRAY_UID}) of a uid never issued did not raise")
+                raise Violation(
+                    "abort-unknown", f"llm.abort({STRAY_UID}) of a uid never issued did not raise"
+                )
             it = 0
             while True:
                 self._before_iteration(it)
                 if it >= last_arrival and it >= max(wl.stray_aborts, default=0) and not llm.busy:
                     break
                 if it >= MAX_ITERATIONS:
-                    raise Violation("stuck", f"still busy after {it} iterations "
-                                             f"({len(llm.prefill_manager.pending)} queued)")
+                    raise Violation(
+                        "stuck",
+                        f"still busy after {it} iterations "
+                        f"({len(llm.prefill_manager.pending)} queued)",
+                    )
                 llm.step()
                 it += 1
                 self.t.iterations = it
@@ -189,15 +224,21 @@ class Driver:
             import traceback
 
             tb = traceback.extract_tb(e.__traceback__)[-1]
-            failure = Violation(f"crash:{type(e).__name__}", f"{e} (at {Path(tb.filename).name}:{tb.lineno})")
+            failure = Violation(
+                f"crash:{type(e).__name__}", f"{e} (at {Path(tb.filename).name}:{tb.lineno})"
+            )
         finally:
             ENV.DISABLE_OVERLAP_SCHEDULING.value = saved
         return RunResult(wl, self.t, failure)
 
 
-def run_workload(wl: Workload, pool: PromptPool, model: Path, device: str = "cpu", llm_class=None) -> RunResult:
+def run_workload(
+    wl: Workload, pool: PromptPool, model: Path, device: str = "cpu", llm_class=None
+) -> RunResult:
     try:
         driver = Driver(wl, pool, model, device, llm_class)
     except Exception as e:
-        return RunResult(wl, Transcript(), Violation(f"crash:{type(e).__name__}", f"building the LLM: {e}"))
+        return RunResult(
+            wl, Transcript(), Violation(f"crash:{type(e).__name__}", f"building the LLM: {e}")
+        )
     return driver.run()

@@ -38,11 +38,11 @@ def candidates(wl: Workload, pool: PromptPool) -> Iterator[Workload]:
         if len(wl.requests) > 1:
             yield wl.without_request(i)
     for k in reversed(range(len(wl.aborts))):
-        yield replace(wl, aborts=wl.aborts[:k] + wl.aborts[k + 1:])
+        yield replace(wl, aborts=wl.aborts[:k] + wl.aborts[k + 1 :])
     for k in reversed(range(len(wl.stray_aborts))):
-        yield replace(wl, stray_aborts=wl.stray_aborts[:k] + wl.stray_aborts[k + 1:])
+        yield replace(wl, stray_aborts=wl.stray_aborts[:k] + wl.stray_aborts[k + 1 :])
     for k in reversed(range(len(wl.switch_loop_at))):
-        yield replace(wl, switch_loop_at=wl.switch_loop_at[:k] + wl.switch_loop_at[k + 1:])
+        yield replace(wl, switch_loop_at=wl.switch_loop_at[:k] + wl.switch_loop_at[k + 1 :])
     if wl.eos_token is not None:
         yield replace(wl, eos_token=None)
     # a simpler engine (the pool keeps its size in tokens)
@@ -68,17 +68,23 @@ def candidates(wl: Workload, pool: PromptPool) -> Iterator[Workload]:
             yield _set_abort(wl, k, at=a.at - 1)
     for k, at in enumerate(wl.stray_aborts):
         if at > 0:
-            yield replace(wl, stray_aborts=wl.stray_aborts[:k] + [at - 1] + wl.stray_aborts[k + 1:])
+            yield replace(
+                wl, stray_aborts=wl.stray_aborts[:k] + [at - 1] + wl.stray_aborts[k + 1 :]
+            )
     for k, at in enumerate(wl.switch_loop_at):
         if at > 1 and at - 1 not in wl.switch_loop_at:
-            yield replace(wl, switch_loop_at=wl.switch_loop_at[:k] + [at - 1] + wl.switch_loop_at[k + 1:])
+            yield replace(
+                wl, switch_loop_at=wl.switch_loop_at[:k] + [at - 1] + wl.switch_loop_at[k + 1 :]
+            )
     for i, r in enumerate(wl.requests):
         if r.arrive > 0:  # an arrival moves with its step aborts, so they stay after it
             for new in (0, r.arrive - 1):
                 shift = new - r.arrive
                 moved = _set_request(wl, i, arrive=new)
-                moved.aborts = [replace(a, at=a.at + shift) if a.request == i and a.moment == "step" else a
-                                for a in moved.aborts]
+                moved.aborts = [
+                    replace(a, at=a.at + shift) if a.request == i and a.moment == "step" else a
+                    for a in moved.aborts
+                ]
                 yield moved
         for n in (1, r.max_tokens // 2, r.max_tokens - 1):
             if 1 <= n < r.max_tokens:
@@ -87,13 +93,22 @@ def candidates(wl: Workload, pool: PromptPool) -> Iterator[Workload]:
             yield _set_request(wl, i, temperature=0.0, top_k=-1, top_p=1.0)
         elif r.temperature != 0.0:
             yield _set_request(wl, i, temperature=0.0, top_k=-1)
-        shorter = sorted((len(p), j) for j, p in enumerate(pool.prompts) if len(p) < len(pool.prompts[r.prompt]))
+        shorter = sorted(
+            (len(p), j) for j, p in enumerate(pool.prompts) if len(p) < len(pool.prompts[r.prompt])
+        )
         for _, j in shorter[:2] + shorter[-1:]:
             yield _set_request(wl, i, prompt=j)
 
 
-def shrink(wl: Workload, kind: str, pool: PromptPool, model: Path, budget: int = 400, device: str = "cpu",
-           llm_class=None) -> tuple[Workload, int]:
+def shrink(
+    wl: Workload,
+    kind: str,
+    pool: PromptPool,
+    model: Path,
+    budget: int = 400,
+    device: str = "cpu",
+    llm_class=None,
+) -> tuple[Workload, int]:
     """The smallest variant of `wl` found that still fails with `kind`, and the number of runs
     spent."""
     runs = 0

@@ -64,8 +64,10 @@ class Workload:
     requests: List[RequestSpec]
     aborts: List[AbortSpec] = field(default_factory=list)
     eos_token: int | None = None  # forced as the scheduler's EOS; None keeps the model's
-    stray_aborts: List[int] = field(default_factory=list)  # iterations sending an abort for an unknown uid
-    switch_loop_at: List[int] = field(default_factory=list)  # iterations before which the overlap switch flips
+    # iterations sending an abort for an unknown uid
+    stray_aborts: List[int] = field(default_factory=list)
+    # iterations before which the overlap switch flips
+    switch_loop_at: List[int] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -73,15 +75,22 @@ class Workload:
     @classmethod
     def from_json(cls, text: str) -> "Workload":
         d = json.loads(text)
-        return cls(seed=d["seed"], setup=EngineSetup(**d["setup"]),
-                   requests=[RequestSpec(**r) for r in d["requests"]],
-                   aborts=[AbortSpec(**a) for a in d["aborts"]], eos_token=d["eos_token"],
-                   stray_aborts=list(d["stray_aborts"]), switch_loop_at=list(d["switch_loop_at"]))
+        return cls(
+            seed=d["seed"],
+            setup=EngineSetup(**d["setup"]),
+            requests=[RequestSpec(**r) for r in d["requests"]],
+            aborts=[AbortSpec(**a) for a in d["aborts"]],
+            eos_token=d["eos_token"],
+            stray_aborts=list(d["stray_aborts"]),
+            switch_loop_at=list(d["switch_loop_at"]),
+        )
 
     def without_request(self, i: int) -> "Workload":
         """The same workload minus request `i` (its aborts go too; later indices shift down)."""
-        reqs = self.requests[:i] + self.requests[i + 1:]
-        aborts = [replace(a, request=a.request - (a.request > i)) for a in self.aborts if a.request != i]
+        reqs = self.requests[:i] + self.requests[i + 1 :]
+        aborts = [
+            replace(a, request=a.request - (a.request > i)) for a in self.aborts if a.request != i
+        ]
         return replace(self, requests=reqs, aborts=aborts)
 
 
@@ -100,7 +109,9 @@ def generate(seed: int, pool: PromptPool, max_requests: int = 8) -> Workload:
     rng = random.Random(seed)
     page_size = rng.choice([1, 4])
     # a quarter of the workloads hammer a few prompts: duplicates, shared prefixes, cache hits
-    choices = rng.sample(range(len(pool.prompts)), 3) if rng.random() < 0.25 else range(len(pool.prompts))
+    choices = (
+        rng.sample(range(len(pool.prompts)), 3) if rng.random() < 0.25 else range(len(pool.prompts))
+    )
     requests = []
     for _ in range(rng.randint(1, max_requests)):
         kind = rng.random()
@@ -122,7 +133,11 @@ def generate(seed: int, pool: PromptPool, max_requests: int = 8) -> Workload:
     for i, r in enumerate(requests):
         if rng.random() < 0.45:
             moment = rng.choice(ABORT_MOMENTS)
-            at = r.arrive + rng.choice([0, 0, 1, 2, rng.randint(0, 30)]) if moment == "step" else rng.randint(1, 4)
+            at = (
+                r.arrive + rng.choice([0, 0, 1, 2, rng.randint(0, 30)])
+                if moment == "step"
+                else rng.randint(1, 4)
+            )
             aborts.append(AbortSpec(i, moment, at, duplicate=rng.random() < 0.3))
 
     eos_token = None
@@ -142,7 +157,9 @@ def generate(seed: int, pool: PromptPool, max_requests: int = 8) -> Workload:
     if rng.random() < 0.3:  # requests that reach the very end of a row
         setup.max_seq_len = longest(requests, pool) + rng.choice([0, 0, 1, 3])
     # Tight pools force queueing and radix eviction; some are roomy.
-    setup.num_pages = min_pages(requests, pool, page_size) + rng.choice([0, 1, 2, 3, 6, 12, 40, 200])
+    setup.num_pages = min_pages(requests, pool, page_size) + rng.choice(
+        [0, 1, 2, 3, 6, 12, 40, 200]
+    )
     stray = [rng.randint(0, 20) for _ in range(rng.choice([0, 0, 1, 2]))]
     switch = sorted(rng.sample(range(1, 30), rng.randint(1, 3))) if rng.random() < 0.15 else []
     return Workload(seed, setup, requests, aborts, eos_token, stray, switch)

@@ -39,12 +39,17 @@ def _settings(folder: Path, theme: str) -> None:
         path.write_text(json.dumps(value))
 
     put("@jupyterlab/apputils-extension", "themes", {"theme": theme})
-    put("@jupyterlab/apputils-extension", "notification", {"fetchNews": "false", "checkForUpdates": False})
+    put(
+        "@jupyterlab/apputils-extension",
+        "notification",
+        {"fetchNews": "false", "checkForUpdates": False},
+    )
 
 
 @contextmanager
-def jupyterlab(notebooks: List[Path], theme: str = LIGHT, log: Path | None = None,
-               as_in_repo: bool = False) -> Iterator[str]:
+def jupyterlab(
+    notebooks: List[Path], theme: str = LIGHT, log: Path | None = None, as_in_repo: bool = False
+) -> Iterator[str]:
     """Start JupyterLab on copies of `notebooks`; yields its base URL (no token) and the folder
     it serves. `as_in_repo`:
     keep their folders (notebooks/, solutions/) and use the repository's jupyter_server_config.py,
@@ -58,19 +63,39 @@ def jupyterlab(notebooks: List[Path], theme: str = LIGHT, log: Path | None = Non
             shutil.copyfile(nb, dest)
         _settings(work / "settings", theme)
         port = _free_port()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                   JUPYTERLAB_SETTINGS_DIR=str(work / "settings"), JUPYTER_RUNTIME_DIR=str(work / "runtime"),
-                   MPLBACKEND="agg", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            JUPYTERLAB_SETTINGS_DIR=str(work / "settings"),
+            JUPYTER_RUNTIME_DIR=str(work / "runtime"),
+            MPLBACKEND="agg",
+            OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+        )
         for key in [k for k in env if k.startswith("MINISGL_")]:
             env.pop(key)
         out = open(log or os.devnull, "w")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-             f"--ServerApp.root_dir={work / 'nb'}", "--IdentityProvider.token=", "--ServerApp.password=",
-             "--ServerApp.disable_check_xsrf=True", "--LabApp.expose_app_in_browser=True",
-             "--LabApp.news_url=None", "--ServerApp.allow_root=True"]
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                "--no-browser",
+                f"--port={port}",
+                "--ip=127.0.0.1",
+                f"--ServerApp.root_dir={work / 'nb'}",
+                "--IdentityProvider.token=",
+                "--ServerApp.password=",
+                "--ServerApp.disable_check_xsrf=True",
+                "--LabApp.expose_app_in_browser=True",
+                "--LabApp.news_url=None",
+                "--ServerApp.allow_root=True",
+            ]
             + ([f"--config={ROOT / 'jupyter_server_config.py'}"] if as_in_repo else []),
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         base = f"http://127.0.0.1:{port}"
         try:
             _wait(base, proc)

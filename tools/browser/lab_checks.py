@@ -44,17 +44,26 @@ def views_render(page) -> List[str]:
     outputs = page.evaluate(OUTPUTS_JS)
     views = [o for o in outputs if WIDGET_VIEW in o["mimes"]]
     if not views:
-        fails.append("expected the notebook's views to be live widgets, found no widget output at all")
+        fails.append(
+            "expected the notebook's views to be live widgets, found no widget output at all"
+        )
     for o in views:
         where = f"cell {o['cell']} ({o['source'].splitlines()[0] if o['source'] else ''})"
         if "Loading widget" in o["text"] or "Error displaying widget" in o["text"]:
-            fails.append(f"{where}: expected the live view, the page says {o['text'].splitlines()[0]!r}")
+            fails.append(
+                f"{where}: expected the live view, the page says {o['text'].splitlines()[0]!r}"
+            )
         elif not o["widget"]:
-            fails.append(f"{where}: expected the live view, the page shows the text fallback {o['text'][:60]!r}")
+            fails.append(
+                f"{where}: expected the live view, the page shows the text fallback "
+                f"{o['text'][:60]!r}"
+            )
     for o in outputs:
         if o["type"] == "error":
-            fails.append(f"cell {o['cell']} ({o['source'].splitlines()[0] if o['source'] else ''}): "
-                         f"expected no error, got {o['error'][:120]}")
+            fails.append(
+                f"cell {o['cell']} ({o['source'].splitlines()[0] if o['source'] else ''}): "
+                f"expected no error, got {o['error'][:120]}"
+            )
     return fails
 
 
@@ -73,7 +82,11 @@ def slider_moves_the_picture(page) -> List[str]:
         after = pictures.evaluate_all("els => els.map(e => e.innerHTML).join('')")
         if after != before:
             break
-    return [] if after != before else ["expected the picture to change when the slider moved one step, it stayed the same"]
+    return (
+        []
+        if after != before
+        else ["expected the picture to change when the slider moved one step, it stayed the same"]
+    )
 
 
 CELLS_JS = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(c => c.model.sharedModel.getSource())"""
@@ -88,7 +101,10 @@ def judge_report_is_one_output(page) -> List[str]:
     if not mine:
         return ["expected the judge's report, its cell has no output (did Run All stop before it?)"]
     if len(mine) != 1:
-        return [f"expected the judge's report as one output of the last cell, it has {len(mine)} outputs"]
+        return [
+            f"expected the judge's report as one output of the last cell, it has {len(mine)} "
+            "outputs"
+        ]
     text = mine[0]["text"]
     fails = []
     if "PASSED" not in text:  # "PASSED: ..." or "NOT PASSED: ..."
@@ -131,7 +147,9 @@ CONTRAST_JS = """(root) => {
 
 def stepper_readable(page, minimum: float = 3.0) -> List[str]:
     """Every line of the chapter 11 stepper, at every turn, stands out from its background."""
-    cell = page.locator(".jp-Cell:has(.widget-toggle-buttons):has(.widget-slider)").filter(has_text="slot reuse")
+    cell = page.locator(".jp-Cell:has(.widget-toggle-buttons):has(.widget-slider)").filter(
+        has_text="slot reuse"
+    )
     if not cell.count():
         return ["expected the stepper (the four problems, a slider), found none"]
     cell.scroll_into_view_if_needed()
@@ -142,8 +160,10 @@ def stepper_readable(page, minimum: float = 3.0) -> List[str]:
         P.settle(page, 0.4)
         ratio, what = cell.locator(".widget-vbox").first.evaluate(CONTRAST_JS)
         if ratio < minimum:
-            fails.append(f"expected every line of the stepper readable (contrast >= {minimum}), "
-                         f"{what!r} has {ratio:.1f}")
+            fails.append(
+                f"expected every line of the stepper readable (contrast >= {minimum}), "
+                f"{what!r} has {ratio:.1f}"
+            )
             break
     return fails
 
@@ -157,7 +177,10 @@ def solution_not_saved(page, path, original: bytes) -> List[str]:
     P.settle(page, 2.0)
     fails = []
     if path.read_bytes() != original:
-        fails.append("expected the solution notebook unchanged on disk after Run All and Save, it was rewritten")
+        fails.append(
+            "expected the solution notebook unchanged on disk after Run All and Save, it was "
+            "rewritten"
+        )
     dialogs = page.locator(".jp-Dialog").all_text_contents()
     if any("rror" in d for d in dialogs):
         fails.append(f"expected no error dialog on Save, got {dialogs[0][:100]!r}")
@@ -178,7 +201,11 @@ def progress_notebook(path) -> None:
     import nbformat
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PROGRESS_CELL)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
     nbformat.write(nb, str(path))
 
 
@@ -189,9 +216,14 @@ def progress_cleaned_up(page, console: List[str]) -> List[str]:
     texts = [o["text"].strip() for o in outputs]
     fails = []
     if len(outputs) != 3:
-        fails.append(f"expected 3 outputs (a print, the bar's last line, a print), got {len(outputs)}: {texts}")
+        fails.append(
+            f"expected 3 outputs (a print, the bar's last line, a print), got {len(outputs)}: "
+            f"{texts}"
+        )
     elif not texts[1].startswith("generated 384 tokens"):
-        fails.append(f"expected the bar to end as 'generated 384 tokens ...', it shows {texts[1][:80]!r}")
+        fails.append(
+            f"expected the bar to end as 'generated 384 tokens ...', it shows {texts[1][:80]!r}"
+        )
     comm = [m for m in console if "Comm" in m and "not found" in m]
     if comm:
         fails.append(f"expected no 'Comm not found' in the browser's console, got {comm[0][:80]!r}")

@@ -15,21 +15,25 @@ BUSY_JS = """() => {
 
 
 def launch(playwright, executable: str, width: int = 1400, height: int = 1000, dark: bool = False):
-    browser = playwright.chromium.launch(executable_path=executable, headless=True,
-                                         args=["--no-sandbox", "--disable-gpu"])
-    context = browser.new_context(viewport={"width": width, "height": height},
-                                  color_scheme="dark" if dark else "light")
+    browser = playwright.chromium.launch(
+        executable_path=executable, headless=True, args=["--no-sandbox", "--disable-gpu"]
+    )
+    context = browser.new_context(
+        viewport={"width": width, "height": height}, color_scheme="dark" if dark else "light"
+    )
     return browser, context
 
 
 def open_notebook(page, base: str, name: str, timeout: float = 90) -> None:
     page.goto(f"{base}/lab/tree/{name}")
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
-                           timeout=timeout * 1000)
+    page.wait_for_function(
+        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+        " && window.jupyterapp.shell.currentWidget.sessionContext"
+        " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+        " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+        " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
+        timeout=timeout * 1000,
+    )
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout * 1000)
 
 

@@ -64,7 +64,9 @@ def serve(site: Path) -> Iterator[str]:
         def log_message(self, *args) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(site))
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -79,8 +81,13 @@ def check_page(page, url: str, chapter: bool, dark: bool) -> List[str]:
     fails = list(page.evaluate(OVERFLOW_JS)) + list(page.evaluate(FIGURES_JS))
     scheme = page.evaluate("() => document.body.getAttribute('data-md-color-scheme')")
     if scheme != ("slate" if dark else "default"):
-        fails.append(f"expected the {'dark' if dark else 'light'} scheme the system prefers, the page uses {scheme!r}")
-    if not page.locator("[data-md-component=palette] label, form[data-md-component=palette] label").count():
+        fails.append(
+            f"expected the {'dark' if dark else 'light'} scheme the system prefers, the page "
+            f"uses {scheme!r}"
+        )
+    if not page.locator(
+        "[data-md-component=palette] label, form[data-md-component=palette] label"
+    ).count():
         fails.append("expected a light/dark toggle in the header, found none")
     if chapter:
         fails += page.evaluate(DOWNLOADS_JS)

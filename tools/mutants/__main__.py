@@ -41,8 +41,19 @@ from judge.settings import MUTANTS_RESULTS
 from judge.stubs import reference_source
 
 from .operators import mutants
-from .run import (EQUIVALENT, INVALID, KILLED, SURVIVED, TIMEOUT, Pool, ReferenceFails, Result, judge_mutants,
-                  reference_durations)
+from .run import (
+    EQUIVALENT,
+    INVALID,
+    KILLED,
+    SURVIVED,
+    TIMEOUT,
+    Pool,
+    ReferenceFails,
+    Result,
+    judge_mutants,
+    reference_durations,
+)
+
 
 def results_dir() -> Path:
     """Where each exercise's last full run is kept (for --markdown); tests point it elsewhere."""
@@ -50,20 +61,37 @@ def results_dir() -> Path:
 
 
 def main(argv: List[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.mutants", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m tools.mutants",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("chapters", nargs="*", help="chapters (default: all)")
     p.add_argument("--exercise", help="only this exercise (name)")
     p.add_argument("--ids", nargs="+", help="only these mutant ids")
     p.add_argument("--list", action="store_true", help="list the mutants without running them")
-    p.add_argument("--sample", type=int, help="at most this many mutants per exercise, chosen at random (--seed)")
+    p.add_argument(
+        "--sample",
+        type=int,
+        help="at most this many mutants per exercise, chosen at random (--seed)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--check", action="store_true", help="exit 1 if any mutant survives (for CI's sample)")
-    p.add_argument("--target", type=float, default=95.0, help="minimum score per exercise, percent (default 95)")
+    p.add_argument(
+        "--check", action="store_true", help="exit 1 if any mutant survives (for CI's sample)"
+    )
+    p.add_argument(
+        "--target",
+        type=float,
+        default=95.0,
+        help="minimum score per exercise, percent (default 95)",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--markdown", action="store_true",
-                   help="print the results table from the last runs (build/mutants/*.json) as Markdown")
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the results table from the last runs (build/mutants/*.json) as Markdown",
+    )
     args = p.parse_args(argv)
     console = Console(highlight=False, width=max(Console().width, 120))
     registry = load_registry()
@@ -101,8 +129,10 @@ def _plan(chapters: List[Chapter], args) -> Dict:
             if args.sample is not None:
                 equivalent = {mid for mid, _ in ex.equivalent_mutants}
                 pool = [m for m in ms if m.id not in equivalent]
-                ms = sorted(random.Random(f"{args.seed}:{ex.id}").sample(pool, min(args.sample, len(pool))),
-                            key=pool.index)
+                ms = sorted(
+                    random.Random(f"{args.seed}:{ex.id}").sample(pool, min(args.sample, len(pool))),
+                    key=pool.index,
+                )
             if ms:
                 plan[(chapter, ex)] = (source, ms)
     return plan
@@ -113,7 +143,11 @@ def _run(plan: Dict, args, console: Console) -> int:
     chapters = sorted({c for c, _ in plan}, key=lambda c: c.key)
     pool = Pool(chapters, args.device, args.workers)
     total = sum(len(ms) for _, ms in plan.values())
-    console.print(Text(f"mutants: {total} over {len(plan)} exercise(s), {pool.workers} at a time", style="bold"))
+    console.print(
+        Text(
+            f"mutants: {total} over {len(plan)} exercise(s), {pool.workers} at a time", style="bold"
+        )
+    )
     code = 0
     rows = []
     durations: Dict[str, Dict[str, float]] = {}
@@ -133,7 +167,11 @@ def _run(plan: Dict, args, console: Console) -> int:
             _print_exercise(console, ex, source, results, row, stale)
             if not args.ids and args.sample is None:
                 _save(ex, row, results, stale)
-            if stale or (args.check and row["survived"]) or (args.sample is None and row["score"] < args.target):
+            if (
+                stale
+                or (args.check and row["survived"])
+                or (args.sample is None and row["score"] < args.target)
+            ):
                 code = 1
     finally:
         pool.close()
@@ -143,11 +181,19 @@ def _run(plan: Dict, args, console: Console) -> int:
 
 
 def _summarise(ex: Exercise, results: List[Result], wall: float) -> Dict:
-    count = {s: sum(r.status == s for r in results) for s in (KILLED, TIMEOUT, SURVIVED, INVALID, EQUIVALENT)}
+    count = {
+        s: sum(r.status == s for r in results)
+        for s in (KILLED, TIMEOUT, SURVIVED, INVALID, EQUIVALENT)
+    }
     judged = len(results) - count[EQUIVALENT]
     killed = count[KILLED] + count[TIMEOUT] + count[INVALID]
-    return {"exercise": ex.id, "mutants": len(results), **count, "score": 100.0 * killed / judged if judged else 100.0,
-            "wall": round(wall, 1)}
+    return {
+        "exercise": ex.id,
+        "mutants": len(results),
+        **count,
+        "score": 100.0 * killed / judged if judged else 100.0,
+        "wall": round(wall, 1),
+    }
 
 
 def _stale_equivalents(ex: Exercise, source: str) -> List[str]:
@@ -156,22 +202,33 @@ def _stale_equivalents(ex: Exercise, source: str) -> List[str]:
     return [mid for mid, _ in ex.equivalent_mutants if mid not in ids]
 
 
-def _print_exercise(console: Console, ex: Exercise, source: str, results: List[Result], row: Dict,
-                    stale: List[str]) -> None:
+def _print_exercise(
+    console: Console, ex: Exercise, source: str, results: List[Result], row: Dict, stale: List[str]
+) -> None:
     style = "green" if row["survived"] == 0 else "bold red"
-    console.print(Text(f"{ex.id}: {row['score']:.1f} % killed ({row['killed']} killed, {row['timeout']} "
-        "timed out, "
-                       f"{row['invalid']} invalid, {row['survived']} survived, {row['equivalent']} "
-                       "equivalent) "
-                       f"in {row['wall']:.0f} s", style=style))
+    console.print(
+        Text(
+            f"{ex.id}: {row['score']:.1f} % killed ({row['killed']} killed, {row['timeout']} "
+            "timed out, "
+            f"{row['invalid']} invalid, {row['survived']} survived, {row['equivalent']} "
+            "equivalent) "
+            f"in {row['wall']:.0f} s",
+            style=style,
+        )
+    )
     for r in results:
         if r.status == SURVIVED:
             console.print(Text(f"  survived {r.mutant.id}  {r.mutant.description}", style="red"))
             console.print(Text("    " + r.mutant.diff(source).replace("\n", "\n    "), style="dim"))
     for mid in stale:
-        console.print(Text(f"  stale: {mid} is listed as equivalent but is no longer a mutant of the "
-            "reference "
-                           "(remove it from judge/exercises.toml)", style="bold red"))
+        console.print(
+            Text(
+                f"  stale: {mid} is listed as equivalent but is no longer a mutant of the "
+                "reference "
+                "(remove it from judge/exercises.toml)",
+                style="bold red",
+            )
+        )
 
 
 def _print_table(console: Console, rows: List[Dict]) -> None:
@@ -180,24 +237,37 @@ def _print_table(console: Console, rows: List[Dict]) -> None:
     for col in ("mutants", "killed", "timeout", "survived", "equivalent", "score"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r["exercise"], str(r["mutants"]), str(r["killed"] + r["invalid"]), str(r["timeout"]),
-                      Text(str(r["survived"]), style="bold red" if r["survived"] else ""), str(r["equivalent"]),
-                      f"{r['score']:.1f} %")
+        table.add_row(
+            r["exercise"],
+            str(r["mutants"]),
+            str(r["killed"] + r["invalid"]),
+            str(r["timeout"]),
+            Text(str(r["survived"]), style="bold red" if r["survived"] else ""),
+            str(r["equivalent"]),
+            f"{r['score']:.1f} %",
+        )
     console.print(table)
 
 
 def _save(ex: Exercise, row: Dict, results: List[Result], stale: List[str]) -> None:
     folder = results_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    data = {**row, "stale": stale,
-            "results": [{"id": r.mutant.id, "status": r.status, "by": r.by, "description": r.mutant.description}
-                        for r in results]}
+    data = {
+        **row,
+        "stale": stale,
+        "results": [
+            {"id": r.mutant.id, "status": r.status, "by": r.by, "description": r.mutant.description}
+            for r in results
+        ],
+    }
     (folder / f"{ex.id}.json").write_text(json.dumps(data, indent=1))
 
 
 def markdown(chapters: List[Chapter]) -> str:
-    lines = ["| exercise | mutants | killed | timed out | survived | equivalent | score |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| exercise | mutants | killed | timed out | survived | equivalent | score |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for chapter in chapters:
         for ex in chapter.exercises:
             path = results_dir() / f"{ex.id}.json"
@@ -205,8 +275,10 @@ def markdown(chapters: List[Chapter]) -> str:
                 lines.append(f"| {ex.id} | not run | | | | | |")
                 continue
             r = json.loads(path.read_text())
-            lines.append(f"| {ex.id} | {r['mutants']} | {r['killed'] + r['invalid']} | {r['timeout']} | "
-                         f"{r['survived']} | {r['equivalent']} | {r['score']:.1f} % |")
+            lines.append(
+                f"| {ex.id} | {r['mutants']} | {r['killed'] + r['invalid']} | {r['timeout']} | "
+                f"{r['survived']} | {r['equivalent']} | {r['score']:.1f} % |"
+            )
     return "\n".join(lines)
 
 

@@ -33,13 +33,42 @@ import hashlib
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Tuple
 
-ARITH = {ast.Add: [ast.Sub], ast.Sub: [ast.Add], ast.Mult: [ast.Div], ast.Div: [ast.Mult, ast.FloorDiv],
-         ast.FloorDiv: [ast.Div, ast.Mult], ast.Mod: [ast.FloorDiv], ast.Pow: [ast.Mult],
-         ast.LShift: [ast.RShift], ast.RShift: [ast.LShift], ast.BitAnd: [ast.BitOr], ast.BitOr: [ast.BitAnd]}
-COMPARE = {ast.Lt: [ast.LtE], ast.LtE: [ast.Lt], ast.Gt: [ast.GtE], ast.GtE: [ast.Gt], ast.Eq: [ast.NotEq],
-           ast.NotEq: [ast.Eq], ast.Is: [ast.IsNot], ast.IsNot: [ast.Is], ast.In: [ast.NotIn], ast.NotIn: [ast.In]}
-DTYPES = {"float32": ["bfloat16"], "float": ["bfloat16"], "bfloat16": ["float32"], "float16": ["float32"],
-          "half": ["float32"], "int64": ["int32"], "long": ["int32"], "int32": ["int64"], "int": ["int64"]}
+ARITH = {
+    ast.Add: [ast.Sub],
+    ast.Sub: [ast.Add],
+    ast.Mult: [ast.Div],
+    ast.Div: [ast.Mult, ast.FloorDiv],
+    ast.FloorDiv: [ast.Div, ast.Mult],
+    ast.Mod: [ast.FloorDiv],
+    ast.Pow: [ast.Mult],
+    ast.LShift: [ast.RShift],
+    ast.RShift: [ast.LShift],
+    ast.BitAnd: [ast.BitOr],
+    ast.BitOr: [ast.BitAnd],
+}
+COMPARE = {
+    ast.Lt: [ast.LtE],
+    ast.LtE: [ast.Lt],
+    ast.Gt: [ast.GtE],
+    ast.GtE: [ast.Gt],
+    ast.Eq: [ast.NotEq],
+    ast.NotEq: [ast.Eq],
+    ast.Is: [ast.IsNot],
+    ast.IsNot: [ast.Is],
+    ast.In: [ast.NotIn],
+    ast.NotIn: [ast.In],
+}
+DTYPES = {
+    "float32": ["bfloat16"],
+    "float": ["bfloat16"],
+    "bfloat16": ["float32"],
+    "float16": ["float32"],
+    "half": ["float32"],
+    "int64": ["int32"],
+    "long": ["int32"],
+    "int32": ["int64"],
+    "int": ["int64"],
+}
 CASTS = {"float", "to", "long", "int", "contiguous", "clone", "detach", "cpu", "type_as"}
 BUILTIN_SWAPS = {"min": "max", "max": "min", "any": "all", "all": "any"}
 
@@ -53,8 +82,14 @@ class Mutant:
     source: str  # the whole mutated function
 
     def diff(self, original: str) -> str:
-        lines = difflib.unified_diff(_normal(original).splitlines(), self.source.splitlines(),
-                                     "reference", self.id, n=1, lineterm="")
+        lines = difflib.unified_diff(
+            _normal(original).splitlines(),
+            self.source.splitlines(),
+            "reference",
+            self.id,
+            n=1,
+            lineterm="",
+        )
         return "\n".join(list(lines)[2:])
 
 
@@ -76,7 +111,9 @@ def mutants(source: str, name: str) -> List[Mutant]:
             continue
         seen.add(text)
         digest = hashlib.sha1(_without_docstring(mutated, name).encode()).hexdigest()[:8]
-        out.append(Mutant(f"{op}-{digest}", op, line, f"line {line}: {before} -> {after}", text + "\n"))
+        out.append(
+            Mutant(f"{op}-{digest}", op, line, f"line {line}: {before} -> {after}", text + "\n")
+        )
     return out
 
 
@@ -125,7 +162,11 @@ def _walk(func: ast.FunctionDef) -> List[ast.AST]:
 
 
 def _is_docstring(stmt: ast.stmt) -> bool:
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
 
 
 def _sites(tree: ast.Module, name: str) -> Iterator[Site]:
@@ -176,6 +217,7 @@ def _expression_sites(i: int, node: ast.AST, parent: ast.AST | None, name: str) 
             new = make(copy.deepcopy(old))
             _replace_in_parent(f, old, new)
             return _text(new)
+
         return apply
 
     def mutate(change: Callable[[ast.AST], None]) -> Callable[[ast.FunctionDef], str]:
@@ -183,6 +225,7 @@ def _expression_sites(i: int, node: ast.AST, parent: ast.AST | None, name: str) 
             target = get(f)
             change(target)
             return _text(target)
+
         return apply
 
     if isinstance(node, ast.BinOp):
@@ -198,16 +241,20 @@ def _expression_sites(i: int, node: ast.AST, parent: ast.AST | None, name: str) 
     elif isinstance(node, ast.Compare):
         for k, cmp in enumerate(node.ops):
             for new_op in COMPARE.get(type(cmp), []):
+
                 def change(n, k=k, o=new_op):
                     n.ops[k] = o()
+
                 yield "compare", line, _text(node), mutate(change)
     elif isinstance(node, ast.BoolOp):
         other = ast.Or if isinstance(node.op, ast.And) else ast.And
         yield "logic", line, _text(node), mutate(lambda n: setattr(n, "op", other()))
         for k in range(len(node.values)):
+
             def drop(n, k=k):
                 rest = [v for j, v in enumerate(n.values) if j != k]
                 return rest[0] if len(rest) == 1 else ast.BoolOp(op=n.op, values=rest)
+
             yield "logic", line, _text(node), swap_with(drop)
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
         if not (isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)):
@@ -219,17 +266,28 @@ def _expression_sites(i: int, node: ast.AST, parent: ast.AST | None, name: str) 
         elif isinstance(value, int):
             for new in sorted({value + 1, value - 1} - {value}):
                 if new >= 0 or value < 0 or isinstance(parent, ast.UnaryOp):
-                    yield "const", line, _text(node), mutate(lambda n, v=new: setattr(n, "value", v))
+                    yield (
+                        "const",
+                        line,
+                        _text(node),
+                        mutate(lambda n, v=new: setattr(n, "value", v)),
+                    )
         elif isinstance(value, float):
             new = 0.0 if value != 0 else 1.0
             yield "const", line, _text(node), mutate(lambda n, v=new: setattr(n, "value", v))
-    elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
+    elif (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "torch"
+    ):
         for new in DTYPES.get(node.attr, []):
             yield "dtype", line, _text(node), mutate(lambda n, a=new: setattr(n, "attr", a))
 
     if isinstance(node, (ast.If, ast.IfExp)):
+
         def negate(n):
             n.test = ast.UnaryOp(op=ast.Not(), operand=n.test)
+
         yield "negate", line, "if " + _text(node.test), mutate(negate)
     if isinstance(node, ast.Call):
         yield from _call_sites(node, line, swap_with, mutate)
@@ -237,8 +295,10 @@ def _expression_sites(i: int, node: ast.AST, parent: ast.AST | None, name: str) 
         for bound in ("lower", "upper"):
             if getattr(node, bound) is not None:
                 for op in (ast.Add, ast.Sub):
+
                     def change(n, b=bound, o=op):
                         setattr(n, b, ast.BinOp(left=getattr(n, b), op=o(), right=ast.Constant(1)))
+
                     yield "length", line, _text(node), mutate(change)
     if isinstance(node, ast.Break):
         yield "flow", line, "break", swap_with(lambda n: ast.Continue())
@@ -250,10 +310,19 @@ def _call_sites(node: ast.Call, line: int, swap_with, mutate) -> Iterator[Site]:
     func = node.func
     if isinstance(func, ast.Name) and func.id == "len":
         for op in (ast.Add, ast.Sub):
-            yield "length", line, _text(node), swap_with(
-                lambda n, o=op: ast.BinOp(left=n, op=o(), right=ast.Constant(1)))
+            yield (
+                "length",
+                line,
+                _text(node),
+                swap_with(lambda n, o=op: ast.BinOp(left=n, op=o(), right=ast.Constant(1))),
+            )
     if isinstance(func, ast.Name) and func.id in BUILTIN_SWAPS:
-        yield "call", line, _text(node), mutate(lambda n: setattr(n.func, "id", BUILTIN_SWAPS[n.func.id]))
+        yield (
+            "call",
+            line,
+            _text(node),
+            mutate(lambda n: setattr(n.func, "id", BUILTIN_SWAPS[n.func.id])),
+        )
     if isinstance(func, ast.Attribute) and func.attr in CASTS:
         yield "dtype", line, _text(node), swap_with(lambda n: n.func.value)
     for k, kw in enumerate(node.keywords):
@@ -262,11 +331,14 @@ def _call_sites(node: ast.Call, line: int, swap_with, mutate) -> Iterator[Site]:
 
         def drop(n, k=k):
             del n.keywords[k]
+
         yield "kwarg", line, _text(node), mutate(drop)
     positional = [a for a in node.args if not isinstance(a, ast.Starred)]
     if len(positional) >= 2 and len(positional) == len(node.args):
+
         def swap(n):
             n.args[0], n.args[1] = n.args[1], n.args[0]
+
         if ast.dump(node.args[0]) != ast.dump(node.args[1]):
             yield "args", line, _text(node), mutate(swap)
 
@@ -290,6 +362,7 @@ def _block_sites(i: int | None, field: str, block: List[ast.stmt], name: str) ->
             old = b[real]
             b[real] = ast.Pass()
             return "pass  # was: " + _text(old).splitlines()[0]
+
         yield "drop", stmt.lineno, _text(stmt).splitlines()[0], drop
         if k + 1 < len(block) and not _is_terminal(stmt):
 
@@ -298,6 +371,7 @@ def _block_sites(i: int | None, field: str, block: List[ast.stmt], name: str) ->
                 real = k + (1 if i is None and _is_docstring(f.body[0]) else 0)
                 b[real], b[real + 1] = b[real + 1], b[real]
                 return "the next statement first"
+
             yield "swap", stmt.lineno, _text(stmt).splitlines()[0], swap
 
 

@@ -19,7 +19,13 @@ from judge.sources import from_sources
 
 from .operators import Mutant
 
-KILLED, TIMEOUT, SURVIVED, INVALID, EQUIVALENT = "killed", "timeout", "survived", "invalid", "equivalent"
+KILLED, TIMEOUT, SURVIVED, INVALID, EQUIVALENT = (
+    "killed",
+    "timeout",
+    "survived",
+    "invalid",
+    "equivalent",
+)
 
 
 @dataclass
@@ -53,12 +59,19 @@ class Pool:
     def __init__(self, chapters: Sequence[Chapter], device: str, workers: int) -> None:
         self.device = device
         self.workers = max(1, workers)
-        self.server = forkserver.server_for(device, sorted({e.module for c in chapters for e in c.exercises}))
+        self.server = forkserver.server_for(
+            device, sorted({e.module for c in chapters for e in c.exercises})
+        )
 
     def options(self, test_timeout: float, time_limit: float, stop: bool = True) -> RunOptions:
-        return RunOptions(device=self.device, test_timeout=test_timeout, time_limit=time_limit,
-                          threads=1 if self.workers > 1 else None, launcher=self.server,
-                          stop_at_first_failure=stop)
+        return RunOptions(
+            device=self.device,
+            test_timeout=test_timeout,
+            time_limit=time_limit,
+            threads=1 if self.workers > 1 else None,
+            launcher=self.server,
+            stop_at_first_failure=stop,
+        )
 
     def close(self) -> None:
         if self.server is not None:
@@ -81,11 +94,21 @@ def budget(durations: Dict[str, float], ex: Exercise) -> Tuple[float, float]:
     return max(10.0, 4 * max(mine)), max(60.0, 3 * sum(mine) + 30)
 
 
-def judge_mutants(pool: Pool, chapter: Chapter, ex: Exercise, mutants: Sequence[Mutant],
-                  durations: Dict[str, float], on_result: Callable[[Result], None] = lambda r: None) -> List[Result]:
-    missing = [ref for ref in ex.tests if not any(ex.judges(t) and _names(ref, t) for t in durations)]
+def judge_mutants(
+    pool: Pool,
+    chapter: Chapter,
+    ex: Exercise,
+    mutants: Sequence[Mutant],
+    durations: Dict[str, float],
+    on_result: Callable[[Result], None] = lambda r: None,
+) -> List[Result]:
+    missing = [
+        ref for ref in ex.tests if not any(ex.judges(t) and _names(ref, t) for t in durations)
+    ]
     if missing:  # pytest would refuse the whole run, and every mutant would look like a survivor
-        raise ReferenceFails(f"{ex.id}: the registry lists tests the chapter does not have: {', '.join(missing)}")
+        raise ReferenceFails(
+            f"{ex.id}: the registry lists tests the chapter does not have: {', '.join(missing)}"
+        )
     test_timeout, time_limit = budget(durations, ex)
     tests = selectors(chapter, ex)
     equivalent = {mid for mid, _ in ex.equivalent_mutants}
@@ -96,12 +119,20 @@ def judge_mutants(pool: Pool, chapter: Chapter, ex: Exercise, mutants: Sequence[
             on_result(result)
             return result
         t0 = time.monotonic()
-        code = from_sources(chapter, {ex.name: mutant.source}, origin=f"mutant {mutant.id}", missing="reference")
+        code = from_sources(
+            chapter, {ex.name: mutant.source}, origin=f"mutant {mutant.id}", missing="reference"
+        )
         if code.problems.get(ex.name):
             result = Result(mutant, INVALID, code.problems[ex.name])
         else:
-            verdict = judge([chapter], {chapter.key: code}, pool.options(test_timeout, time_limit),
-                            mode="mutant", origin=mutant.id, selectors=tests)
+            verdict = judge(
+                [chapter],
+                {chapter.key: code},
+                pool.options(test_timeout, time_limit),
+                mode="mutant",
+                origin=mutant.id,
+                selectors=tests,
+            )
             result = _classify(mutant, verdict)
         result.wall = time.monotonic() - t0
         on_result(result)
@@ -118,8 +149,12 @@ def _names(ref: str, nodeid: str) -> bool:
 
 
 def _classify(mutant: Mutant, verdict) -> Result:
-    broken = next((g for g in verdict.general if g.startswith("the tests could not be collected")), None)
-    if broken:  # the reference's tests collect (reference_durations): the mutant broke a module's import
+    broken = next(
+        (g for g in verdict.general if g.startswith("the tests could not be collected")), None
+    )
+    if (
+        broken
+    ):  # the reference's tests collect (reference_durations): the mutant broke a module's import
         return Result(mutant, KILLED, broken.splitlines()[0][:160])
     if not verdict.tests and not any("time limit" in g for g in verdict.general):
         why = "; ".join(g.splitlines()[0] for g in verdict.general) or "no test ran"
@@ -133,5 +168,7 @@ def _classify(mutant: Mutant, verdict) -> Result:
         return Result(mutant, status, by)
     if verdict.general:
         stopped = any("time limit" in g for g in verdict.general)
-        return Result(mutant, TIMEOUT if stopped else KILLED, verdict.general[0].splitlines()[0][:160])
+        return Result(
+            mutant, TIMEOUT if stopped else KILLED, verdict.general[0].splitlines()[0][:160]
+        )
     return Result(mutant, SURVIVED)

@@ -53,8 +53,13 @@ VOCAB_SIZE = 4096
 # Held-out works (validation).  romeo_and_juliet and hamlet stay in training so
 # that the demo prompts ("ROMEO:", "To be, or not to be") occur in the data.
 VAL_PLAYS = ("macbeth", "twelfth_night", "coriolanus")
-POEMS = ("sonnets", "lovers_complaint", "passionate_pilgrim", "phoenix_and_the_turtle",
-         "rape_of_lucrece")
+POEMS = (
+    "sonnets",
+    "lovers_complaint",
+    "passionate_pilgrim",
+    "phoenix_and_the_turtle",
+    "rape_of_lucrece",
+)
 
 NAME_WORD = r"(?:[A-Z0-9][A-Za-z0-9'&-]*\.?|of|and|the|de|du|la|le|van|von)"
 NAME_RE = re.compile(rf"^{NAME_WORD}(?: {NAME_WORD}){{0,3}}$")
@@ -82,9 +87,12 @@ def find_texts(src: Path) -> tuple[list[Path], tempfile.TemporaryDirectory | Non
 def strip_gutenberg(text: str) -> str:
     start = re.search(r"^\*\*\* ?START OF (THE|THIS) PROJECT GUTENBERG.*$", text, re.M | re.I)
     if start:
-        text = text[start.end():]
-    end = re.search(r"^(\*\*\* ?END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)",
-                    text, re.M | re.I)
+        text = text[start.end() :]
+    end = re.search(
+        r"^(\*\*\* ?END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)",
+        text,
+        re.M | re.I,
+    )
     if end:
         text = text[: end.start()]
     return text
@@ -127,7 +135,9 @@ def normalise_speakers(lines: list[str]) -> tuple[list[str], int]:
     lines = list(lines)
     for i in cands:
         name = lines[i].rstrip(".")
-        letters = re.sub(r"[^A-Za-z]", "", re.sub(r"\b(of|and|the|de|du|la|le|van|von)\b", "", name))
+        letters = re.sub(
+            r"[^A-Za-z]", "", re.sub(r"\b(of|and|the|de|du|la|le|van|von)\b", "", name)
+        )
         if not (letters.isupper() or counts[name] >= 3):
             continue
         lines[i] = re.sub(r"\.(?=\s|$)", "", name).upper() + ":"
@@ -158,8 +168,10 @@ def train_tokenizer(texts: list[str]) -> Tokenizer:
     return tok
 
 
-CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] | upper }}:\n{{ message['content'] }}\n\n"
-                 "{% endfor %}{% if add_generation_prompt %}ASSISTANT:\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] | upper }}:\n{{ message['content'] }}\n\n"
+    "{% endfor %}{% if add_generation_prompt %}ASSISTANT:\n{% endif %}"
+)
 
 
 def save_hf(tok: Tokenizer, out: Path) -> None:
@@ -179,13 +191,20 @@ def save_hf(tok: Tokenizer, out: Path) -> None:
         # renders /v1/chat/completions messages with it (README, "Serving").
         "chat_template": CHAT_TEMPLATE,
         "added_tokens_decoder": {
-            str(eos_id): {"content": EOS, "lstrip": False, "normalized": False,
-                          "rstrip": False, "single_word": False, "special": True}
+            str(eos_id): {
+                "content": EOS,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": True,
+            }
         },
     }
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     (out / "special_tokens_map.json").write_text(
-        json.dumps({"eos_token": EOS, "pad_token": EOS}, indent=2) + "\n")
+        json.dumps({"eos_token": EOS, "pad_token": EOS}, indent=2) + "\n"
+    )
 
 
 def encode(tok: Tokenizer, texts: list[str]) -> np.ndarray:
@@ -250,11 +269,15 @@ def main() -> None:
     (args.out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"{len(files)} works: {len(train_names)} train, {len(val_names)} val {val_names}")
     print(f"vocab {meta['vocab_size']}, eos id {meta['eos_token_id']}")
-    print(f"train: {meta['train_chars']:,} chars -> {meta['train_tokens']:,} tokens "
-          f"({meta['train_chars'] / meta['train_tokens']:.2f} chars/token)")
+    print(
+        f"train: {meta['train_chars']:,} chars -> {meta['train_tokens']:,} tokens "
+        f"({meta['train_chars'] / meta['train_tokens']:.2f} chars/token)"
+    )
     print(f"val:   {meta['val_chars']:,} chars -> {meta['val_tokens']:,} tokens")
-    print(f"speaker headings normalised: {sum(speakers.values()):,}; "
-          f"'ROMEO:' headings in train: {meta['ROMEO:_in_train']}")
+    print(
+        f"speaker headings normalised: {sum(speakers.values()):,}; "
+        f"'ROMEO:' headings in train: {meta['ROMEO:_in_train']}"
+    )
 
 
 if __name__ == "__main__":

@@ -104,8 +104,12 @@ def main() -> None:
     ap.add_argument("--attn-dropout", type=float, default=0.0)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--eval-windows", type=int, default=0, help="0 = whole held-out set")
-    ap.add_argument("--patience", type=int, default=0,
-                    help="stop after this many evals without improvement (0 = never)")
+    ap.add_argument(
+        "--patience",
+        type=int,
+        default=0,
+        help="stop after this many evals without improvement (0 = never)",
+    )
     ap.add_argument("--max-seconds", type=float, default=0, help="wall-clock cap (0 = none)")
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args()
@@ -135,18 +139,26 @@ def main() -> None:
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.wd}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        fused=cuda,
+    )
 
     def lr_at(step: int) -> float:
         if step < args.warmup:
             return args.lr * (step + 1) / args.warmup
         t = (step - args.warmup) / max(1, args.steps - args.warmup)
-        return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+        return args.lr * (
+            args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t))
+        )
 
     S = args.seq
 
     def batch(gen: torch.Generator):
-        ix = torch.randint(0, train.numel() - S - 1, (args.batch,), generator=gen, device="cpu").to(dev)
+        ix = torch.randint(0, train.numel() - S - 1, (args.batch,), generator=gen, device="cpu").to(
+            dev
+        )
         off = ix[:, None] + torch.arange(S + 1, device=dev)[None]
         w = train[off]
         return w[:, :-1], w[:, 1:]
@@ -158,22 +170,29 @@ def main() -> None:
 
     val_idx = windows(val, args.eval_windows)
     g_fixed = torch.Generator().manual_seed(0)
-    train_idx = torch.randint(0, train.numel() - S - 1, (val_idx.numel(),), generator=g_fixed).to(dev)
+    train_idx = torch.randint(0, train.numel() - S - 1, (val_idx.numel(),), generator=g_fixed).to(
+        dev
+    )
 
     def autocast():
-        return torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
+        return (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if cuda
+            else torch.autocast("cpu", enabled=False)
+        )
 
     @torch.no_grad()
     def evaluate(data: torch.Tensor, starts: torch.Tensor, amp: bool = True) -> float:
         model.eval()
         tot, cnt = 0.0, 0
         for i in range(0, starts.numel(), 128):
-            off = starts[i:i + 128, None] + torch.arange(S + 1, device=dev)[None]
+            off = starts[i : i + 128, None] + torch.arange(S + 1, device=dev)[None]
             w = data[off]
             with autocast() if amp else torch.autocast(dev.type, enabled=False):
                 logits = model(input_ids=w[:, :-1]).logits
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1),
-                                   reduction="sum")
+            loss = F.cross_entropy(
+                logits.float().reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1), reduction="sum"
+            )
             tot += loss.item()
             cnt += w[:, 1:].numel()
         model.train()
@@ -196,17 +215,30 @@ def main() -> None:
             curve.append((step, round(el, 1), tl, vl))
             mark = ""
             if vl < best["val"]:
-                best = {"val": vl, "train_eval": tl, "train_smooth": smooth, "step": step,
-                        "seconds": round(el, 1), "tokens_seen": step * args.batch * S,
-                        "epochs": step * args.batch * S / train.numel()}
-                best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+                best = {
+                    "val": vl,
+                    "train_eval": tl,
+                    "train_smooth": smooth,
+                    "step": step,
+                    "seconds": round(el, 1),
+                    "tokens_seen": step * args.batch * S,
+                    "epochs": step * args.batch * S / train.numel(),
+                }
+                best_state = {
+                    k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()
+                }
                 mark, bad = " *best*", 0
             else:
                 bad += 1
-            log(f"step {step:5d}  t {el:7.1f}s  lr {lr_at(step):.2e}  train(ema) "
-                f"{(smooth or float('nan')):.3f}  train(eval) {tl:.3f}  val {vl:.3f}{mark}")
-            if step == args.steps or (args.patience and bad >= args.patience) \
-                    or (args.max_seconds and el > args.max_seconds):
+            log(
+                f"step {step:5d}  t {el:7.1f}s  lr {lr_at(step):.2e}  train(ema) "
+                f"{(smooth or float('nan')):.3f}  train(eval) {tl:.3f}  val {vl:.3f}{mark}"
+            )
+            if (
+                step == args.steps
+                or (args.patience and bad >= args.patience)
+                or (args.max_seconds and el > args.max_seconds)
+            ):
                 break
         for grp in opt.param_groups:
             grp["lr"] = lr_at(step)
@@ -235,7 +267,9 @@ def main() -> None:
     model.load_state_dict(best_state)
     model.eval()
     model = model.to(torch.bfloat16)
-    model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id
+    )
     model.save_pretrained(args.out, safe_serialization=True)
     for f in TOKENIZER_FILES:
         if (args.data / f).exists():
@@ -253,13 +287,30 @@ def main() -> None:
         with torch.no_grad():
             g = model.generate(ids, max_new_tokens=80, do_sample=False, pad_token_id=eos_id)
             torch.manual_seed(0)
-            s = model.generate(ids, max_new_tokens=80, do_sample=True, temperature=0.8, top_k=50,
-                               pad_token_id=eos_id)
+            s = model.generate(
+                ids,
+                max_new_tokens=80,
+                do_sample=True,
+                temperature=0.8,
+                top_k=50,
+                pad_token_id=eos_id,
+            )
         log(f"\n=== greedy: {prompt!r}\n{tok.decode(g[0], skip_special_tokens=True)}")
-        log("\n=== sampled (T=0.8, top-k 50, seed 0): "
-            f"{prompt!r}\n{tok.decode(s[0], skip_special_tokens=True)}")
-    (args.out / "train_summary.json").write_text(json.dumps(
-        {"parameters": n_params, "best": best, "total_seconds": round(total_s, 1), "curve": curve}, indent=1))
+        log(
+            "\n=== sampled (T=0.8, top-k 50, seed 0): "
+            f"{prompt!r}\n{tok.decode(s[0], skip_special_tokens=True)}"
+        )
+    (args.out / "train_summary.json").write_text(
+        json.dumps(
+            {
+                "parameters": n_params,
+                "best": best,
+                "total_seconds": round(total_s, 1),
+                "curve": curve,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

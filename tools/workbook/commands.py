@@ -4,7 +4,6 @@ optional chapter ids ("ch11") and works on every chapter when given none."""
 from __future__ import annotations
 
 import ast
-
 import json
 import sys
 from pathlib import Path
@@ -24,7 +23,10 @@ def chapters(ids: Iterable[str] = ()) -> List[Chapter]:
     if ids:
         unknown = set(ids) - {c.chapter for c in found}
         if unknown:
-            raise SystemExit(f"no chapter source for {', '.join(sorted(unknown))} in {CHAPTERS.relative_to(REPO)}/")
+            raise SystemExit(
+                f"no chapter source for {', '.join(sorted(unknown))} in "
+                f"{CHAPTERS.relative_to(REPO)}/"
+            )
         found = [c for c in found if c.chapter in ids]
     return found
 
@@ -78,7 +80,11 @@ def execute(ids: Iterable[str] = ()) -> int:
 
 
 def _code_cells(nb: nbformat.NotebookNode) -> List[tuple]:
-    return [(_without_docstrings(c.source), c.metadata.get("tags", [])) for c in nb.cells if c.cell_type == "code"]
+    return [
+        (_without_docstrings(c.source), c.metadata.get("tags", []))
+        for c in nb.cells
+        if c.cell_type == "code"
+    ]
 
 
 def _without_docstrings(source: str) -> str:
@@ -90,9 +96,13 @@ def _without_docstrings(source: str) -> str:
         return source
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
+        if (
+            isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             node.body = body[1:] or [ast.Pass()]
     return ast.dump(tree)
 
@@ -111,8 +121,10 @@ def refresh(ids: Iterable[str] = ()) -> int:
             continue
         saved = nbformat.read(path, as_version=4)
         if _code_cells(fresh) != _code_cells(saved):
-            print(f"{_rel(path)}: code cells changed, its outputs must be made again: "
-                  f"run `python -m tools.workbook execute {ch.chapter}`")
+            print(
+                f"{_rel(path)}: code cells changed, its outputs must be made again: "
+                f"run `python -m tools.workbook execute {ch.chapter}`"
+            )
             failed = True
             continue
         runs = iter([c for c in saved.cells if c.cell_type == "code"])
@@ -120,7 +132,9 @@ def refresh(ids: Iterable[str] = ()) -> int:
             if cell.cell_type == "code":
                 old = next(runs)
                 cell.outputs, cell.execution_count = old.outputs, old.execution_count
-        fresh.metadata["minisgl"]["execution"] = saved.metadata.get("minisgl", {}).get("execution", {})
+        fresh.metadata["minisgl"]["execution"] = saved.metadata.get("minisgl", {}).get(
+            "execution", {}
+        )
         if "language_info" in saved.metadata:  # written by the kernel that made the outputs: keep
             fresh.metadata["language_info"] = saved.metadata["language_info"]
         text = notebook.dumps(fresh)
@@ -174,8 +188,11 @@ def check(ids: Iterable[str] = ()) -> int:
                     print(f"STALE {_rel(p)} has no source in chapters/")
                     failed = True
     if failed:
-        print("\nrebuild with `python -m tools.workbook refresh` (learner notebooks, and solutions whose code "
-              "cells did not change) or `python -m tools.workbook execute chNN` (runs the solution)")
+        print(
+            "\nrebuild with `python -m tools.workbook refresh` (learner notebooks, and "
+            "solutions whose code "
+            "cells did not change) or `python -m tools.workbook execute chNN` (runs the solution)"
+        )
     return 1 if failed else 0
 
 
@@ -191,7 +208,9 @@ def build_site(ids: Iterable[str] = ()) -> int:
             raise SystemExit("\n".join(f"STALE {p}" for p in problems))
         solution = nbformat.read(solution_path(ch), as_version=4)
         page = site.render_page(ch, solution, SITE_DOCS)
-        site.copy_notebooks(ch, NOTEBOOKS / f"{ch.stem}.ipynb", SOLUTIONS / f"{ch.stem}.ipynb", SITE_DOCS)
+        site.copy_notebooks(
+            ch, NOTEBOOKS / f"{ch.stem}.ipynb", SOLUTIONS / f"{ch.stem}.ipynb", SITE_DOCS
+        )
         (SITE_DOCS / f"{ch.stem}.md").write_text(page, encoding="utf-8")
         print(f"wrote {_rel(SITE_DOCS / (ch.stem + '.md'))}")
     return 0
@@ -211,16 +230,26 @@ def student_errors(ch: Chapter, nb: nbformat.NotebookNode) -> List[str]:
         err = errors[0]
         where = "exercise cell" if notebook.cell_kind(cell) == "exercise" else "cell"
         why = ""
-        if err.get("ename") == "NotImplementedError" and str(err.get("evalue", "")).startswith(f"{ch.chapter}."):
+        if err.get("ename") == "NotImplementedError" and str(err.get("evalue", "")).startswith(
+            f"{ch.chapter}."
+        ):
             why = " (a stub called outside `with attempt(...)`)"
-        problems.append(f"{ch.stem} {where} {cell.id}: {err.get('ename')}: {err.get('evalue')}{why}\n"
-                        f"    {cell.source.splitlines()[0] if cell.source else ''}")
+        problems.append(
+            f"{ch.stem} {where} {cell.id}: {err.get('ename')}: {err.get('evalue')}{why}\n"
+            f"    {cell.source.splitlines()[0] if cell.source else ''}"
+        )
     from minisgl.viz.tryout import NOT_WRITTEN  # (imports torch: only where notebooks run anyway)
 
     for cell in nb.cells:  # a try-out that stays silent before its function is written
-        if notebook.cell_kind(cell) == "exercise" and tryout_checks(cell) and NOT_WRITTEN not in _text(cell):
-            problems.append(f"{ch.stem} exercise cell {cell.id}: its try-out does not say the function "
-                            f"is not written yet (run it inside `with attempt(...)`)")
+        if (
+            notebook.cell_kind(cell) == "exercise"
+            and tryout_checks(cell)
+            and NOT_WRITTEN not in _text(cell)
+        ):
+            problems.append(
+                f"{ch.stem} exercise cell {cell.id}: its try-out does not say the function "
+                f"is not written yet (run it inside `with attempt(...)`)"
+            )
     return problems
 
 
@@ -239,14 +268,20 @@ def tryout_problems(ch: Chapter, nb: nbformat.NotebookNode) -> List[str]:
             continue
         text = _text(cell)
         if FAIL in text or PASS not in text:
-            seen = [ln for ln in text.splitlines() if ln.startswith((PASS, FAIL))] or ["no ✔ line at all"]
-            problems.append(f"{ch.stem} exercise cell {cell.id}: the reference's try-out does not pass its own "
-                            f"checks: {'; '.join(seen)}")
+            seen = [ln for ln in text.splitlines() if ln.startswith((PASS, FAIL))] or [
+                "no ✔ line at all"
+            ]
+            problems.append(
+                f"{ch.stem} exercise cell {cell.id}: the reference's try-out does not pass its own "
+                f"checks: {'; '.join(seen)}"
+            )
     return problems
 
 
 def _text(cell) -> str:
-    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+    return "".join(
+        o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream"
+    )
 
 
 def students(ids: Iterable[str] = ()) -> int:
@@ -260,8 +295,10 @@ def students(ids: Iterable[str] = ()) -> int:
         kept = REPO / "build" / "students" / path.name  # the run, for a look at what a learner sees
         kept.parent.mkdir(parents=True, exist_ok=True)
         kept.write_text(notebook.dumps(result.nb), encoding="utf-8")
-        failed |= _report(student_errors(ch, result.nb),
-                          f"{_rel(path)} runs to the end ({result.seconds:.1f} s); run kept in {_rel(kept)}")
+        failed |= _report(
+            student_errors(ch, result.nb),
+            f"{_rel(path)} runs to the end ({result.seconds:.1f} s); run kept in {_rel(kept)}",
+        )
     return 1 if failed else 0
 
 
@@ -285,10 +322,19 @@ def learner(ids: Iterable[str] = ()) -> int:
             text = _text(result.nb.cells[i])
             problems = [p for p in student_errors(ch, result.nb) if cell.id not in p]
             if NOT_WRITTEN in text or FAIL in text or PASS not in text:
-                lines = [ln for ln in text.splitlines() if ln.startswith((PASS, FAIL)) or NOT_WRITTEN in ln]
-                problems.append(f"{name}: with only this exercise written its try-out shows: "
-                                + ("; ".join(lines) or "no ✔ line"))
-            failed |= _report(problems, f"{name}: its try-out turns ✔ with only it written ({result.seconds:.1f} s)")
+                lines = [
+                    ln
+                    for ln in text.splitlines()
+                    if ln.startswith((PASS, FAIL)) or NOT_WRITTEN in ln
+                ]
+                problems.append(
+                    f"{name}: with only this exercise written its try-out shows: "
+                    + ("; ".join(lines) or "no ✔ line")
+                )
+            failed |= _report(
+                problems,
+                f"{name}: its try-out turns ✔ with only it written ({result.seconds:.1f} s)",
+            )
     return 1 if failed else 0
 
 
@@ -305,26 +351,47 @@ def timings(ids: Iterable[str] = ()) -> int:
     for ch in chapters(ids):
         p = solution_path(ch)
         if p.is_file():
-            secs = json.loads(p.read_text()).get("metadata", {}).get("minisgl", {}).get("execution", {}).get("seconds")
+            secs = (
+                json.loads(p.read_text())
+                .get("metadata", {})
+                .get("minisgl", {})
+                .get("execution", {})
+                .get("seconds")
+            )
             print(f"{ch.stem}: {secs} s")
     return 0
 
 
 def main(argv: List[str]) -> int:
-    usage = ("usage: python -m tools.workbook COMMAND [chNN ...]\n"
-             "  build     write the learner notebooks (notebooks/)\n"
-             "  execute   build, then run the solution notebooks and write them with outputs (solutions/)\n"
-             "  refresh   update solutions whose code cells did not change (prose, listings), keeping their outputs\n"
-             "  check     fail if a generated notebook does not match its chapter source (what CI runs)\n"
-             "  site      write the site's pages into build/site_docs/ (then: mkdocs build --strict)\n"
-             "  students  run the learner notebooks: they must reach the end with no error, exercises as stubs\n"
-             "  learner   a learner's path: each checking try-out turns ✔ with only its exercise written\n"
-             "  timings   the execution time recorded in each solution notebook")
+    usage = (
+        "usage: python -m tools.workbook COMMAND [chNN ...]\n"
+        "  build     write the learner notebooks (notebooks/)\n"
+        "  execute   build, then run the solution notebooks and write them with outputs "
+        "(solutions/)\n"
+        "  refresh   update solutions whose code cells did not change (prose, listings), "
+        "keeping their outputs\n"
+        "  check     fail if a generated notebook does not match its chapter source (what CI "
+        "runs)\n"
+        "  site      write the site's pages into build/site_docs/ (then: mkdocs build --strict)\n"
+        "  students  run the learner notebooks: they must reach the end with no error, "
+        "exercises as stubs\n"
+        "  learner   a learner's path: each checking try-out turns ✔ with only its exercise "
+        "written\n"
+        "  timings   the execution time recorded in each solution notebook"
+    )
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
-    commands = {"build": build, "execute": execute, "refresh": refresh, "check": check, "site": build_site,
-                "students": students, "learner": learner, "timings": timings}
+    commands = {
+        "build": build,
+        "execute": execute,
+        "refresh": refresh,
+        "check": check,
+        "site": build_site,
+        "students": students,
+        "learner": learner,
+        "timings": timings,
+    }
     cmd, ids = argv[0], argv[1:]
     if cmd not in commands:
         print(usage, file=sys.stderr)

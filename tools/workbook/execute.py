@@ -2,8 +2,9 @@
 
 The kernel gets the repository on PYTHONPATH (so `minisgl` and `judge` import without an install),
 none of the MINISGL_* switches of the calling shell (so the outputs depend only on the notebook and
-the bundled model; `LLM.generate`'s progress bar is off), and one OpenMP thread unless OMP_NUM_THREADS says otherwise. The judge cell at
-the end of every notebook records its verdict in build/, not in the author's own progress file.
+the bundled model; `LLM.generate`'s progress bar is off), and one OpenMP thread unless
+OMP_NUM_THREADS says otherwise. The judge cell at the end of every notebook records its verdict in
+build/, not in the author's own progress file.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def kernel_env() -> dict:
     # No progress bar in a saved notebook: its last line says how long the run took, which
     # changes from run to run (minisgl/llm/progress.py).
     env["MINISGL_PROGRESS"] = "off"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     # One thread per kernel: on a CPU shared with other work (CI, a busy laptop), two OpenMP threads
@@ -50,9 +53,15 @@ def kernel_env() -> dict:
 
 def run(nb: nbformat.NotebookNode, cwd: Path, allow_errors: bool = False) -> Run:
     nb = nbformat.from_dict(nb)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", allow_errors=allow_errors,
-                            record_timing=False, store_widget_state=False,
-                            resources={"metadata": {"path": str(cwd)}})
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name="python3",
+        allow_errors=allow_errors,
+        record_timing=False,
+        store_widget_state=False,
+        resources={"metadata": {"path": str(cwd)}},
+    )
     NOTEBOOK_PROGRESS.parent.mkdir(exist_ok=True)
     start = time.perf_counter()
     client.execute(env=kernel_env(), cwd=str(cwd))

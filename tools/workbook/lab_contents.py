@@ -32,5 +32,7 @@ class SolutionsReadOnly(AsyncLargeFileManager):
         if read_only(path) and model.get("type") == "notebook":
             from tornado.web import HTTPError
 
-            raise HTTPError(403, f"{path} is generated and read-only here: use File > Save Notebook As")
+            raise HTTPError(
+                403, f"{path} is generated and read-only here: use File > Save Notebook As"
+            )
         return await super().save(model, path)

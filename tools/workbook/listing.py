@@ -36,7 +36,9 @@ def resolve(target: str) -> Code:
     else:
         raise ListingError(f"{target!r}: write package.module:Qualified.name or path/file.py::name")
     if not path.is_file():
-        raise ListingError(f"{target!r}: no file {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+        raise ListingError(
+            f"{target!r}: no file {path.relative_to(REPO) if path.is_relative_to(REPO) else path}"
+        )
     text = path.read_text(encoding="utf-8")
     node = find_definition(ast.parse(text), qualname)
     if node is None:
@@ -56,7 +58,8 @@ def find_definition(tree: ast.Module, qualname: str) -> ast.AST | None:
     scope: list = tree.body
     node = None
     for part in qualname.split("."):
-        node = next((n for n in reversed(scope) if _defines(n, part)), None)  # the last one wins, as at run time
+        # the last one wins, as at run time
+        node = next((n for n in reversed(scope) if _defines(n, part)), None)
         if node is None:
             return None
         scope = getattr(node, "body", [])
@@ -79,4 +82,4 @@ def definition_source(text: str, node: ast.AST) -> str:
     # Comment lines right above a definition belong to it.
     while first > 1 and lines[first - 2].strip().startswith("#"):
         first -= 1
-    return textwrap.dedent("\n".join(lines[first - 1: node.end_lineno])).rstrip() + "\n"
+    return textwrap.dedent("\n".join(lines[first - 1 : node.end_lineno])).rstrip() + "\n"

@@ -8,7 +8,6 @@ and of the site page. Cell ids are deterministic so a rebuild with no change wri
 from __future__ import annotations
 
 import re
-
 from typing import Dict, List, Literal
 
 import nbformat
@@ -33,8 +32,12 @@ def render(chapter: Chapter, kind: Kind) -> nbformat.NotebookNode:
     nb.metadata = {
         "kernelspec": dict(KERNELSPEC),
         "language_info": {"name": "python"},
-        "minisgl": {"chapter": chapter.chapter, "title": chapter.title, "kind": kind,
-                    "source": f"chapters/{chapter.path.name}"},
+        "minisgl": {
+            "chapter": chapter.chapter,
+            "title": chapter.title,
+            "kind": kind,
+            "source": f"chapters/{chapter.path.name}",
+        },
     }
     return nb
 
@@ -88,13 +91,17 @@ def exercise_cells(block: Exercise, kind: Kind) -> List[nbformat.NotebookNode]:
     ex = exercises.info(block.chapter, block.name)
     where = exercises.module_path(ex)
     if kind == "learner":
-        intro = (f"**Exercise `{ex.id}`**: write `{ex.qualname}` (it lives in `{where}`). "
-                 "Keep the signature; the judge puts your function in place of the engine's. "
-                 f"Stuck? `python judge.py {block.chapter} --hint`.")
+        intro = (
+            f"**Exercise `{ex.id}`**: write `{ex.qualname}` (it lives in `{where}`). "
+            "Keep the signature; the judge puts your function in place of the engine's. "
+            f"Stuck? `python judge.py {block.chapter} --hint`."
+        )
         code = exercises.stub_source(block.chapter, block.name)
     else:
-        intro = (f"**Exercise `{ex.id}`**: `{ex.qualname}`, as `{where}` has it "
-                 "(the learner's notebook holds a stub here).")
+        intro = (
+            f"**Exercise `{ex.id}`**: `{ex.qualname}`, as `{where}` has it "
+            "(the learner's notebook holds a stub here)."
+        )
         code = exercises.reference_source(block.chapter, block.name)
     source = code.rstrip("\n")
     if block.tryout.strip():
@@ -114,7 +121,8 @@ def _judge_cells(chapter: Chapter) -> List[nbformat.NotebookNode]:
         f"The next cell takes the functions you wrote in this notebook, swaps them into the engine "
         f"and runs chapter {int(n[2:])}'s tests against them. From a terminal, `python "
         f"judge.py {n}` "
-        "judges the saved notebook the same way.")
+        "judges the saved notebook the same way."
+    )
     intro.metadata["minisgl"] = {"judge_intro": n}
     cell = new_code_cell(f'import judge\n\njudge.check("{n}")')
     cell.metadata["tags"] = ["judge"]

@@ -9,9 +9,9 @@ to the page. Cells tagged `remove-cell`, `remove-input` or `remove-output` are l
 from __future__ import annotations
 
 import base64
-from html import unescape
 import re
 import shutil
+from html import unescape
 from pathlib import Path
 from typing import List
 
@@ -54,10 +54,14 @@ DOWNLOADS = "downloads"  # build/site_docs/downloads/{learner,solution}/chNN_*.i
 
 def download_links(chapter: Chapter) -> str:
     name = f"{chapter.stem}.ipynb"
-    return (f'Download this chapter as a notebook: [the learner\'s, to work in]({DOWNLOADS}/learner/{name})'
-            f'{{ download="{name}" }} · [the solution, run, with its outputs]({DOWNLOADS}/solution/{name})'
-            f'{{ download="{chapter.stem}_solution.ipynb" }}. Open it with `jupyter lab`, from the '
-            'repository\'s folder (the notebooks import `minisgl` and `judge`).\n{ .nb-downloads }')
+    return (
+        "Download this chapter as a notebook: [the learner's, to work "
+        f"in]({DOWNLOADS}/learner/{name})"
+        f'{{ download="{name}" }} · [the solution, run, with its '
+        f"outputs]({DOWNLOADS}/solution/{name})"
+        f'{{ download="{chapter.stem}_solution.ipynb" }}. Open it with `jupyter lab`, from the '
+        "repository's folder (the notebooks import `minisgl` and `judge`).\n{ .nb-downloads }"
+    )
 
 
 def _under_title(markdown: str, block: str) -> str:
@@ -78,13 +82,19 @@ def _exercise_box(block: Exercise, outputs: List[str]) -> str:
     """The stub as the learner gets it, the reference folded underneath, then the try-out code
     and what it printed with the reference in place."""
     info = exercises.info(block.chapter, block.name)
-    body = [f"Write `{info.qualname}` (in `{exercises.module_path(info)}`). The learner's notebook starts from this stub:",
-            _code(exercises.stub_source(block.chapter, block.name)),
-            '??? success "Reference solution"', "",
-            _indent(_code(exercises.reference_source(block.chapter, block.name)))]
+    body = [
+        f"Write `{info.qualname}` (in `{exercises.module_path(info)}`). The learner's "
+        "notebook starts from this stub:",
+        _code(exercises.stub_source(block.chapter, block.name)),
+        '??? success "Reference solution"',
+        "",
+        _indent(_code(exercises.reference_source(block.chapter, block.name))),
+    ]
     if block.tryout.strip():
-        body += ["The notebook tries the function out inside the engine; with the reference in place:",
-                 _code(block.tryout)]
+        body += [
+            "The notebook tries the function out inside the engine; with the reference in place:",
+            _code(block.tryout),
+        ]
         body += outputs
     return f'!!! question "Exercise {block.key}"\n\n' + _indent("\n\n".join(body))
 
@@ -115,7 +125,7 @@ def _outputs(cell, assets: Path, stem: str) -> List[str]:
 
 def _output_text(text: str) -> str:
     fence = notebook.fence_for(text)
-    return f'{fence}text {{ .nb-output .no-copy }}\n{text.rstrip()}\n{fence}'
+    return f"{fence}text {{ .nb-output .no-copy }}\n{text.rstrip()}\n{fence}"
 
 
 # A view's static pictures as the notebook has them (minisgl/viz/display.py): <img>s of SVG data.
@@ -125,9 +135,15 @@ _VIEW_IMG = re.compile(r"<img src='data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)'
 def _rich(data, assets: Path, stem: str) -> str:
     views = _VIEW_IMG.findall(_joined(data.get("text/html", "")))
     if views:  # each picture of a view its own figure (chapter 11's four problems: four figures)
-        return "\n\n".join(_figure(assets, f"{stem}-{k}.svg" if len(views) > 1 else f"{stem}.svg",
-                                     base64.b64decode(b64), {"text/plain": unescape(alt)})
-                            for k, (b64, alt) in enumerate(views))
+        return "\n\n".join(
+            _figure(
+                assets,
+                f"{stem}-{k}.svg" if len(views) > 1 else f"{stem}.svg",
+                base64.b64decode(b64),
+                {"text/plain": unescape(alt)},
+            )
+            for k, (b64, alt) in enumerate(views)
+        )
     if "image/svg+xml" in data:
         return _figure(assets, f"{stem}.svg", _joined(data["image/svg+xml"]).encode(), data)
     if "image/png" in data:
@@ -150,12 +166,18 @@ def _rich(data, assets: Path, stem: str) -> str:
 def _figure(assets: Path, name: str, payload: bytes, data) -> str:
     assets.mkdir(parents=True, exist_ok=True)
     (assets / name).write_bytes(payload)
-    alt = _joined(data.get("text/plain", "figure")).strip().strip("<>").replace("\n", " ")[:120] or "figure"
+    alt = (
+        _joined(data.get("text/plain", "figure")).strip().strip("<>").replace("\n", " ")[:120]
+        or "figure"
+    )
     alt = alt.replace("[", "(").replace("]", ")")
     # At its natural size, scrolling sideways in its own box when wider than the column (a phone),
     # and a link to the picture alone, to zoom into it (site.css).
     link = f"{assets.name}/{name}"
-    return (f'<div class="nb-figure-box" markdown="1">\n\n[![{alt}]({link}){{ .nb-figure }}]({link} "open the figure alone")\n\n</div>')
+    return (
+        f'<div class="nb-figure-box" markdown="1">\n\n[![{alt}]({link}){{ .nb-figure '
+        f'}}]({link} "open the figure alone")\n\n</div>'
+    )
 
 
 def _joined(value) -> str:

@@ -90,8 +90,10 @@ def read_chapter(path: Path) -> Chapter:
     front, body, body_line = _split_front_matter(text, path)
     meta = front.get("minisgl") or {}
     if meta.get("chapter", chapter) != chapter:
-        raise SourceError(f"{path.name}: front matter says chapter {meta.get('chapter')!r}, the file name "
-            f"{chapter!r}")
+        raise SourceError(
+            f"{path.name}: front matter says chapter {meta.get('chapter')!r}, the file name "
+            f"{chapter!r}"
+        )
     title = meta.get("title")
     if not title:
         raise SourceError(f"{path.name}: the front matter needs `minisgl: {{title: ...}}`")
@@ -106,7 +108,7 @@ def _split_front_matter(text: str, path: Path):
     for i in range(1, len(lines)):
         if lines[i].strip() == "---":
             front = yaml.safe_load("\n".join(lines[1:i])) or {}
-            return front, "\n".join(lines[i + 1:]) + "\n", i + 2
+            return front, "\n".join(lines[i + 1 :]) + "\n", i + 2
     raise SourceError(f"{path.name}: the front matter (--- ... ---) is not closed")
 
 
@@ -140,14 +142,20 @@ def _parse_blocks(body: str, chapter: str, path: Path, first_line: int) -> List[
         directive = _DIRECTIVE.match(fence["info"].strip())
         if directive is None or directive["name"] not in DIRECTIVES:
             if directive is not None:
-                raise SourceError(f"{where}: unknown directive {{{directive['name']}}} "
-                                  f"(known: {', '.join(DIRECTIVES)})")
-            text.extend(lines[i:end + 1])  # an ordinary fenced block: part of the text
+                raise SourceError(
+                    f"{where}: unknown directive {{{directive['name']}}} "
+                    f"(known: {', '.join(DIRECTIVES)})"
+                )
+            text.extend(lines[i : end + 1])  # an ordinary fenced block: part of the text
             i = end + 1
             continue
         flush_text()
-        options, content = _split_options(lines[i + 1:end])
-        blocks.append(_make_block(directive["name"], directive["arg"].strip(), options, content, chapter, where))
+        options, content = _split_options(lines[i + 1 : end])
+        blocks.append(
+            _make_block(
+                directive["name"], directive["arg"].strip(), options, content, chapter, where
+            )
+        )
         i = end + 1
     flush_text()
     return blocks
@@ -169,7 +177,7 @@ def _split_options(body: List[str]):
         for j in range(1, len(body)):
             if body[j].strip() == "---":
                 options = yaml.safe_load("\n".join(body[1:j])) or {}
-                return options, "\n".join(body[j + 1:]).strip("\n")
+                return options, "\n".join(body[j + 1 :]).strip("\n")
     k = 0
     while k < len(body) and _OPTION.match(body[k]):
         opt = _OPTION.match(body[k])
@@ -178,7 +186,9 @@ def _split_options(body: List[str]):
     return options, "\n".join(body[k:]).strip("\n")
 
 
-def _make_block(name: str, arg: str, options: Dict, content: str, chapter: str, where: str) -> Block:
+def _make_block(
+    name: str, arg: str, options: Dict, content: str, chapter: str, where: str
+) -> Block:
     if name == "code-cell":
         tags = options.pop("tags", []) or []
         if isinstance(tags, str):
@@ -206,7 +216,9 @@ def _make_block(name: str, arg: str, options: Dict, content: str, chapter: str, 
 
 def _no_more_options(options: Dict, where: str, name: str) -> None:
     if options:
-        raise SourceError(f"{where}: {{{name}}} does not take option(s) {', '.join(map(str, options))}")
+        raise SourceError(
+            f"{where}: {{{name}}} does not take option(s) {', '.join(map(str, options))}"
+        )
 
 
 def chapter_files(chapters_dir: Path) -> List[Path]:
