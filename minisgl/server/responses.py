@@ -55,8 +55,9 @@ async def stream_events(frontend: Frontend, uid: int, first: UserReply, answer: 
         `api.usage`, `api.SSE_DONE`.
     Checked: events are `data: ` lines ended by a blank line, [DONE] last; only the last chunk has a
         finish_reason; the text and token ids joined equal the offline engine's; usage counts the
-        prompt's and the reply's tokens; a client that leaves mid-stream aborts its request and every
-        slot and page comes back; a scheduler crash mid-stream gives an error event, not a hang.
+        prompt's and the reply's tokens; a client that leaves mid-stream aborts its request and
+        every slot and page comes back; a scheduler crash mid-stream gives an error event, not a
+        hang.
     """
     done, reply, n_tokens, is_first = False, first, 0, True
     try:
@@ -66,7 +67,7 @@ async def stream_events(frontend: Frontend, uid: int, first: UserReply, answer: 
                 yield api.sse_event(ErrorInfo(reply.status, reply.error).body())
                 return
             n_tokens += len(reply.token_ids)
-            if reply.text or reply.finished or answer.return_token_ids or is_first:
+            if reply.text or reply.finished or answer.return_token_ids:
                 choice = api.choice(answer.chat, True, reply.text, reply.finish_reason,
                                     reply.token_ids if answer.return_token_ids else None, first=is_first)
                 yield api.sse_event(api.envelope(answer.chat, True, answer.rid, answer.created, answer.model, [choice]))
@@ -85,8 +86,25 @@ async def stream_events(frontend: Frontend, uid: int, first: UserReply, answer: 
 
 
 async def collect(frontend: Frontend, uid: int, first: UserReply, answer: Answer, request: Request) -> JSONResponse:
-    """The JSON answer to a request that is not streamed: every reply's text joined. A client that
-    leaves before the end aborts the request (499: nobody reads the answer)."""
+    """The JSON answer to a request that is not streamed, or its error.
+
+    Receives: `frontend` (`next_reply(uid)` awaits the request's next UserReply; `release`),
+        `first`, its first reply (no error), `answer`, the shape; `request`, the HTTP request,
+        whose `receive()` returns {"type": "http.disconnect"} once its client has left.
+    Returns: a JSONResponse: the envelope (`api.envelope`) with one choice (`api.choice`) holding
+        every reply's text joined, the last reply's finish_reason and, if asked, every token id,
+        and "usage" (the prompt's and the answer's tokens); or, for a reply with an error, the
+        error body (`ErrorInfo(reply.status, reply.error).body()`) with that status; or, if the
+        client left first, an empty 499.
+    Leaves: the request released (`frontend.release`): with `abort=True` if its client left
+        before it finished, else `abort=False`; the disconnect watcher cancelled.
+    Uses: `disconnected(request)`, `first_of(awaitable, gone)` (None when `gone` finished first),
+        `frontend.next_reply`, `frontend.release`, `api.choice`, `api.envelope`, `api.usage`,
+        `error_response`.
+    Checked: text, ids, finish reason and usage of the whole answer; a failed request answers with
+        its error and status; a client that leaves aborts its request; the live server's plain
+        completions equal the offline engine's.
+    """
     gone = asyncio.ensure_future(disconnected(request))
     texts, ids, reply, done = [], [], first, False
     try:
