@@ -41,8 +41,9 @@ class ErrorInfo(Exception):
 
 
 class _Request(BaseModel):
-    # fields we do not know are ignored, as OpenAI's clients expect
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(
+        extra="ignore"
+    )  # fields we do not know are ignored, as OpenAI's clients expect
 
     model: str
     temperature: float = 1.0  # the OpenAI API's default (the offline LLM's is greedy)
@@ -155,17 +156,29 @@ def choice(
     token_ids: List[int] | None,
     first: bool = False,
 ) -> Dict[str, Any]:
-    """One choice of a response (stream: of a chunk). A chat's first chunk names the role."""
+    """One choice of a response or of a streamed chunk, in the OpenAI API's shape.
+
+    Receives: `chat` (a chat completion, else a text completion), `stream` (a chunk, else a whole
+        response), `text`, `finish_reason` (None until the last), `token_ids` (None unless the
+        client asked for them), `first` (the first chunk of a chat stream).
+    Returns: a dict with "index" 0, "logprobs" None and "finish_reason", and: for a completion
+        "text"; for a whole chat "message" {"role": "assistant", "content": text}; for a
+        chat chunk "delta" {"content": text}, with "role": "assistant" too in the first one.
+        "token_ids" only when `token_ids` is not None.
+    Leaves: nothing changed.
+    Uses: plain dicts; `envelope` wraps the result (ch15).
+    Checked: each of the four shapes, key for key, and what the official openai client parses
+        (Completion, ChatCompletion, ChatCompletionChunk); the role only in a chat stream's first
+        chunk; token ids only when asked.
+    """
     out: Dict[str, Any] = {"index": 0}
-    if chat and stream:
-        out["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
-    elif chat:
-        out["message"] = {"role": "assistant", "content": text}
-    else:
+    if not chat:
         out["text"] = text
-        out["logprobs"] = None
-    if chat:
-        out["logprobs"] = None
+    elif stream:
+        out["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+    else:
+        out["message"] = {"role": "assistant", "content": text}
+    out["logprobs"] = None
     out["finish_reason"] = finish_reason
     if token_ids is not None:
         out["token_ids"] = token_ids

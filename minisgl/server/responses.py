@@ -69,7 +69,7 @@ async def stream_events(
                 yield api.sse_event(ErrorInfo(reply.status, reply.error).body())
                 return
             n_tokens += len(reply.token_ids)
-            if reply.text or reply.finished or answer.return_token_ids or is_first:
+            if reply.text or reply.finished or answer.return_token_ids:
                 choice = api.choice(
                     answer.chat,
                     True,
@@ -100,8 +100,25 @@ async def stream_events(
 async def collect(
     frontend: Frontend, uid: int, first: UserReply, answer: Answer, request: Request
 ) -> JSONResponse:
-    """The JSON answer to a request that is not streamed: every reply's text joined. A client that
-    leaves before the end aborts the request (499: nobody reads the answer)."""
+    """The JSON answer to a request that is not streamed, or its error.
+
+    Receives: `frontend` (`next_reply(uid)` awaits the request's next UserReply; `release`),
+        `first`, its first reply (no error), `answer`, the shape; `request`, the HTTP request,
+        whose `receive()` returns {"type": "http.disconnect"} once its client has left.
+    Returns: a JSONResponse: the envelope (`api.envelope`) with one choice (`api.choice`) holding
+        every reply's text joined, the last reply's finish_reason and, if asked, every token id,
+        and "usage" (the prompt's and the answer's tokens); or, for a reply with an error, the
+        error body (`ErrorInfo(reply.status, reply.error).body()`) with that status; or, if the
+        client left first, an empty 499.
+    Leaves: the request released (`frontend.release`): with `abort=True` if its client left
+        before it finished, else `abort=False`; the disconnect watcher cancelled.
+    Uses: `disconnected(request)`, `first_of(awaitable, gone)` (None when `gone` finished first),
+        `frontend.next_reply`, `frontend.release`, `api.choice`, `api.envelope`, `api.usage`,
+        `error_response`.
+    Checked: text, ids, finish reason and usage of the whole answer; a failed request answers with
+        its error and status; a client that leaves aborts its request; the live server's plain
+        completions equal the offline engine's.
+    """
     gone = asyncio.ensure_future(disconnected(request))
     texts, ids, reply, done = [], [], first, False
     try:

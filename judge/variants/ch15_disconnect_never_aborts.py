@@ -1,0 +1,48 @@
+"""`stream_events` that releases its request without an abort, even when the client left.
+
+The API server forgets the request, but the scheduler does not know: it goes on generating tokens
+that nobody reads, holding a request slot and KV pages until max_tokens, while new requests queue
+for them. (Upstream's server has this bug: its abort callback is never called.)
+"""
+
+from minisgl.server import protocol as api
+from minisgl.server.protocol import ErrorInfo
+
+
+async def stream_events(
+    frontend: Frontend, uid: int, first: UserReply, answer: Answer
+) -> AsyncIterator[str]:
+    done, reply, n_tokens, is_first = False, first, 0, True
+    try:
+        while True:
+            if reply.error is not None:
+                done = True
+                yield api.sse_event(ErrorInfo(reply.status, reply.error).body())
+                return
+            n_tokens += len(reply.token_ids)
+            if reply.text or reply.finished or answer.return_token_ids or is_first:
+                choice = api.choice(
+                    answer.chat,
+                    True,
+                    reply.text,
+                    reply.finish_reason,
+                    reply.token_ids if answer.return_token_ids else None,
+                    first=is_first,
+                )
+                yield api.sse_event(
+                    api.envelope(
+                        answer.chat, True, answer.rid, answer.created, answer.model, [choice]
+                    )
+                )
+                is_first = False
+            if reply.finished:
+                done = True  # noqa: F841 (the reference aborts in a finally unless done)
+                break
+            reply = await frontend.next_reply(uid)
+        if answer.include_usage:
+            tail = api.envelope(answer.chat, True, answer.rid, answer.created, answer.model, [])
+            tail["usage"] = api.usage(first.prompt_tokens, n_tokens)
+            yield api.sse_event(tail)
+        yield api.SSE_DONE
+    finally:
+        frontend.release(uid, abort=False)  # the bug: never aborts
