@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Everything chapter 11 needs from a GPU machine, in one go (run from the repository root):
-#   bash benchmarks/gpu_check.sh [tests] [bench] [suite] | all   -> logs under $OUT (default ./gpu_out)
+#   bash benchmarks/gpu_check.sh [tests] [bench] [serve] [suite] | all   -> logs under $OUT (default ./gpu_out)
 # The server's packages (fastapi, uvicorn, pyzmq, openai, ...) must be importable: on a machine without
 # network, install wheels downloaded elsewhere first (pip install --no-index --find-links DIR ...).
 # suite = the whole test suite and the judge's self-check side by side, then the ch11 judge, all on cuda.
-# A call of the device tool runs 10 minutes at most: run `tests suite` and `bench` as two calls.
+# A call of the device tool runs 10 minutes at most: run `tests suite`, `bench` and `serve` as three calls.
 # Each part has its own time limit, so one that hangs does not take the others down.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 what=" ${*:-all} "
 want() { [[ $what == *" $1 "* || $what == *" all "* ]]; }
 py=python3
@@ -37,8 +37,11 @@ if want bench; then
   timeout ${BENCH_TIMEOUT:-300} $py benchmarks/overlap_ablation.py ${BENCH_ARGS:-} --out "$OUT/ablation.json" 2>&1 | tee "$OUT/ablation.txt"
   part "decode kernels alone"
   timeout 120 $py benchmarks/decode_kernels.py --quick 2>&1 | tee "$OUT/decode_kernels.txt"
+fi
+if want serve; then
   part "serving: the OpenAI-compatible server under load vs the offline LLM (Qwen3-0.6B's shape, dummy weights)"
-  timeout ${SERVE_TIMEOUT:-240} $py benchmarks/bench_serve.py --dummy-qwen3-0.6b --device cuda ${SERVE_ARGS:-} \
+  timeout ${SERVE_TIMEOUT:-400} $py benchmarks/bench_serve.py --dummy-qwen3-0.6b --device cuda --dtype bfloat16 \
+    --max-running-req 64 --num-requests 256 --rates 4,16,64,inf ${SERVE_ARGS:-} \
     --out "$OUT/bench_serve.json" 2>&1 | tee "$OUT/bench_serve.txt"
 fi
 if want suite; then
