@@ -7,8 +7,10 @@ import re
 
 import pytest
 
-from judge import notebook_report
-from judge_fixtures import SOLUTION, fake_project
+pytest.importorskip("IPython", reason="the workbook extra (pip install -e '.[workbook]')")
+
+from judge import notebook_report  # noqa: E402
+from judge_fixtures import SOLUTION, fake_project  # noqa: E402
 
 
 @pytest.fixture

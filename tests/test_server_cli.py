@@ -12,7 +12,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def serve(*args: str, timeout: float = 120):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    # the repository first, then whatever the caller had on the path (packages installed there)
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "minisgl", "serve", *args],
         capture_output=True,

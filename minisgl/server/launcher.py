@@ -128,7 +128,18 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(args: ServerArgs, log_level: str = "warning") -> int:
-    import uvicorn
+    try:  # the server's own packages (pyproject.toml); the offline engine needs none of them
+        import fastapi  # noqa: F401
+        import uvicorn
+        import zmq  # noqa: F401
+    except ImportError as e:
+        print(
+            f"minisgl: the server needs fastapi, uvicorn and pyzmq ({e}); "
+            "pip install -e . installs them",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
 
     from .app import create_app
     from .frontend import Frontend
