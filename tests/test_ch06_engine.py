@@ -79,7 +79,12 @@ class Harness:
         return ForwardInput(batch, args, input_tuple, write_tuple)
 
     def launch(self, reqs: List[Req], phase: str) -> ForwardOutput:
-        return self.engine.forward_batch(self.prepare(reqs, phase))
+        fi = self.prepare(reqs, phase)
+        if self.device.type == "cuda":
+            # prepare() queued its index tensors and metadata on the default stream; the engine's
+            # stream must not start before they are there (the scheduler waits on its own stream).
+            torch.cuda.current_stream(self.device).synchronize()
+        return self.engine.forward_batch(fi)
 
     def step(self, reqs: List[Req], phase: str) -> List[int]:
         out = self.launch(reqs, phase)

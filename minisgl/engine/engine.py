@@ -123,6 +123,11 @@ class Engine:
         self.sampler = Sampler(self.device, config.seed)
         self.stream = self.kit.new_stream()
         self.graph_runner = self._build_graph_runner() if self.use_cuda_graph else None
+        if self.kit.is_cuda:
+            # Everything built above (zeroed pools and tables, the KV cache) was queued on the
+            # default stream, and the engine's and scheduler's streams do not wait for it: a
+            # prompt written into the token pool could land before the pool's zeroing does.
+            torch.cuda.synchronize(self.device)
 
     def _want_cuda_graph(self) -> bool:
         asked = self.config.use_cuda_graph

@@ -141,6 +141,9 @@ def check_locks(llm) -> None:
 
 def check_running(llm, slots: SlotWatch) -> None:
     """After every loop iteration."""
+    # The pools are written on the scheduler's stream; on a GPU that stream is non-blocking, so
+    # reading them here must wait for it (between steps nothing else does).
+    llm.stream.synchronize()
     slots.check(llm)
     check_pages(llm)
     check_locks(llm)
