@@ -118,10 +118,21 @@ REFUSED = [
     ({"num_key_value_heads": 3}, "num_key_value_heads"),
     ({"dtype": "float8_e4m3fn"}, "dtype"),
     ({"eos_token_id": "2"}, "eos_token_id"),
+    # values of the wrong type or range that a float() or bool() would quietly accept
+    ({"rms_norm_eps": "1e-6"}, "rms_norm_eps"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, "rope_theta"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings"),
+    ({"attention_bias": 1}, "attention_bias"),
+    ({"architectures": None}, "architectures"),
+    ({"architectures": "Qwen3ForCausalLM"}, "architectures"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
+    # this file has rope_parameters (transformers 5); a transformers-4 entry saying otherwise
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling"),
 ]
 
 
-@pytest.mark.parametrize("fields,named", REFUSED, ids=[n for _, n in REFUSED])
+@pytest.mark.parametrize("fields,named", REFUSED, ids=[str(f) for f, _ in REFUSED])
 def test_a_config_the_engine_would_run_wrongly_is_refused_naming_the_field(tmp_path, fields, named):
     model = tmp_path / "model"
     shutil.copytree(checkpoint("qwen3"), model)
@@ -188,6 +199,47 @@ def test_weights_split_across_files_without_an_index_load(tmp_path):
     assert_tokens_equal(
         got, hf_greedy(prompts(), NEW_TOKENS, model=src), "weights split over two files, no index"
     )
+
+
+def _two_set_to(value):
+    def change(t):
+        t = t.clone()
+        t[0, :2] = value
+        return t
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        (_two_set_to(float("nan")), "holds 2 NaN or infinite value"),
+        (_two_set_to(float("inf")), "holds 2 NaN or infinite value"),
+        (lambda t: t.to(torch.int32), "is int32"),
+        (lambda t: t.to(torch.float8_e4m3fn), "is float8_e4m3fn"),
+    ],
+    ids=["nan", "inf", "int32", "float8"],
+)
+def test_a_weight_the_engine_would_compute_garbage_from_is_named(tmp_path, change, words):
+    # Cast to the model's dtype, an integer or 8-bit weight becomes numbers; a NaN makes every
+    # logit NaN, sampled as token 0. Either way the output looks like a model's: refuse it.
+    src = checkpoint("qwen3")
+    shutil.copy(src / "config.json", tmp_path)
+    tensors = load_file(str(src / "model.safetensors"))
+    key = "model.layers.1.mlp.down_proj.weight"
+    tensors[key] = change(tensors[key])
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=words) as e:
+        LLM(tmp_path, device="cpu")
+    assert key in str(e.value), f"the error should name the weight, got: {e.value}"
+
+
+def test_a_pytorch_bin_checkpoint_says_what_to_do(tmp_path):
+    src = checkpoint("qwen3")
+    shutil.copy(src / "config.json", tmp_path)
+    torch.save(load_file(str(src / "model.safetensors")), tmp_path / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match="pytorch_model.bin found.*save_pretrained"):
+        LLM(tmp_path, device="cpu")
 
 
 def test_a_transposed_part_of_a_merged_weight_is_named(tmp_path):

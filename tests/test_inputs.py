@@ -49,6 +49,7 @@ def gen(x):
         ([[1, 2**31]], ValueError, "prompt 0: token id 2147483648 is outside the vocabulary"),
         ([torch.ones(2, 3, dtype=torch.int64)], TypeError, "1-D integer"),
         ([np.array([1.0, 2.0])], TypeError, "1-D integer"),
+        (["ab\ud800c"], ValueError, "prompt 0: the text is not valid Unicode.*character 2"),
     ],
 )
 def test_bad_prompts_are_refused_naming_what_was_wrong(llm, prompts, error, words):
@@ -65,6 +66,7 @@ def test_token_ids_may_come_as_a_tensor_or_a_numpy_array(llm):
         torch.tensor(ids, dtype=torch.int32),
         np.array(ids),
         tuple(ids),
+        list(np.array(ids)),  # numpy integer scalars
     ):
         got = llm.generate(prompt, greedy(3))[0]["token_ids"]
         assert got == want, (

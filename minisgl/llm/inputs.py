@@ -6,13 +6,14 @@ temperature reaches a kernel that asserts and takes the process's CUDA context d
 
 A prompt is one of:
     str                                 text, encoded with the model's tokenizer
-    a list or tuple of ints             token ids (bools are not ids)
+    a list or tuple of ints             token ids (numpy integers count; bools are not ids)
     a 1-D integer torch tensor or numpy array of token ids
 `generate` takes one prompt or a list of them.
 """
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, List
 
 import torch
@@ -48,6 +49,12 @@ def token_ids(prompt: Any, tokenizer) -> torch.Tensor:
             raise ValueError(
                 "this model directory has no tokenizer.json: pass token ids instead of text"
             )
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"the text is not valid Unicode: {e.reason} at character {e.start}"
+            ) from None
         return torch.tensor(tokenizer.encode(prompt).ids, dtype=torch.int32)
     if isinstance(prompt, torch.Tensor) or _is_ndarray(prompt):
         t = torch.as_tensor(prompt)
@@ -58,12 +65,12 @@ def token_ids(prompt: Any, tokenizer) -> torch.Tensor:
             )
         ids = t.tolist()
     elif isinstance(prompt, (list, tuple)):
-        ids = list(prompt)
-        if not all(_is_int(t) for t in ids):
-            bad = next(t for t in ids if not _is_int(t))
+        if not all(_is_int(t) for t in prompt):
+            bad = next(t for t in prompt if not _is_int(t))
             raise ValueError(
                 f"a prompt must be a string or a list of integer token ids; it holds {bad!r}"
             )
+        ids = [int(t) for t in prompt]
     else:
         hint = " (decode bytes to str first)" if isinstance(prompt, (bytes, bytearray)) else ""
         raise TypeError(
@@ -99,7 +106,8 @@ def sampling_list(sampling_params: Any, n: int) -> List[SamplingParams]:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    # numbers.Integral takes numpy's integer scalars too (list(np_array) holds those)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_ndarray(value: Any) -> bool:

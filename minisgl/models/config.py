@@ -14,6 +14,7 @@ of them, so a new field in a new transformers release is a decision, not a silen
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Tuple
@@ -61,6 +62,7 @@ REFUSED_FIELDS = frozenset(
         "layer_types",
         "partial_rotary_factor",
         "pretraining_tp",
+        "quantization_config",  # not in the config classes: a quantized checkpoint adds it
     }
 )
 # Change nothing at inference: identity, tokens the tokenizer handles, training-only settings
@@ -143,6 +145,21 @@ def check_supported(raw: Dict[str, Any]) -> None:
     refused, never ignored (ignoring it gives plausible but wrong tokens)."""
     if not isinstance(raw, dict):
         raise ValueError(f"config.json must hold a JSON object, got {type(raw).__name__}")
+    archs = raw.get("architectures")
+    if not archs or not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        got = "missing" if "architectures" not in raw else repr(archs)
+        raise ValueError(
+            f"architectures must be a list of model class names, got {got} (model_type "
+            f"{raw.get('model_type')!r}); the engine picks the model from it, one of "
+            f"{sorted(SUPPORTED_ARCHITECTURES)}"
+        )
+    if raw.get("quantization_config"):
+        method = raw["quantization_config"]
+        method = method.get("quant_method", method) if isinstance(method, dict) else method
+        raise ValueError(
+            f"quantization_config ({method!r}) is not supported: the engine loads float32, "
+            "float16 and bfloat16 weights, not quantized ones"
+        )
     for name in (
         "vocab_size",
         "hidden_size",
@@ -160,6 +177,23 @@ def check_supported(raw: Dict[str, Any]) -> None:
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
             raise ValueError(f"{name} must be a positive integer or null, got {value!r}")
+    for name in ("max_position_embeddings",):
+        value = raw.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"{name} must be a positive integer or null, got {value!r}")
+    rope = raw.get("rope_parameters") or {}
+    for name, value in (
+        ("rms_norm_eps", raw.get("rms_norm_eps")),
+        ("rope_theta", rope.get("rope_theta", raw.get("rope_theta"))),
+    ):
+        if value is not None and not _is_positive_number(value):
+            raise ValueError(f"{name} must be a positive number or null, got {value!r}")
+    for name in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+        value = raw.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{name} must be true, false or null, got {value!r}")
     heads, kv = (
         raw["num_attention_heads"],
         raw.get("num_key_value_heads") or raw["num_attention_heads"],
@@ -198,10 +232,38 @@ def check_supported(raw: Dict[str, Any]) -> None:
     dtype = raw.get("dtype", raw.get("torch_dtype"))
     if dtype is not None and str(dtype).removeprefix("torch.") not in _DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; supported: {', '.join(_DTYPES)}")
+    _check_one_rope_scaling(raw)
     rope_scaling_from_hf(raw)
     eos = raw.get("eos_token_id")
     if eos is not None and not _is_id_or_ids(eos):
         raise ValueError(f"eos_token_id must be a token id, a list of them or null, got {eos!r}")
+
+
+def _check_one_rope_scaling(raw: Dict[str, Any]) -> None:
+    """transformers 5 writes RoPE scaling in rope_parameters, 4 in rope_scaling; the engine reads
+    rope_parameters when present. A file with both must not say two different things there."""
+    kinds = {}
+    for name in ("rope_parameters", "rope_scaling"):
+        params = raw.get(name)
+        if params is None:
+            continue
+        if not isinstance(params, dict):
+            raise ValueError(f"{name} must be an object or null, got {params!r}")
+        kinds[name] = params.get("rope_type", params.get("type", "default")) or "default"
+    if len(set(kinds.values())) > 1:
+        raise ValueError(
+            f"rope_parameters and rope_scaling disagree (rope_type {kinds['rope_parameters']!r} "
+            f"vs {kinds['rope_scaling']!r}): keep one of them"
+        )
+
+
+def _is_positive_number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 def _is_id_or_ids(value: Any) -> bool:

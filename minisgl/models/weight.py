@@ -33,7 +33,14 @@ def safetensors_files(model_dir: str | Path) -> List[Path]:
     else:
         files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors files in model directory {model_dir}")
+        others = sorted(p.name for p in model_dir.glob("*") if p.suffix in (".bin", ".pt", ".pth"))
+        hint = (
+            f" ({', '.join(others)} found: the engine reads only safetensors; load it with "
+            "transformers and save_pretrained it to get *.safetensors)"
+            if others
+            else ""
+        )
+        raise FileNotFoundError(f"no *.safetensors files in model directory {model_dir}{hint}")
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise FileNotFoundError(f"checkpoint file(s) listed but missing: {', '.join(missing)}")
@@ -62,12 +69,34 @@ def iter_hf_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]
                     "in model.safetensors.index.json)"
                 )
             seen[key] = path
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as f:
-                for key in keys:
-                    yield key, f.get_tensor(key)
-        except Exception as e:
-            raise ValueError(f"cannot read checkpoint file {path}: {e}") from None
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for key in keys:
+                try:
+                    tensor = f.get_tensor(key)
+                except Exception as e:
+                    raise ValueError(f"cannot read checkpoint file {path}: {e}") from None
+                check_weight_values(key, tensor, path)
+                yield key, tensor
+
+
+_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_weight_values(key: str, tensor: torch.Tensor, path: Path) -> None:
+    """Refuse a weight the engine would compute garbage from, naming it: integer or 8-bit data
+    (a quantized or broken file, which a cast to the model's dtype would silently turn into
+    numbers) and NaN or infinity (every token after it would be NaN, sampled as token 0)."""
+    if tensor.dtype not in _WEIGHT_DTYPES:
+        raise ValueError(
+            f"weight {key} in {path.name} is {str(tensor.dtype).removeprefix('torch.')}: the "
+            "engine loads float32, float16 and bfloat16 weights (is the checkpoint quantized?)"
+        )
+    if not torch.isfinite(tensor).all():
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise ValueError(
+            f"weight {key} in {path.name} holds {bad} NaN or infinite value(s) of "
+            f"{tensor.numel()}: the checkpoint is broken"
+        )
 
 
 def load_weight(
