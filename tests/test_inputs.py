@@ -135,6 +135,34 @@ def test_a_device_the_engine_cannot_run_on_is_named(device):
     )
 
 
+@pytest.mark.parametrize(
+    "options,error,words",
+    [
+        ({"model": 123}, TypeError, "model must be a directory path.*int 123"),
+        ({"model": None}, TypeError, "model must be a directory path"),
+        ({"max_running_req": 0}, ValueError, "max_running_req must be >= 1"),
+        ({"max_running_req": "4"}, TypeError, "max_running_req must be an integer"),
+        ({"page_size": True}, TypeError, "page_size must be an integer"),
+        ({"max_extend_tokens": True}, TypeError, "max_extend_tokens must be an integer"),
+        ({"max_extend_tokens": 0}, ValueError, "max_extend_tokens must be >= 1"),
+        ({"cpu_kv_tokens": 0}, ValueError, "cpu_kv_tokens must be >= 1"),
+        ({"memory_ratio": 2.0}, ValueError, "memory_ratio must be a number in"),
+        ({"memory_ratio": "0.5"}, ValueError, "memory_ratio must be a number in"),
+        ({"seed": 1.5}, TypeError, "seed must be an integer"),
+        ({"use_cuda_graph": "no"}, TypeError, "use_cuda_graph must be True, False or None"),
+        ({"cache_type": "lru"}, ValueError, "cache_type must be 'radix' or 'naive'"),
+        ({"overlap_scheduling": "yes"}, TypeError, "overlap_scheduling must be True"),
+    ],
+    ids=lambda v: str(v) if isinstance(v, dict) else None,
+)
+def test_an_engine_option_of_the_wrong_type_or_range_is_named(options, error, words):
+    # A bool where a number goes is a mistake, not 1; "0.5" is not a ratio.
+    from minisgl.llm import LLM
+
+    with pytest.raises(error, match=words):
+        LLM(**options)
+
+
 def test_a_context_longer_than_the_model_allows_is_refused():
     limit = ModelConfig.from_dir(MODEL).max_position_embeddings
     build_llm(max_seq_len_override=limit)

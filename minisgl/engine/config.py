@@ -40,17 +40,33 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model_path, (str, Path)):
+            raise TypeError(
+                f"model must be a directory path (str or Path), got "
+                f"{type(self.model_path).__name__} {self.model_path!r}"
+            )
         self.dtype = _dtype(self.dtype)
         for name in (
             "max_running_req",
             "page_size",
             "cuda_graph_max_bs",
+            "cpu_kv_tokens",
             "num_page_override",
             "max_seq_len_override",
+            "seed",
         ):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+        for name in ("fused_kernels", "use_cuda_graph"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"{name} must be True, False or None, got {value!r}")
+        ratio = self.memory_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+            raise ValueError(f"memory_ratio must be a number in (0, 1], got {ratio!r}")
+        if self.cpu_kv_tokens < 1:
+            raise ValueError("cpu_kv_tokens must be >= 1")
         if self.max_seq_len_override is not None and self.max_seq_len_override < 1:
             raise ValueError("max_seq_len_override must be >= 1")
         if self.max_running_req < 1:

@@ -35,6 +35,11 @@ class RequestResult:
 
 class LLM(Scheduler):
     def __init__(self, model: str | Path = BUNDLED_MODEL, **options) -> None:
+        if not isinstance(model, (str, Path)):
+            raise TypeError(
+                f"model must be a directory path (str or Path), got {type(model).__name__} "
+                f"{model!r}"
+            )
         model_dir = Path(model)
         if not model_dir.is_dir():
             raise FileNotFoundError(f"model directory not found: {model_dir}")

@@ -17,6 +17,11 @@ class SchedulerConfig(EngineConfig):
         super().__post_init__()
         if self.cache_type not in ("radix", "naive"):
             raise ValueError(f"cache_type must be 'radix' or 'naive', got {self.cache_type!r}")
+        value = self.max_extend_tokens
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(
+                f"max_extend_tokens must be an integer, got {type(value).__name__} {value!r}"
+            )
         if self.max_extend_tokens < 1:
             raise ValueError("max_extend_tokens must be >= 1")
         if self.overlap_scheduling is not None and not isinstance(self.overlap_scheduling, bool):
