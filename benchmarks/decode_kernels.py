@@ -3,7 +3,7 @@ graphs as the engine runs them:
 
     python benchmarks/decode_kernels.py [--quick]
 
-* paged decode attention (minisgl/attention/triton_decode.py) with the code's launch settings and
+* paged decode attention (minisgl/kernel/triton_decode.py) with the code's launch settings and
   the best of a grid of others (keys per block, warps, pipeline stages, splits) for batches 1, 64
   and 256: microseconds and the bandwidth of the KV it reads;
 * the matrix-vector products of a decode step at batch 1 and 2: torch's F.linear (cuBLAS) against
@@ -32,8 +32,8 @@ import triton.testing  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from minisgl.attention.triton_decode import num_splits, paged_decode_attention  # noqa: E402
 from minisgl.kernel import triton_ops  # noqa: E402
+from minisgl.kernel.triton_decode import num_splits, paged_decode_attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTER, VOCAB = 16, 8, 128, 1024, 3072, 151936
 LINEARS = {  # name: (out_features, in_features) of one decode step's products

@@ -94,7 +94,7 @@ FUSED_KERNELS = flag(
 
 PROGRESS = Setting(
     "MINISGL_PROGRESS",
-    "`LLM.generate`'s progress bar (minisgl/llm/progress.py): `auto` shows it for runs that "
+    "`LLM.generate`'s progress bar (minisgl/llm/progress_bar.py): `auto` shows it for runs that "
     "last, where "
     "someone watches (a terminal, a notebook), never under pytest or CI; `off` never, even "
     "when asked "

@@ -173,7 +173,7 @@ def prefill_batches(log) -> List[Dict[int, int]]:
 
 
 def cpu_streams_llm(streams: str = "deferred", **options):
-    """An LLM on the CPU with stand-in streams (minisgl/utils/device.py), whatever --device says.
+    """An LLM on the CPU with stand-in streams (minisgl/utils/streams.py), whatever --device says.
 
     A test that relies on them (deferred streams: the engine runs behind the scheduler every time,
     so an ordering mistake shows deterministically) builds its engine here: under --device cuda it

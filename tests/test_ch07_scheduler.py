@@ -18,7 +18,7 @@ from minisgl.engine import BatchSamplingArgs
 from minisgl.env import ENV
 from minisgl.kvcache import CacheHandle
 from minisgl.scheduler import ChunkedReq, DecodeManager
-from minisgl.utils.device import DeferredStream
+from minisgl.utils.streams import DeferredStream
 
 pytestmark = pytest.mark.usefixtures("normal_loop")  # conftest.py: chapter 11 is not here yet
 

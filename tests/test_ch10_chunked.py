@@ -124,7 +124,7 @@ def test_a_long_prompt_is_split_and_answers_only_after_its_last_chunk(page_size)
     llm.cache_manager.check_integrity()
 
     # the chapter's budget view reads the same log: the chunks, in order, cover the prompt once
-    from minisgl.viz import chunks as view
+    from classroom import chunks as view
 
     pieces = [p for step in view.loads(log) for p in step.pieces if p.uid == uid]
     sizes = [budget] * (len(long) // budget) + ([len(long) % budget] if len(long) % budget else [])

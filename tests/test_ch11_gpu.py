@@ -61,7 +61,7 @@ def reference_decode(q, k_cache, v_cache, page_table, rows, seqlens, scale) -> t
     "batch,heads,kv_heads,head_dim", [(1, 16, 8, 128), (5, 8, 4, 32), (70, 16, 8, 128)]
 )
 def test_triton_decode_matches_plain_attention(dtype, tol, batch, heads, kv_heads, head_dim):
-    from minisgl.attention.triton_decode import paged_decode_attention
+    from minisgl.kernel.triton_decode import paged_decode_attention
 
     g = torch.Generator(device="cuda").manual_seed(0)
     locations, max_len, num_rows = 8192, 1100, batch + 3
@@ -106,7 +106,7 @@ def reference_prefill(q, k_cache, v_cache, page_table, rows, cu, seqlens, scale)
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 8, 128), (8, 4, 32)])
 def test_triton_prefill_matches_plain_attention(dtype, tol, heads, kv_heads, head_dim):
-    from minisgl.attention.triton_prefill import paged_prefill_attention
+    from minisgl.kernel.triton_prefill import paged_prefill_attention
 
     g = torch.Generator(device="cuda").manual_seed(0)
     # new tokens / cached keys per request: a whole prompt, a chunk after a cached prefix, one

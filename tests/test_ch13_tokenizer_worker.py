@@ -1,5 +1,5 @@
-"""Chapter 13: the tokenizer worker (minisgl/server/tokenize.py, detokenizer.py), without processes
-or sockets.
+"""Chapter 13: the tokenizer worker (minisgl/server/tokenizer_worker.py, detokenizer.py), without
+processes or sockets.
 
 Incremental detokenisation: the streamed pieces never hold half a UTF-8 character, and joined they
 equal decoding all the output tokens at once, on the bundled tokenizer and on two tiny ones trained
@@ -21,7 +21,7 @@ from minisgl.core import SamplingParams
 from minisgl.message import AbortBackendMsg, AbortMsg, DetokenizeMsg, TokenizeMsg, UserMsg
 from minisgl.server.chat import load_chat_template
 from minisgl.server.detokenizer import REPLACEMENT, DecodeState, next_text
-from minisgl.server.tokenize import TokenizerWorker
+from minisgl.server.tokenizer_worker import TokenizerWorker
 
 TEXTS = [
     "Fair Verona — où l'amour 🌹 fleurit, naïve 愛.",
@@ -235,7 +235,7 @@ def test_a_prompt_that_fills_the_context_still_asks_for_one_token(worker):
 
 def test_any_end_id_of_the_model_is_a_stop(worker):
     # Instruct checkpoints list several end ids (Llama-3: end of text, of message, of turn).
-    from minisgl.server.tokenize import TokenizerWorker
+    from minisgl.server.tokenizer_worker import TokenizerWorker
 
     several = TokenizerWorker(worker.tokenizer, None, eos_token_ids={7, 9, 11}, context_len=64)
     for uid, end in enumerate((7, 9, 11), start=1):

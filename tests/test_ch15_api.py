@@ -1,5 +1,5 @@
-"""Chapter 15: the OpenAI API layer (minisgl/server/protocol.py, responses.py), in one process: the
-shapes the official `openai` client parses, server-sent events, finish reasons, usage, errors, and a
+"""Chapter 15: the OpenAI API layer (minisgl/server/openai_api.py, responses.py), in one process:
+the shapes the official `openai` client parses, server-sent events, finish reasons, usage, errors, and a
 client that leaves. A fake frontend hands out the replies the tokenizer worker would send; the live
 server's tests (tests/test_server_api.py) run the same code behind real HTTP."""
 
@@ -15,7 +15,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from minisgl.message import UserReply
-from minisgl.server import protocol as api
+from minisgl.server import openai_api as api
 from minisgl.server.responses import Answer, collect, stream_events
 
 

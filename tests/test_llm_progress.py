@@ -1,4 +1,4 @@
-"""`LLM.generate`'s progress bar (minisgl/llm/progress.py): where it shows, and that it counts
+"""`LLM.generate`'s progress bar (minisgl/llm/progress_bar.py): where it shows, and that it counts
 tokens."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from helpers import build_llm
 from minisgl import SamplingParams
 from minisgl.env import ENV
-from minisgl.llm import progress
+from minisgl.llm import progress_bar as progress
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def drawn(monkeypatch):
         def close(self, tokens, requests, elapsed):
             seen.append(("closed", tokens))
 
-    monkeypatch.setattr(progress, "_TerminalBar", Recorder)
+    monkeypatch.setattr(progress, "_Bar", lambda notebook: Recorder())
     monkeypatch.setattr(progress, "_in_notebook", lambda: False)
     monkeypatch.setattr(progress, "EVERY", 0.0)
     return seen

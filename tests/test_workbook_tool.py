@@ -179,7 +179,7 @@ def test_site_page_shows_outputs_figures_and_exercises(tmp_path):
 def test_a_view_with_several_pictures_gives_the_site_one_figure_each(tmp_path):
     """Chapter 11's four problems: one output in the notebook, four figures on the site, each
     the SVG the view drew, with its own alt text."""
-    from minisgl.viz.display import static_bundle
+    from classroom.display import static_bundle
 
     ch = read_chapter(write(tmp_path, BODY))
     nb = notebook.render(ch, "solution")
@@ -292,7 +292,7 @@ def test_every_checking_tryout_passes_on_the_reference_in_the_committed_solution
 
 
 def test_tryout_checks_print_one_line_each():
-    from minisgl.viz.tryout import attempt, check
+    from classroom.tryout import attempt, check
 
     def stub():
         raise NotImplementedError("ch99.f: write f")

@@ -5,8 +5,8 @@ that nobody reads, holding a request slot and KV pages until max_tokens, while n
 for them. (Upstream's server has this bug: its abort callback is never called.)
 """
 
-from minisgl.server import protocol as api
-from minisgl.server.protocol import ErrorInfo
+from minisgl.server import openai_api as api
+from minisgl.server.openai_api import ErrorInfo
 
 
 async def stream_events(

@@ -5,8 +5,8 @@ read the raw stream (curl pipelines, other languages' SDKs, proxies) wait for [D
 the answer is complete, and take a stream without it for one cut short.
 """
 
-from minisgl.server import protocol as api
-from minisgl.server.protocol import ErrorInfo
+from minisgl.server import openai_api as api
+from minisgl.server.openai_api import ErrorInfo
 
 
 async def stream_events(

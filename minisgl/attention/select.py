@@ -18,7 +18,7 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-# The Triton kernels' limits (triton_decode.py, triton_prefill.py, kernel/triton_ops.py):
+# The Triton kernels' limits (minisgl/kernel/triton_*.py):
 # power-of-two head sizes from 16 (whole tiles, and the fused RoPE's half head), at most 16 query
 # heads per KV head (one tensor-core tile of heads).
 TRITON_MAX_GROUP = 16

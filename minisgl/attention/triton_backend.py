@@ -1,16 +1,17 @@
-"""The GPU attention backend: prefill and decode through paged Triton kernels (triton_prefill.py,
-triton_decode.py), which read each request's own KV locations straight from the engine's page
-table: one launch per layer whatever the batch, and decode's can be captured in a CUDA graph."""
+"""The GPU attention backend: prefill and decode through the paged Triton kernels of
+minisgl/kernel/ (triton_prefill.py, triton_decode.py), which read each request's own KV locations
+straight from the engine's page table: one launch per layer whatever the batch, and decode's can
+be captured in a CUDA graph."""
 
 from __future__ import annotations
 
 import torch
 
 from minisgl.core import Batch
+from minisgl.kernel.triton_decode import paged_decode_attention
+from minisgl.kernel.triton_prefill import paged_prefill_attention
 
 from .torch_backend import TorchAttentionBackend
-from .triton_decode import paged_decode_attention
-from .triton_prefill import paged_prefill_attention
 
 
 class TritonAttentionBackend(TorchAttentionBackend):

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_launch import launch, settings
+
 
 @triton.jit
 def _add_rms_norm_kernel(
@@ -73,7 +75,9 @@ def _add_rms_norm(x, residual, weight, eps):
         r_out = torch.empty_like(y)
     else:
         r2 = r_out = x2  # unused
-    _add_rms_norm_kernel[(x2.shape[0],)](
+    launch(
+        _add_rms_norm_kernel,
+        (x2.shape[0],),
         x2,
         r2,
         weight,
@@ -199,29 +203,30 @@ def qk_norm_rope_store_(
         assert cache.shape[1:] == (num_kv_heads, head_dim) and cache.stride()[1:] == (head_dim, 1)
     assert cos.stride(-1) == 1 and cos.stride() == sin.stride()
     assert (q_weight is None) == (k_weight is None)
-    if tokens:
-        norm = q_weight is not None
-        _qk_norm_rope_store_kernel[(tokens, num_heads + num_kv_heads)](
-            qkv,
-            q_weight if norm else qkv,
-            k_weight if norm else qkv,
-            cos,
-            sin,
-            positions,
-            out_loc,
-            k_cache,
-            v_cache,
-            qkv.stride(0),
-            cos.stride(0),
-            k_cache.stride(0),
-            v_cache.stride(0),
-            eps,
-            NUM_HEADS=num_heads,
-            NUM_KV_HEADS=num_kv_heads,
-            HALF=half,
-            HAS_NORM=norm,
-            num_warps=1,
-        )
+    norm = q_weight is not None
+    launch(
+        _qk_norm_rope_store_kernel,
+        (tokens, num_heads + num_kv_heads),
+        qkv,
+        q_weight if norm else qkv,
+        k_weight if norm else qkv,
+        cos,
+        sin,
+        positions,
+        out_loc,
+        k_cache,
+        v_cache,
+        qkv.stride(0),
+        cos.stride(0),
+        k_cache.stride(0),
+        v_cache.stride(0),
+        eps,
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HALF=half,
+        HAS_NORM=norm,
+        num_warps=1,
+    )
 
 
 @triton.jit
@@ -243,10 +248,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     assert x2.stride(-1) == 1
     y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     block = 1024
-    if x2.shape[0]:
-        _silu_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](
-            x2, y, x2.stride(0), y.stride(0), n, BLOCK=block, num_warps=4
-        )
+    launch(
+        _silu_mul_kernel,
+        (x2.shape[0], triton.cdiv(n, block)),
+        x2,
+        y,
+        x2.stride(0),
+        y.stride(0),
+        n,
+        BLOCK=block,
+        num_warps=4,
+    )
     return y.view(*x.shape[:-1], n)
 
 
@@ -311,22 +323,23 @@ def small_batch_linear(
     # for as much of its rows at once as the registers hold (the best settings measured on an H200)
     block_n = 4 if n <= 2048 else 16
     block_k = min(triton.next_power_of_2(k_dim), 2048, 16384 // (block_m * block_n))
-    tune = {"block_n": block_n, "block_k": block_k, "num_warps": 4, **(tuning or {})}
+    tune = settings({"block_n": block_n, "block_k": block_k, "num_warps": 4}, tuning)
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    if rows:
-        _small_batch_linear_kernel[(triton.cdiv(n, tune["block_n"]),)](
-            x2,
-            weight,
-            y,
-            rows,
-            n,
-            k_dim,
-            x2.stride(0),
-            weight.stride(0),
-            y.stride(0),
-            BLOCK_M=block_m,
-            BLOCK_N=tune["block_n"],
-            BLOCK_K=tune["block_k"],
-            num_warps=tune["num_warps"],
-        )
+    launch(
+        _small_batch_linear_kernel,
+        (triton.cdiv(n, tune["block_n"]) if rows else 0,),
+        x2,
+        weight,
+        y,
+        rows,
+        n,
+        k_dim,
+        x2.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=tune["block_n"],
+        BLOCK_K=tune["block_k"],
+        num_warps=tune["num_warps"],
+    )
     return y.view(*x.shape[:-1], n)

@@ -19,7 +19,7 @@ from minisgl.models import BUNDLED_MODEL
 from minisgl.scheduler import QueueIO, Scheduler, SchedulerConfig
 
 from . import inputs
-from .progress import generation_progress
+from .progress_bar import generation_progress
 
 Prompt = str | Sequence[int]
 
@@ -67,7 +67,7 @@ class LLM(Scheduler):
 
     def _with_model_defaults(self, params: List[SamplingParams]) -> List[SamplingParams]:
         """Fields a request leaves unset take the model's generation_config.json defaults
-        (minisgl/models/generation.py says which)."""
+        (minisgl/models/generation_config.py says which)."""
         defaults = self.generation_defaults.sampling
         return [p.with_defaults(defaults) for p in params] if defaults else params
 
@@ -134,7 +134,7 @@ class LLM(Scheduler):
         "error" for a request the scheduler refused or whose step failed). `progress`: a bar
         counting tokens, True to show it, False never; None (default) shows it for runs longer than
         two seconds in a notebook
-        or a terminal, never under pytest or CI (minisgl/llm/progress.py, MINISGL_PROGRESS)."""
+        or a terminal, never under pytest or CI (minisgl/llm/progress_bar.py, MINISGL_PROGRESS)."""
         prompts = inputs.prompt_list(prompts)
         params = self._with_model_defaults(inputs.sampling_list(sampling_params, len(prompts)))
         # Check every prompt before queueing any, so a bad one loses nothing.

@@ -1,7 +1,8 @@
-"""Messages between the frontend (tokenizer/detokenizer side) and the scheduler.
+"""Messages to and from the scheduler: from the tokenizer worker (or, offline, `LLM`) and back.
 
 The offline `LLM` passes them in-process; the server (minisgl/server/) sends the same objects over
-ZMQ sockets, encoded by `wire.py`. The API server's own messages are in `frontend.py`."""
+ZMQ sockets, encoded by `wire.py`. The API server's messages to and from the tokenizer worker are
+in `api_server.py`."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class DetokenizeMsg:
 
 BackendMsg = UserMsg | AbortBackendMsg
 
-from .frontend import AbortMsg, StatsQuery, StatsReply, TokenizeMsg, UserReply  # noqa: E402
+from .api_server import AbortMsg, StatsQuery, StatsReply, TokenizeMsg, UserReply  # noqa: E402
 
 __all__ = [
     "UserMsg",

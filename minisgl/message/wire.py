@@ -19,7 +19,7 @@ import torch
 from minisgl.core import SamplingParams
 
 from . import AbortBackendMsg, DetokenizeMsg, UserMsg
-from .frontend import AbortMsg, StatsQuery, StatsReply, TokenizeMsg, UserReply
+from .api_server import AbortMsg, StatsQuery, StatsReply, TokenizeMsg, UserReply
 
 MESSAGE_TYPES: Dict[str, type] = {
     cls.__name__: cls

@@ -30,7 +30,7 @@ from minisgl.core import Batch, Req
 from minisgl.engine import BatchSamplingArgs, Engine, ForwardInput, ForwardOutput
 from minisgl.env import ENV
 from minisgl.message import AbortBackendMsg, BackendMsg, DetokenizeMsg, UserMsg
-from minisgl.models.generation import GenerationDefaults
+from minisgl.models.generation_config import GenerationDefaults
 from minisgl.utils import EventLog
 
 from .cache import CacheManager, pages_for

@@ -26,9 +26,9 @@ from starlette.exceptions import HTTPException
 
 from minisgl.message import TokenizeMsg
 
-from . import protocol as api
+from . import openai_api as api
 from .frontend import Frontend
-from .protocol import ErrorInfo
+from .openai_api import ErrorInfo
 from .responses import Answer, collect, disconnected, error_response, first_of, stream_events
 
 

@@ -84,11 +84,11 @@ def run_tokenizer(args: ServerArgs, ready) -> None:
 
     from minisgl.llm import load_tokenizer
     from minisgl.models import ModelConfig
-    from minisgl.models.generation import GenerationDefaults
+    from minisgl.models.generation_config import GenerationDefaults
 
     from .chat import load_chat_template
     from .sockets import POLL_MS, Inbox, Outbox, ParentWatch
-    from .tokenize import TokenizerWorker
+    from .tokenizer_worker import TokenizerWorker
 
     try:
         config = ModelConfig.from_dir(args.model)

@@ -17,9 +17,9 @@ from fastapi.responses import JSONResponse
 
 from minisgl.message import UserReply
 
-from . import protocol as api
+from . import openai_api as api
 from .frontend import Frontend
-from .protocol import ErrorInfo
+from .openai_api import ErrorInfo
 
 
 @dataclass

@@ -4,7 +4,7 @@ views. Code that wants to watch the engine subscribes a callback instead of patc
 Event kinds (fields in brackets):
   launch      a batch was handed to the engine          [step, phase, uids, table_idxs, extend_lens]
   handle      the results of a batch were processed      [step, phase, uids]
-  send        messages were sent to the frontend          [msgs]
+  send        messages went back to the receiver (LLM, tokenizer worker)  [msgs]
   slot_alloc  a request slot (table row) was given out    [table_idx, uid]
   slot_free   a request slot went back to the free list   [table_idx, uid]
   pages_alloc KV pages were given to a request             [uid, pages]

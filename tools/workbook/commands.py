@@ -238,7 +238,7 @@ def student_errors(ch: Chapter, nb: nbformat.NotebookNode) -> List[str]:
             f"{ch.stem} {where} {cell.id}: {err.get('ename')}: {err.get('evalue')}{why}\n"
             f"    {cell.source.splitlines()[0] if cell.source else ''}"
         )
-    from minisgl.viz.tryout import NOT_WRITTEN  # (imports torch: only where notebooks run anyway)
+    from classroom.tryout import NOT_WRITTEN  # (imports torch: only where notebooks run anyway)
 
     for cell in nb.cells:  # a try-out that stays silent before its function is written
         if (
@@ -260,7 +260,7 @@ def tryout_checks(cell) -> bool:
 
 def tryout_problems(ch: Chapter, nb: nbformat.NotebookNode) -> List[str]:
     """In an executed solution: each try-out that checks must print only ✔ lines, at least one."""
-    from minisgl.viz.tryout import FAIL, PASS
+    from classroom.tryout import FAIL, PASS
 
     problems = []
     for cell in nb.cells:
@@ -307,7 +307,7 @@ def learner(ids: Iterable[str] = ()) -> int:
     notebook with that one exercise written (the reference) and the others still stubs, run top to
     bottom. Nothing may raise; that try-out must show only ✔ lines where it said "not written yet";
     a try-out that needs another exercise written first, or cannot go green, is caught here."""
-    from minisgl.viz.tryout import FAIL, NOT_WRITTEN, PASS
+    from classroom.tryout import FAIL, NOT_WRITTEN, PASS
 
     failed = False
     for ch in chapters(ids):

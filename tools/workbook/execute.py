@@ -36,7 +36,7 @@ def kernel_env() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINISGL_")}
     env[PROGRESS_ENV] = str(NOTEBOOK_PROGRESS)
     # No progress bar in a saved notebook: its last line says how long the run took, which
-    # changes from run to run (minisgl/llm/progress.py).
+    # changes from run to run (minisgl/llm/progress_bar.py).
     env["MINISGL_PROGRESS"] = "off"
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

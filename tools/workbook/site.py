@@ -128,7 +128,7 @@ def _output_text(text: str) -> str:
     return f"{fence}text {{ .nb-output .no-copy }}\n{text.rstrip()}\n{fence}"
 
 
-# A view's static pictures as the notebook has them (minisgl/viz/display.py): <img>s of SVG data.
+# A view's static pictures as the notebook has them (classroom/display.py): <img>s of SVG data.
 _VIEW_IMG = re.compile(r"<img src='data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)' alt='([^']*)'")
 
 

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .triton_blocks import key_block_scores, online_softmax_step
+from .triton_launch import launch, next_pow2, paged_kv_strides, settings
 
 _TARGET_PROGRAMS = 1024  # a few waves of programs over the H200's 132 multiprocessors
 _MAX_SPLITS = 16
@@ -130,15 +131,11 @@ def _combine_kernel(
     tl.store(OUT + b * stride_outb + h * stride_outh + d, out.to(OUT.dtype.element_ty))
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def num_splits(batch_size: int, num_kv_heads: int) -> int:
     """Slices per request: enough programs to fill the GPU. A function of the (rounded-up) batch
     size alone, so a padded CUDA-graph batch and the eager batch it stands for split alike."""
-    programs = _next_pow2(batch_size) * num_kv_heads
-    return max(1, min(_MAX_SPLITS, _next_pow2(-(-_TARGET_PROGRAMS // programs))))
+    programs = next_pow2(batch_size) * num_kv_heads
+    return max(1, min(_MAX_SPLITS, next_pow2(-(-_TARGET_PROGRAMS // programs))))
 
 
 def paged_decode_attention(
@@ -159,27 +156,25 @@ def paged_decode_attention(
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
     assert group <= _BLOCK_H, f"at most {_BLOCK_H} query heads per KV head"
-    assert head_dim == _next_pow2(head_dim) and head_dim >= 16, (
-        "head_dim must be a power of two >= 16"
-    )
-    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
-    assert page_table.stride(-1) == 1
+    kv_strides = paged_kv_strides(q, k_cache, v_cache, page_table)
     ieee = q.dtype == torch.float32
     # 128 keys a block in 16-bit: 8-18 % faster than 64 on an H200 (benchmarks/decode_kernels.py);
     # float32 tiles take twice the shared memory
-    tune = {
+    defaults = {
         "splits": num_splits(batch, num_kv_heads),
         "block_n": 32 if ieee else 128,
         "num_warps": 4,
         "num_stages": 2,
-        **(tuning or {}),
     }
+    tune = settings(defaults, tuning)
     splits, block_n = tune["splits"], tune["block_n"]
     # one slice: write the output directly; several: float32 partials, merged below
     part_dtype = q.dtype if splits == 1 else torch.float32
     part = torch.empty(batch, num_heads, splits, head_dim, dtype=part_dtype, device=q.device)
     lse = torch.empty(batch, num_heads, splits, dtype=torch.float32, device=q.device)
-    _paged_decode_kernel[(batch, num_kv_heads, splits)](
+    launch(
+        _paged_decode_kernel,
+        (batch, num_kv_heads, splits),
         q,
         k_cache,
         v_cache,
@@ -188,13 +183,7 @@ def paged_decode_attention(
         seqlens,
         part,
         lse,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        page_table.stride(0),
+        *kv_strides,
         part.stride(0),
         part.stride(1),
         part.stride(2),
@@ -213,7 +202,9 @@ def paged_decode_attention(
     if splits == 1:
         return part[:, :, 0]
     out = torch.empty_like(q)
-    _combine_kernel[(batch, num_heads)](
+    launch(
+        _combine_kernel,
+        (batch, num_heads),
         part,
         lse,
         out,

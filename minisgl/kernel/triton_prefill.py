@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from .triton_blocks import key_block_scores, online_softmax_step
+from .triton_launch import launch, paged_kv_strides
 
 
 @triton.jit
@@ -110,41 +111,32 @@ def paged_prefill_attention(
     tokens, num_heads, head_dim = q.shape
     batch = rows.shape[0]
     group = num_heads // k_cache.shape[1]
-    assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, (
-        "head_dim must be a power of two >= 16"
-    )
-    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
-    assert page_table.stride(-1) == 1
+    kv_strides = paged_kv_strides(q, k_cache, v_cache, page_table)
     ieee = q.dtype == torch.float32
     block_m, block_n = (32, 32) if ieee else (64, 64)  # float32 tiles take twice the shared memory
     out = torch.empty_like(q)
-    if tokens:
-        grid = (batch, triton.cdiv(max_seqlen_q, block_m), num_heads)
-        _paged_prefill_kernel[grid](
-            q,
-            k_cache,
-            v_cache,
-            page_table,
-            rows,
-            cu_seqlens_q,
-            seqlens,
-            out,
-            q.stride(0),
-            q.stride(1),
-            k_cache.stride(0),
-            k_cache.stride(1),
-            v_cache.stride(0),
-            v_cache.stride(1),
-            page_table.stride(0),
-            out.stride(0),
-            out.stride(1),
-            scale,
-            GROUP=group,
-            HEAD_DIM=head_dim,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            IEEE=ieee,
-            num_warps=4,
-            num_stages=2,
-        )
+    grid = (batch if tokens else 0, triton.cdiv(max_seqlen_q, block_m), num_heads)
+    launch(
+        _paged_prefill_kernel,
+        grid,
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        rows,
+        cu_seqlens_q,
+        seqlens,
+        out,
+        *kv_strides,
+        out.stride(0),
+        out.stride(1),
+        scale,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        IEEE=ieee,
+        num_warps=4,
+        num_stages=2,
+    )
     return out

@@ -1,8 +1,10 @@
-"""Views of real engine state for the notebooks: each one is a live ipywidgets view in JupyterLab
-and a static SVG beside it (what a saved notebook and the site show).
+"""The classroom beside the engine: views of real engine state for the notebooks, figures, and the
+try-out checks under the exercises. Each view is a live ipywidgets view in JupyterLab and a static
+SVG beside it (what a saved notebook and the site show).
 
-Nothing here is imported by the engine, and ipywidgets / IPython are imported only inside the
-functions that display something, so `import minisgl` never needs them.
+This package imports `minisgl`, never the other way round: the engine a learner builds holds no
+IPython, ipywidgets or matplotlib (tests/test_imports.py keeps it so). Those are imported only
+inside the functions that display something, so importing a view needs only the engine.
 
     kvpool        the page table, token pool and KV pool of a running engine, per step (chapter 4)
     attention_map which KV locations each query of a batch attends to (chapter 5)

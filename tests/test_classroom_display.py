@@ -1,4 +1,4 @@
-"""What a view puts in a notebook (minisgl/viz/display.py, svg.py, controls.py)."""
+"""What a view puts in a notebook (classroom/display.py, svg.py, controls.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from minisgl.viz import svg
-from minisgl.viz.display import static_bundle
+from classroom import svg
+from classroom.display import static_bundle
 
 PICTURE = svg.document(40, 20, [svg.text(2, 12, "hi")], "a picture")
 
@@ -42,7 +42,7 @@ def test_a_slider_says_where_it_is_out_of_how_many():
     pytest.importorskip("ipywidgets")
     import ipywidgets as w
 
-    from minisgl.viz.controls import with_range
+    from classroom.controls import with_range
 
     slider = w.IntSlider(min=1, max=9, value=1)
     label = with_range(slider).children[1]

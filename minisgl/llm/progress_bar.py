@@ -2,11 +2,10 @@
 
 It counts tokens, not finished requests: with continuous batching every request finishes near
 the end, so a count of requests would sit at 0 % for most of the run. A request that stopped
-early (end of sequence) counts as done in full. In a terminal the bar is rich's; in a notebook it
-is one HTML output updated in place (rich's own notebook display goes through a widget, which
-leaves an empty output behind and warns in the browser when no widget manager listens). When the
-run is over the bar is gone: the terminal line is erased; in a notebook the output becomes one
-short line saying what ran and how fast.
+early (end of sequence) counts as done in full. The bar is rich's, in a terminal and in a notebook
+(there rich draws it in an ipywidgets output). When the run is over the bar is gone (transient);
+a notebook keeps one short line saying what ran and how fast. rich imports IPython only once it
+draws in a notebook, so importing the engine never does.
 
 When it shows (`progress=` of `LLM.generate`):
   * True: always (unless MINISGL_PROGRESS=off);
@@ -62,7 +61,7 @@ def generation_progress(
     if mode is None:
         yield
         return
-    bar = _NotebookBar() if mode == "notebook" else _TerminalBar()
+    bar = _Bar(notebook=mode == "notebook")
     total = sum(max_tokens)
     start, delay = time.monotonic(), 0.0 if asked else DELAY
     last = [0.0]
@@ -92,14 +91,25 @@ def generation_progress(
             bar.close(tokens, len(uids), time.monotonic() - start)
 
 
-class _TerminalBar:
-    def __init__(self) -> None:
+class _Bar:
+    """rich's progress bar, drawn on stderr in a terminal and in the cell's output in a notebook."""
+
+    def __init__(self, notebook: bool) -> None:
+        self.notebook = notebook
         self.shown = False
         self._progress = self._task = None
 
     def draw(
         self, done: int, tokens: int, finished: int, total: int, requests: int, elapsed: float
     ) -> None:
+        if self._progress is None:
+            self._start(total)
+        self._progress.update(
+            self._task, completed=done, what=f"{tokens} tokens, {finished}/{requests} requests done"
+        )
+
+    def _start(self, total: int) -> None:
+        from rich.console import Console
         from rich.progress import (
             BarColumn,
             Progress,
@@ -108,60 +118,26 @@ class _TerminalBar:
             TimeRemainingColumn,
         )
 
-        if self._progress is None:
-            self._progress = Progress(
-                TextColumn("generating"),
-                BarColumn(),
-                TextColumn("{task.fields[what]}"),
-                TimeElapsedColumn(),
-                TextColumn("left"),
-                TimeRemainingColumn(),
-                transient=True,
-            )
-            self._task = self._progress.add_task("generate", total=total, what="")
-            self._progress.start()
-            self.shown = True
-        self._progress.update(
-            self._task, completed=done, what=f"{tokens} tokens, {finished}/{requests} requests done"
+        self._console = Console(stderr=not self.notebook)
+        self._progress = Progress(
+            TextColumn("generating"),
+            BarColumn(),
+            TextColumn("{task.fields[what]}"),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            console=self._console,
+            transient=True,
         )
+        self._task = self._progress.add_task("generate", total=total, what="")
+        self._progress.start()
+        self.shown = True
 
     def close(self, tokens: int, requests: int, elapsed: float) -> None:
-        self._progress.stop()  # transient: the line is erased
-
-
-class _NotebookBar:
-    def __init__(self) -> None:
-        self.shown = False
-        self._handle = None
-
-    def draw(
-        self, done: int, tokens: int, finished: int, total: int, requests: int, elapsed: float
-    ) -> None:
-        from IPython.display import HTML, display
-
-        pct = 100.0 * done / max(total, 1)
-        html = (
-            "<div style='font-family:var(--jp-code-font-family,monospace);font-size:12px'>"
-            "<div style='display:inline-block;vertical-align:middle;width:240px;height:10px;"
-            "background:var(--jp-layout-color3,#ddd);border-radius:3px;overflow:hidden'>"
-            f"<div style='width:{pct:.1f}%;height:100%;"
-            "background:var(--jp-brand-color1,#1976d2)'></div></div> "
-            f"generating: {tokens} tokens, {finished}/{requests} requests done · {elapsed:.0f} "
-            "s</div>"
-        )
-        if self._handle is None:
-            self._handle = display(HTML(html), display_id=True)
-            self.shown = True
-        else:
-            self._handle.update(HTML(html))
-
-    def close(self, tokens: int, requests: int, elapsed: float) -> None:
-        from IPython.display import HTML
-
-        self._handle.update(
-            HTML(
-                "<div style='font-size:12px;color:var(--jp-content-font-color2,#555)'>"
+        self._progress.stop()  # transient: the bar is erased
+        if self.notebook:
+            self._console.print(
                 f"generated {tokens} tokens for {requests} prompt(s) in {elapsed:.1f} s "
-                f"({tokens / max(elapsed, 1e-9):.0f} tokens/s)</div>"
+                f"({tokens / max(elapsed, 1e-9):.0f} tokens/s)",
+                style="dim",
             )
-        )
