@@ -54,12 +54,14 @@ class ProblemRun:
 def subclass_from_file(path: str | Path, base: type = LLM) -> type:
     """A subclass of `base` whose methods are the top-level functions of the file at `path`,
     compiled where the scheduler's own methods live (so they see the same names)."""
-    import minisgl.scheduler.scheduler as scheduler_module
+    from minisgl.scheduler import batch_inputs, intake, lifecycle, scheduler
 
     path = Path(path)
     source = path.read_text(encoding="utf-8")
     names = [n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
-    namespace = dict(vars(scheduler_module))
+    namespace = {}  # the scheduler's modules together: a variant may replace any of its methods
+    for module in (intake, lifecycle, batch_inputs, scheduler):
+        namespace.update(vars(module))
     exec(compile(source, str(path), "exec"), namespace)
     return type(f"{base.__name__}_{path.stem}", (base,), {n: namespace[n] for n in names})
 

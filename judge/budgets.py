@@ -12,9 +12,11 @@ test's whole wall time.
 The times are measured on the reference and kept next to the registry (`budgets.json` beside
 `exercises.toml`), per device:
 
-    python -m judge.budgets                 # measure every chapter on cpu, write judge/budgets.json
-    python -m judge.budgets ch09 ch11       # only these chapters (the others' times are kept)
-    python -m judge.budgets --device cuda   # the GPU's column (without it: `default` on a GPU)
+    python -m judge.measure_budgets               # every chapter on cpu, write judge/budgets.json
+    python -m judge.measure_budgets ch09 ch11     # only these chapters (the others' are kept)
+    python -m judge.measure_budgets --device cuda # the GPU's column (without: `default` on a GPU)
+
+(the measuring is judge/measure_budgets.py: it runs the judge, which reads the budgets here.)
 
 A stale file is noticed: a reference run (`python judge.py chNN --solution`, the self-check's
 reference check) fails when the reference's code itself spends more than a test's budget.
@@ -23,12 +25,9 @@ Only the standard library is used here: the judge's parent process reads it.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, Sequence
 
 from .protocol import BudgetSpec
 from .registry import DEFAULT_REGISTRY
@@ -95,82 +94,3 @@ class Budgets:
             not_counted=list(NOT_COUNTED),
             packages=list(packages),
         )
-
-
-# ---------------------------------------------------------------------- measuring
-
-
-def measure(chapter_keys: List[str], device: str, repeat: int) -> int:
-    from .judging import judge
-    from .registry import load_registry
-    from .runner import RunOptions
-
-    registry = load_registry()
-    chapters = (
-        [registry.chapter(k) for k in chapter_keys]
-        if chapter_keys
-        else list(registry.chapters.values())
-    )
-    file = path()
-    data = load(file)
-    key = device_key(device)
-    times: Dict[str, float] = dict(data.get("times", {}).get(key, {}))
-    failed = False
-    for chapter in chapters:
-        best: Dict[str, float] = {}
-        # The first run warms the caches (Hugging Face references, the page cache): not counted.
-        for i in range(1 + max(1, repeat)):
-            t0 = time.monotonic()
-            verdict = judge([chapter], {}, RunOptions(device=device, budgets={}), mode="measure")
-            bad = [t.test for t in verdict.tests if not t.ok]
-            if verdict.general or bad or not verdict.tests:
-                print(
-                    f"{chapter.key}: the reference does not pass "
-                    f"({'; '.join(verdict.general + bad)[:300]}); "
-                    "its times are left as they were",
-                    file=sys.stderr,
-                )
-                failed = True
-                break
-            if i == 0:
-                continue
-            for t in (
-                verdict.tests
-            ):  # CPU time (load stretches wall time); the largest of the counted runs
-                spent = t.cpu if t.cpu is not None else t.duration
-                best[test_key(t.test)] = max(best.get(test_key(t.test), 0.0), spent)
-            print(
-                f"{chapter.key}: run {i}: {len(verdict.tests)} tests, {time.monotonic() - t0:.1f} s"
-            )
-        if best:
-            files = {f.name for f in chapter.test_files}
-            # drop removed tests
-            times = {k: v for k, v in times.items() if k.split("::")[0] not in files}
-            times.update({k: round(v, 3) for k, v in best.items()})
-    data["about"] = (
-        "Each test's CPU time on the reference, in seconds, per device: the base of its time "
-        "budget (judge/budgets.py). Written by `python -m judge.budgets`."
-    )
-    data.setdefault("times", {})[key] = dict(sorted(times.items()))
-    file.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {file} ({len(times)} tests on {key})")
-    return 1 if failed else 0
-
-
-def main(argv: List[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m judge.budgets",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("chapters", nargs="*", help="chapters to measure (default: all)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument(
-        "--repeat", type=int, default=2, help="counted runs per chapter; the slowest is kept"
-    )
-    args = p.parse_args(argv)
-    return measure(args.chapters, args.device, args.repeat)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

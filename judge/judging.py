@@ -250,7 +250,7 @@ def _stale_budgets(run: RunResult) -> List[str]:
     return [
         f"the reference spent more than its time budget in {len(run.over_budget)} test(s) "
         f"({tests}): "
-        "the budgets are stale; measure them again with `python -m judge.budgets`"
+        "the budgets are stale; measure them again with `python -m judge.measure_budgets`"
     ]
 
 

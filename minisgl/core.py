@@ -16,48 +16,58 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, List, Literal
+from typing import Any, Iterable, Iterator, List, Literal
 
 import torch
 
-if TYPE_CHECKING:
-    from minisgl.attention.metadata import AttentionMetadata
+_UNSET: Any = object()  # a SamplingParams argument the caller did not give
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "max_tokens", "ignore_eos")
 
 
-@dataclass
+@dataclass(init=False)
 class SamplingParams:
-    """How to pick each next token. `temperature == 0` (or `top_k == 1`) means greedy."""
+    """How to pick each next token. `temperature == 0` (or `top_k == 1`) means greedy.
+
+    `fields_set` names the fields the caller gave the constructor; the others hold the defaults
+    below, which a model's generation_config.json may replace when the request is taken in
+    (`with_defaults`). Assigning a field later does not add it: build a new SamplingParams."""
 
     temperature: float = 0.0
     top_k: int = -1  # -1: no top-k filtering
     top_p: float = 1.0
     max_tokens: int = 16
     ignore_eos: bool = False
+    # a list, not a set: it travels in messages as plain JSON (minisgl/message/wire.py)
+    fields_set: List[str] = field(default_factory=list, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        temperature: float = _UNSET,
+        top_k: int = _UNSET,
+        top_p: float = _UNSET,
+        max_tokens: int = _UNSET,
+        ignore_eos: bool = _UNSET,
+        fields_set: Iterable[str] | None = None,
+    ) -> None:
+        """`fields_set`: which fields count as given, when the values come with defaults of their
+        own (the OpenAI API's: a field the client did not send) or from a message (wire.py)."""
+        given = dict(zip(SAMPLING_FIELDS, (temperature, top_k, top_p, max_tokens, ignore_eos)))
+        given = {name: value for name, value in given.items() if value is not _UNSET}
+        for name in SAMPLING_FIELDS:
+            setattr(self, name, given.get(name, getattr(SamplingParams, name)))
+        names = sorted(given) if fields_set is None else sorted(set(fields_set))
+        unknown = [n for n in names if n not in SAMPLING_FIELDS]
+        if unknown:
+            raise ValueError(f"fields_set names no sampling field: {unknown}")
+        self.fields_set = names
         self.validate()
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        if (
-            name in _SAMPLING_FIELDS
-        ):  # __init__ assigns every field; SamplingParams.__init__ below resets
-            self.__dict__.setdefault("_fields_set", set()).add(name)
-
-    @property
-    def fields_set(self) -> frozenset:
-        """The fields given to the constructor or assigned since; the others hold their defaults,
-        which a model's generation_config.json may replace (`with_defaults`)."""
-        return frozenset(self.__dict__.get("_fields_set", ()))
 
     def with_defaults(self, defaults: "dict[str, Any]") -> "SamplingParams":
         """A copy in which each field not set here takes its value from `defaults` (a model's
         generation defaults), if `defaults` has one; set fields are kept."""
-        values = {f: getattr(self, f) for f in _SAMPLING_FIELDS}
+        values = {f: getattr(self, f) for f in SAMPLING_FIELDS}
         values.update({k: v for k, v in defaults.items() if k not in self.fields_set})
-        out = SamplingParams(**values)
-        out.__dict__["_fields_set"] = set(self.fields_set)
-        return out
+        return SamplingParams(**values, fields_set=self.fields_set)
 
     def validate(self) -> None:
         """Raise TypeError (wrong type; a bool is not a number here) or ValueError (NaN, infinite,
@@ -95,19 +105,6 @@ class SamplingParams:
         Checked: greedy detection over temperature, top_k and top_p combinations.
         """
         return self.temperature == 0.0 or self.top_k == 1
-
-
-_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "max_tokens", "ignore_eos")
-_dataclass_init = SamplingParams.__init__
-
-
-def _init_recording_given_fields(self: SamplingParams, *args: Any, **kwargs: Any) -> None:
-    # Which fields the caller gave: a model's generation defaults fill in only the others.
-    _dataclass_init(self, *args, **kwargs)
-    self.__dict__["_fields_set"] = set(_SAMPLING_FIELDS[: len(args)]) | set(kwargs)
-
-
-SamplingParams.__init__ = _init_recording_given_fields  # type: ignore[method-assign]
 
 
 @dataclass(eq=False)
@@ -207,7 +204,8 @@ class Batch:
     input_ids: torch.Tensor | None = None  # gathered from the token pool on the engine stream
     positions: torch.Tensor | None = None
     out_loc: torch.Tensor | None = None  # KV-cache slot of every token processed
-    attn_metadata: "AttentionMetadata | None" = None
+    # minisgl/attention/metadata.py's AttentionMetadata (not imported: attention builds on core)
+    attn_metadata: Any = None
     step: int = 0  # a running number, for the event log
 
     @property

@@ -19,13 +19,15 @@ VARIANTS = Path(__file__).resolve().parent.parent / "judge" / "variants"
 
 def variant_llm(name: str) -> type:
     """A subclass of LLM whose methods are the variant's top-level functions, compiled in the
-    namespace of the scheduler module (where the reference versions live)."""
-    import minisgl.scheduler.scheduler as scheduler_module
+    namespace of the scheduler's modules (where the reference versions live)."""
+    from minisgl.scheduler import batch_inputs, intake, lifecycle, scheduler
 
     path = VARIANTS / f"{name}.py"
     source = path.read_text()
     names = [n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
-    namespace = dict(vars(scheduler_module))
+    namespace = {}  # the scheduler's modules together: a variant may replace any of its methods
+    for module in (intake, lifecycle, batch_inputs, scheduler):
+        namespace.update(vars(module))
     exec(compile(source, str(path), "exec"), namespace)
     return type(f"LLM_{name}", (LLM,), {n: namespace[n] for n in names})
 

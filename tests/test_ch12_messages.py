@@ -77,9 +77,30 @@ def test_sampling_params_travel_as_their_fields():
             "top_p": 0.9,
             "max_tokens": 4,
             "ignore_eos": True,
+            # which fields the client gave: the scheduler fills the others from the model's
+            # generation_config.json, so it must know them after the trip too
+            "fields_set": ["ignore_eos", "max_tokens", "temperature", "top_k", "top_p"],
         }
     }
     assert got == want, f"SamplingParams should encode as {want}, got {got}"
+
+
+def test_sampling_params_keep_which_fields_were_given_across_the_wire():
+    sent = SamplingParams(temperature=0.5, max_tokens=3)
+    (msg,) = decode_batch(
+        encode_batch(
+            [
+                UserMsg(
+                    uid=1, input_ids=torch.tensor([5, 6], dtype=torch.int32), sampling_params=sent
+                )
+            ]
+        )
+    )
+    got = msg.sampling_params.fields_set
+    assert got == ["max_tokens", "temperature"], (
+        f"a request that set temperature and max_tokens should arrive with those two set (the "
+        f"others take the model's defaults), got {got}"
+    )
 
 
 def test_a_message_is_its_fields_and_its_name():

@@ -1,7 +1,7 @@
 """Chapter 15: the OpenAI API layer (minisgl/server/openai_api.py, responses.py), in one process:
-the shapes the official `openai` client parses, server-sent events, finish reasons, usage, errors, and a
-client that leaves. A fake frontend hands out the replies the tokenizer worker would send; the live
-server's tests (tests/test_server_api.py) run the same code behind real HTTP."""
+the shapes the official `openai` client parses, server-sent events, finish reasons, usage, errors,
+and a client that leaves. A fake frontend hands out the replies the tokenizer worker would send;
+the live server's tests (tests/test_server_api.py) run the same code behind real HTTP."""
 
 from __future__ import annotations
 

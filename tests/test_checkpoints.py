@@ -311,7 +311,7 @@ def test_generation_config_sampling_defaults_fill_only_unset_fields(tmp_path):
     )
     llm = build_llm(model)
     params = SamplingParams(temperature=0.0, ignore_eos=True).with_defaults(
-        llm.generation_defaults.sampling
+        llm.limits.sampling_defaults
     )
     got = (params.temperature, params.top_k, params.top_p, params.max_tokens)
     assert got == (0.0, 20, 0.95, 5), (

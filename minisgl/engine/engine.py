@@ -20,6 +20,7 @@ from minisgl.env import ENV
 from minisgl.kernel.dispatch import fused_kernels
 from minisgl.kvcache import KVCache
 from minisgl.models import ModelConfig, load_model
+from minisgl.models.limits import ModelLimits
 from minisgl.utils import DeviceKit, Event, resolve_device
 
 from .config import EngineConfig
@@ -58,18 +59,10 @@ class Engine:
         self.model = load_model(config.model_path, self.dtype, self.device)
 
         cfg = self.model_config
-        if (
-            config.max_seq_len_override is not None
-            and config.max_seq_len_override > cfg.max_position_embeddings
-        ):
-            # RoPE's tables and the attention kernels stop at the model's limit: past it a step
-            # would index out of range (a device assert on a GPU) or, with some kernels, silently go
-            # wrong.
-            raise ValueError(
-                f"max_seq_len_override={config.max_seq_len_override} exceeds the model's "
-                f"max_position_embeddings ({cfg.max_position_embeddings})"
-            )
-        self.max_seq_len = config.max_seq_len_override or cfg.max_position_embeddings
+        # context length, vocabulary, end ids, sampling defaults: what the scheduler's intake and
+        # the server's tokenizer worker judge requests by
+        self.limits = ModelLimits.resolve(config.model_path, cfg, config.max_seq_len_override)
+        self.max_seq_len = self.limits.context_len
         self.page_size = config.page_size
         self.num_pages = config.num_page_override or self._auto_num_pages()
         # Per engine: the config's choice, else the environment's default (minisgl/env.py).

@@ -1,3 +1,5 @@
-from .llm import LLM, RequestResult, load_tokenizer
+from minisgl.models.tokenizer import load_tokenizer
+
+from .llm import LLM, RequestResult
 
 __all__ = ["LLM", "RequestResult", "load_tokenizer"]

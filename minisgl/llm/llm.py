@@ -1,6 +1,8 @@
 """The offline interface: `LLM(...).generate(prompts, sampling_params)`.
 
-LLM *is* a Scheduler whose messages travel through an in-process queue. Besides `generate`, it
+LLM *is* a Scheduler whose replies and aborts travel through an in-process queue; a new request
+goes through the scheduler's intake (`admit`: checks and the model's defaults) at the call that
+brings it, then straight into the prefill queue. Besides `generate`, it
 exposes the pieces a test or a notebook needs to drive the engine step by step: `add_request`,
 `abort`, `step`, and the `results` collected so far.
 """
@@ -14,8 +16,9 @@ from typing import Dict, List, Sequence
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.message import AbortBackendMsg, DetokenizeMsg, UserMsg
+from minisgl.message import AbortBackendMsg, DetokenizeMsg
 from minisgl.models import BUNDLED_MODEL
+from minisgl.models.tokenizer import load_tokenizer
 from minisgl.scheduler import QueueIO, Scheduler, SchedulerConfig
 
 from . import inputs
@@ -62,27 +65,22 @@ class LLM(Scheduler):
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
         """Queue one request; returns its uid. Raises TypeError or ValueError (and queues nothing)
         if it can never run."""
-        params = self._with_model_defaults(inputs.sampling_list(params, 1))[0]
-        return self._enqueue(self._checked_ids(prompt, params), params)
+        ids, params = self._admitted(prompt, inputs.sampling_list(params, 1)[0])
+        return self._enqueue(ids, params)
 
-    def _with_model_defaults(self, params: List[SamplingParams]) -> List[SamplingParams]:
-        """Fields a request leaves unset take the model's generation_config.json defaults
-        (minisgl/models/generation_config.py says which)."""
-        defaults = self.generation_defaults.sampling
-        return [p.with_defaults(defaults) for p in params] if defaults else params
-
-    def _checked_ids(self, prompt: Prompt, params: SamplingParams) -> torch.Tensor:
+    def _admitted(self, prompt: Prompt, params: SamplingParams):
+        """The prompt's ids and its settings with the model's defaults, through the scheduler's
+        intake (minisgl/scheduler/intake.py), the one place every request is checked."""
         ids = self.encode(prompt)
-        reason = self.validate_request(ids, params.max_tokens)
-        if reason is not None:
-            raise ValueError(reason)
-        return ids
+        return ids, self.admit(ids, params)
 
     def _enqueue(self, ids: torch.Tensor, params: SamplingParams) -> int:
+        """Queue an admitted request: straight into the prefill queue, not through a message
+        that the intake would check a second time."""
         uid = self._next_uid
         self._next_uid += 1
         self.results[uid] = RequestResult(uid)
-        self._queue.put(UserMsg(uid=uid, input_ids=ids, sampling_params=params))
+        self.prefill_manager.add_one_req(uid, ids, params)
         return uid
 
     def abort(self, uid: int) -> None:
@@ -136,15 +134,16 @@ class LLM(Scheduler):
         two seconds in a notebook
         or a terminal, never under pytest or CI (minisgl/llm/progress_bar.py, MINISGL_PROGRESS)."""
         prompts = inputs.prompt_list(prompts)
-        params = self._with_model_defaults(inputs.sampling_list(sampling_params, len(prompts)))
+        params = inputs.sampling_list(sampling_params, len(prompts))
         # Check every prompt before queueing any, so a bad one loses nothing.
-        encoded = []
+        admitted = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                encoded.append(self._checked_ids(prompt, p))
+                admitted.append(self._admitted(prompt, p))
             except (TypeError, ValueError) as e:
                 raise type(e)(f"prompt {i}: {e}") from None
-        uids = [self._enqueue(ids, p) for ids, p in zip(encoded, params)]
+        uids = [self._enqueue(ids, p) for ids, p in admitted]
+        params = [p for _, p in admitted]
         with generation_progress(self, uids, [p.max_tokens for p in params], progress):
             self.run_until_idle()
         outputs = []
@@ -161,15 +160,3 @@ class LLM(Scheduler):
         while self.in_flight:
             self.step()
         self.engine.synchronize()
-
-
-def load_tokenizer(model_dir: Path):
-    path = model_dir / "tokenizer.json"
-    if not path.is_file():
-        return None
-    from tokenizers import Tokenizer
-
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:
-        raise ValueError(f"cannot read tokenizer {path}: {e}") from None

@@ -17,6 +17,10 @@ results right (each fixes a bug of upstream mini-sglang; see chapter 11):
 A step that raises (a forward or sampling error, out of memory) fails only the requests of its
 batch: each gets an error reply and gives back its slot and pages, and the loop goes on
 (`_forward`).
+
+Scheduler is put together from one module per job: this one holds its state, the policy (what
+runs next) and the two loops; intake.py takes requests in (checks, model defaults); lifecycle.py
+handles results, aborts, failed steps and freeing; batch_inputs.py builds a batch's device inputs.
 """
 
 from __future__ import annotations
@@ -25,18 +29,18 @@ from typing import Dict, List, Set, Tuple
 
 import torch
 
-from minisgl.attention import prepare_metadata
-from minisgl.core import Batch, Req
-from minisgl.engine import BatchSamplingArgs, Engine, ForwardInput, ForwardOutput
+from minisgl.core import Req
+from minisgl.engine import Engine, ForwardInput, ForwardOutput
 from minisgl.env import ENV
-from minisgl.message import AbortBackendMsg, BackendMsg, DetokenizeMsg, UserMsg
-from minisgl.models.generation_config import GenerationDefaults
 from minisgl.utils import EventLog
 
-from .cache import CacheManager, pages_for
+from .batch_inputs import BatchInputs
+from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .intake import Intake
 from .io import SchedulerIO
+from .lifecycle import RequestLifecycle
 
 # The engine asks `req.is_chunk`; ChunkedReq stays in this namespace because the judge runs a
 # learner's methods here, and `isinstance(req, ChunkedReq)` is as right an answer.
@@ -46,7 +50,7 @@ from .table import TableManager
 ForwardData = Tuple[ForwardInput, ForwardOutput]
 
 
-class Scheduler:
+class Scheduler(Intake, RequestLifecycle, BatchInputs):
     def __init__(self, config: SchedulerConfig, io: SchedulerIO) -> None:
         self.config = config
         self.io = io
@@ -54,13 +58,11 @@ class Scheduler:
         self.engine = Engine(config)
         engine = self.engine
         self.device = engine.device
-        # The model's own generation settings: its end ids (generation_config.json's list replaces
-        # config.json's, as in transformers) and sampling defaults for what a request leaves unset.
-        self.generation_defaults = GenerationDefaults.from_dir(config.model_path)
-        self.eos_token_ids = self.generation_defaults.end_token_ids(
-            engine.model_config.eos_token_ids
-        )
-        self.vocab_size = engine.model_config.vocab_size
+        # The model's limits, resolved once by the engine: context length, vocabulary, end ids
+        # (generation_config.json's list replaces config.json's) and sampling defaults.
+        self.limits = engine.limits
+        self.eos_token_ids = self.limits.end_token_ids
+        self.vocab_size = self.limits.vocab_size
         self.token_pool, self.page_table = engine.token_pool, engine.page_table
         self.table_manager = TableManager(config.max_running_req, self.events)
         self.cache_manager = CacheManager(
@@ -82,101 +84,6 @@ class Scheduler:
         self._deferred_slots: List[Tuple[int, int]] = []  # (table_idx, uid)
         self._step = 0
 
-    # ------------------------------------------------------------------ messages
-
-    def receive_msg(self, blocking: bool = False) -> List[BackendMsg]:
-        return self.io.receive(blocking)
-
-    def send_result(self, reply: List[DetokenizeMsg]) -> None:
-        if reply:
-            self.events.emit("send", msgs=list(reply))
-            self.io.send(reply)
-
-    def _reject(self, uid: int, reason: str) -> None:
-        self.events.emit("reject", uid=uid, reason=reason)
-        self.send_result([DetokenizeMsg(uid=uid, next_token=-1, finished=True, error=reason)])
-
-    def validate_request(self, input_ids: torch.Tensor, max_tokens: int) -> str | None:
-        """Why a request can never run here, or None if it can."""
-        n = len(input_ids)
-        if n == 0:
-            return "the prompt is empty"
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= self.vocab_size:
-            bad = lo if lo < 0 else hi
-            return f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
-        limit = self.engine.max_seq_len
-        if n + max_tokens > limit:
-            return (
-                f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the context "
-                f"length {limit}"
-            )
-        need = pages_for(n + max_tokens, self.engine.page_size)
-        if need > self.engine.num_pages:
-            return (
-                f"the request needs {need} KV pages but the pool has only {self.engine.num_pages}"
-            )
-        return None
-
-    def _process_one_msg(self, msg: BackendMsg) -> None:
-        if isinstance(msg, UserMsg):
-            try:  # a message may come from anywhere: nothing unchecked may reach a kernel
-                msg.sampling_params.validate()
-                reason = self.validate_request(msg.input_ids, msg.sampling_params.max_tokens)
-            except (TypeError, ValueError, AttributeError) as e:
-                reason = f"bad sampling parameters: {e}"
-            if reason is not None:
-                self._reject(msg.uid, reason)
-            else:
-                self.prefill_manager.add_one_req(msg.uid, msg.input_ids, msg.sampling_params)
-        elif isinstance(msg, AbortBackendMsg):
-            self._abort(msg.uid)
-        else:
-            raise TypeError(f"unknown message {msg!r}")
-
-    def _abort(self, uid: int) -> None:
-        """Stop request `uid` wherever it is: queued, mid chunked prefill, or launched.
-
-        A launched request's batch may still be in flight (rule 4): marking it finished makes the
-        handling of that batch drop its results, so its pages are never cached or freed twice.
-
-        Receives: `uid`; the request may be pending in the prefill manager (with `chunked_req` set
-            if a chunk has run), launched (in `self._live`: uid -> launched request whose end is not
-            handled yet), or unknown or already ended.
-        Returns: nothing.
-        Leaves: the request out of the pending queue, `self._live` and the decode manager; a chunk
-            or launched request's slot and KV given back and the request in `self.finished_reqs` (a
-            queued one holds nothing); one `abort` event whose `state` is "queued", "prefilling",
-            "running" or "not running" (unknown or ended: nothing else changes).
-        Uses: `self.prefill_manager.get` and `.remove` (ch07), `self.decode_manager.remove_req`
-            (ch07), `self._free_req_resources`, `self.finished_reqs` (ch11), `self.events.emit`
-            (ch04).
-        Checked: an aborted request gets no message after its abort, the others are unaffected; one
-            abort event per abort, naming the right state; an aborted chunk's slot returns only once
-            its chunk is handled; every slot and page is back once all requests end.
-        """
-        pending = self.prefill_manager.get(uid)
-        if pending is not None:
-            self.prefill_manager.remove(pending)
-            chunk = pending.chunked_req
-            if chunk is None:  # still queued: holds nothing
-                self.events.emit("abort", uid=uid, state="queued")
-                return
-            # part-way through a chunked prefill; its last chunk may be in flight (rule 4)
-            self._free_req_resources(chunk)
-            self.finished_reqs.add(chunk)
-            self.events.emit("abort", uid=uid, state="prefilling")
-            return
-        req = self._live.pop(uid, None)
-        if req is not None:
-            self.decode_manager.remove_req(req)
-            self._free_req_resources(req)
-            # Rule 4: its latest batch may still be in flight; its results must be dropped.
-            self.finished_reqs.add(req)
-            self.events.emit("abort", uid=uid, state="running")
-            return
-        self.events.emit("abort", uid=uid, state="not running")
-
     # ------------------------------------------------------------------ scheduling
 
     def _schedule_next_batch(self) -> ForwardInput | None:
@@ -187,66 +94,6 @@ class Scheduler:
         if batch is None:
             return None
         return self._prepare_batch(batch)
-
-    def _prepare_batch(self, batch: Batch) -> ForwardInput:
-        """Allocate KV locations and build the index tensors of one step (on the scheduler stream).
-
-        Receives: `batch`, a prefill batch (requests and chunks, `req.is_chunk`) or a decode batch,
-        in
-            order; each request processes positions [cached_len, device_len) of its slot's row
-            (`req.table_idx`); the lengths are not yet advanced (that happens at launch).
-        Returns: `ForwardInput(batch, sample_args, input_tuple, write_tuple)`. input_tuple = (rows,
-            positions), int64 on the device, one entry per processed token in batch order: where
-            each token's id is read in the token pool. write_tuple = (rows, columns), one per
-            request: its row and column device_len, where its sample goes (a chunk's:
-            `self.engine.dummy_row`, column 0). sample_args: each request's sampling settings, in
-            batch order.
-        Leaves: KV locations of the new positions allocated in the page table; `batch.positions`,
-            `batch.out_loc` (the page-table entry of every processed token, int64) and
-            `batch.attn_metadata` filled in.
-        Uses: `self.cache_manager.allocate_paged` (ch08), `self.page_table` (ch04),
-            `self.engine.kit.to_device`, `self.engine.dummy_row`, `ForwardInput` (ch06),
-            `prepare_metadata` (ch05), `BatchSamplingArgs.from_params` (ch06), `req.is_chunk`
-            (ch10).
-        Checked: prefill and decode indices point at each token's row and position; out_loc is the
-            page-table entry of every token, no location twice; a chunk's sample goes to the scratch
-            row; each request gets its own sampling arguments; outputs equal Hugging Face's.
-        """
-        self.cache_manager.allocate_paged(batch.reqs)
-        kit = self.engine.kit
-        if batch.is_decode:  # one token per request: two plain lists, no tensor per request
-            rows = torch.tensor([req.table_idx for req in batch.reqs], dtype=torch.int64)
-            positions = torch.tensor([req.cached_len for req in batch.reqs], dtype=torch.int64)
-        else:
-            rows = torch.cat(
-                [
-                    torch.full((req.extend_len,), req.table_idx, dtype=torch.int64)
-                    for req in batch.reqs
-                ]
-            )
-            positions = torch.cat(
-                [
-                    torch.arange(req.cached_len, req.device_len, dtype=torch.int64)
-                    for req in batch.reqs
-                ]
-            )
-        input_tuple = (kit.to_device(rows), kit.to_device(positions))
-        # Each sample goes to the position after the request's last token; a chunk's sample is junk
-        # and goes to the scratch row.
-        dummy = self.engine.dummy_row
-        write_rows = [dummy if r.is_chunk else r.table_idx for r in batch.reqs]
-        write_cols = [0 if r.is_chunk else r.device_len for r in batch.reqs]
-        write_tuple = (
-            kit.to_device(torch.tensor(write_rows, dtype=torch.int64)),
-            kit.to_device(torch.tensor(write_cols, dtype=torch.int64)),
-        )
-        batch.positions = input_tuple[1]
-        batch.out_loc = self.page_table[input_tuple].to(torch.int64)
-        batch.attn_metadata = prepare_metadata(batch, self.page_table, self.device)
-        args = BatchSamplingArgs.from_params(
-            [r.sampling_params for r in batch.reqs], self.vocab_size, self.device
-        )
-        return ForwardInput(batch, args, input_tuple, write_tuple)
 
     def _forward(self, forward_input: ForwardInput) -> ForwardOutput:
         batch = forward_input.batch
@@ -269,137 +116,6 @@ class Scheduler:
             return self._fail_batch(batch, e)
         self.decode_manager.filter_reqs(batch.reqs)
         return output
-
-    def _fail_batch(self, batch: Batch, error: Exception) -> ForwardOutput:
-        """A step raised before its work was queued: end its requests with an error reply and give
-        back their slots and pages, then hand the loop an empty batch to handle.
-
-        Nothing the failed step computed is kept: a request's pages past the prefix it locks in the
-        cache are freed, not cached (their KV may be half written). A batch still in flight may hold
-        the same requests, so they are marked finished (its results are dropped, as for an abort)
-        and their slots wait for the next handling under overlap (rule 3)."""
-        reason = f"the step failed: {type(error).__name__}: {error}"
-        self.events.emit("fail", step=batch.step, uids=[r.uid for r in batch.reqs], reason=reason)
-        replies = []
-        for req in batch.reqs:
-            if req.is_chunk:
-                pending = self.prefill_manager.get(req.uid)
-                if pending is not None:
-                    self.prefill_manager.remove(pending)
-            self._live.pop(req.uid, None)
-            self.decode_manager.remove_req(req)
-            self.cache_manager.release_uncached(req)
-            if self._defer_slot_free:
-                self._deferred_slots.append((req.table_idx, req.uid))
-            else:
-                self.table_manager.free(req.table_idx, req.uid)
-            self.finished_reqs.add(req)
-            replies.append(DetokenizeMsg(uid=req.uid, next_token=-1, finished=True, error=reason))
-        batch.reqs = []  # handled like any step: nothing left to handle
-        self.send_result(replies)
-        return self.engine.empty_output()
-
-    # ------------------------------------------------------------------ results
-
-    def _release_deferred_slots(self) -> None:
-        for table_idx, uid in self._deferred_slots:
-            self.table_manager.free(table_idx, uid)
-        self._deferred_slots.clear()
-
-    def _free_req_resources(self, req: Req) -> None:
-        """Free a finished (or aborted) request's slot and the KV the prefix cache does not keep.
-
-        Rule 3: under overlap, a batch that still holds this request may be running, and it will
-        write its sample into the request's token-pool row. Handing the row to a new request now
-        would let the scheduler's writes (the new prompt) race that write. So the row goes back only
-        at the next handling of results, once the batch in flight is known to be done. KV pages need
-        no such care: whatever writes them next is queued behind the old batch on the engine stream.
-
-        Receives: `req`, a request (or chunk) holding a slot (`req.table_idx`) and a locked prefix
-            (`req.cache_handle`); `self._defer_slot_free`, True while the overlap loop runs.
-        Returns: nothing.
-        Leaves: the slot free in the table manager, or, when deferring, `(table_idx, uid)` appended
-            to `self._deferred_slots` (the loop frees them later); the computed prefix in the prefix
-            cache, the request's other pages free, its lock dropped.
-        Uses: `self.table_manager.free` (ch04); `self.cache_manager.cache_req(req, finished=True)`
-            (ch08).
-        Checked: no slot is handed out while a step that holds it is in flight, and the request that
-            gets it computes Hugging Face's tokens; the slot is back once that step is handled;
-            every slot and page is back once all requests end.
-        """
-        if self._defer_slot_free:
-            self._deferred_slots.append((req.table_idx, req.uid))
-        else:
-            self.table_manager.free(req.table_idx, req.uid)
-        self.cache_manager.cache_req(req, finished=True)
-
-    def _process_last_data(self, last_data: ForwardData | None) -> None:
-        """Handle a launched step's results: record each request's token and send its message.
-
-        Under overlap, step N+1 is launched before step N is handled, so device_len has moved on:
-        only the tokens the CPU has received say how far a request is (rule 1). A request that
-        finished or was aborted after step N was launched gets nothing from step N (rules 2 and 4).
-
-        Receives: `last_data`, a (ForwardInput, ForwardOutput) pair, or None (nothing to do). Its
-            batch may hold chunks of a chunked prefill (`req.is_chunk`: no real token);
-            `self.eos_token_ids`, the set of end ids, may be empty (the model has no EOS).
-        Returns: nothing.
-        Leaves: each other request's token appended on the host, one `DetokenizeMsg` each,
-            `finished` True on its last token only; a finished request out of `self._live` (uid ->
-            launched request whose end is not handled yet) and the decode manager, its slot and KV
-            given back; a prefill's prompt in the prefix cache; `self.finished_reqs` = the requests
-            finished now; the deferred slots released; one `handle` event with the batch's step,
-            phase and uids.
-        Uses: `output.copy_done`, `output.next_tokens_cpu` (ch06); `req.append_host` (ch01, a
-            1-element tensor); `self.decode_manager.remove_req` (ch07);
-            `self.cache_manager.cache_req` and `.lazy_free_region` (ch08);
-            `self._free_req_resources`, `self._release_deferred_slots`, `self.finished_reqs` (ch11);
-            `self.events.emit` (ch04), `self.send_result`.
-        Checked: tokens equal Hugging Face's; max_tokens messages, only the last one finished;
-            nothing after any EOS id or an abort; ignore_eos and no EOS run to max_tokens; a prompt
-            is cached as soon as its prefill is handled; every slot and page is back once all
-            requests end.
-        """
-        if last_data is None:
-            return
-        batch, output = last_data[0].batch, last_data[1]
-        output.copy_done.synchronize()  # this batch, and every one before it, is done
-        self._release_deferred_slots()
-        reply: List[DetokenizeMsg] = []
-        new_finished: Set[Req] = set()
-        tokens = output.next_tokens_cpu
-        with self.cache_manager.lazy_free_region():
-            for i, req in enumerate(batch.reqs):
-                if req.is_chunk:
-                    continue  # a chunk samples nothing real
-                if req in self.finished_reqs:
-                    continue  # rule 2/4: it finished (or was aborted) after this batch was launched
-                token = tokens[i : i + 1]
-                req.append_host(token)
-                next_token = int(token.item())
-                # Rule 1: judge by what the CPU has received; can_decode already reflects step N+1.
-                finished = len(req.input_ids) >= req.max_device_len
-                if not req.sampling_params.ignore_eos and next_token in self.eos_token_ids:
-                    finished = True
-                reply.append(DetokenizeMsg(uid=req.uid, next_token=next_token, finished=finished))
-                if finished:
-                    self._live.pop(req.uid, None)
-                    self.decode_manager.remove_req(req)
-                    self._free_req_resources(req)
-                    new_finished.add(req)
-                elif batch.is_prefill:  # hand the prompt's KV to the prefix cache right away
-                    self.cache_manager.cache_req(req, finished=False)
-        self.events.emit(
-            "handle", step=batch.step, phase=batch.phase, uids=[r.uid for r in batch.reqs]
-        )
-        self.finished_reqs = new_finished
-        self.send_result(reply)
-
-    def live_requests(self) -> List[Req]:
-        """Every request that holds a slot and KV right now (for integrity checks): prompts part-way
-        through a chunked prefill, and launched requests whose end has not been handled yet."""
-        chunks = [p.chunked_req for p in self.prefill_manager.pending if p.chunked_req is not None]
-        return chunks + list(self._live.values())
 
     # ------------------------------------------------------------------ loops
 

@@ -3,7 +3,8 @@ reply to the request it belongs to.
 
 Every request gets a uid and an asyncio queue; a listener task reads the worker's frames and puts
 each reply on its request's queue. A request whose client went away is released with an abort,
-which travels to the scheduler (Scheduler._abort) and gives its slot and pages back.
+which travels to the scheduler (Scheduler._abort, minisgl/scheduler/lifecycle.py) and gives its
+slot and pages back.
 """
 
 from __future__ import annotations

@@ -32,8 +32,16 @@ WATCH_S = 0.2
 def start_workers(args: ServerArgs) -> List[mp.Process]:
     """Spawn the scheduler and the tokenizer worker; return once both are ready, or raise
     RuntimeError saying which could not start and why (and stop the other)."""
+    from minisgl.models.limits import ModelLimits
+
     from . import processes
 
+    # What the model allows a request (context length, end ids, sampling defaults), resolved once
+    # here as the engine resolves it, and handed to the tokenizer worker.
+    try:
+        limits = ModelLimits.from_dir(args.model, args.engine.get("max_seq_len_override"))
+    except (OSError, TypeError, ValueError) as e:
+        raise RuntimeError(f"cannot read the model {args.model}: {e}") from None
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     procs = [
@@ -45,7 +53,7 @@ def start_workers(args: ServerArgs) -> List[mp.Process]:
         ),
         ctx.Process(
             target=processes.run_tokenizer,
-            args=(args, ready),
+            args=(args, limits, ready),
             name="minisgl-tokenizer",
             daemon=True,
         ),

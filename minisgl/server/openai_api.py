@@ -118,7 +118,15 @@ class ChatRequest(_Request):
 
 
 def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
-    """The request's sampling settings, or an ErrorInfo (400) naming the one that is wrong."""
+    """The request's sampling settings, or an ErrorInfo (400) naming the one that is wrong.
+
+    Only the fields the client sent count as set (`fields_set`); the others hold the API's
+    defaults until the scheduler's intake gives them the model's generation_config.json defaults
+    where it has some, as the offline LLM's requests get them."""
+    sent = req.model_fields_set
+    given = [name for name in ("temperature", "top_k", "top_p", "ignore_eos") if name in sent]
+    if {"max_tokens", "max_completion_tokens"} & sent and max_tokens_given(req):
+        given.append("max_tokens")
     try:
         return SamplingParams(
             temperature=req.temperature,
@@ -126,9 +134,15 @@ def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
             top_p=req.top_p,
             max_tokens=max_tokens,
             ignore_eos=req.ignore_eos,
+            fields_set=given,
         )
     except (TypeError, ValueError) as e:
         raise ErrorInfo(400, str(e), param=str(e).split()[0]) from None
+
+
+def max_tokens_given(req: _Request) -> bool:
+    """Whether the client asked for a length (null counts as not asking)."""
+    return any(getattr(req, n, None) is not None for n in ("max_tokens", "max_completion_tokens"))
 
 
 def sse_event(data: Dict[str, Any] | str) -> str:

@@ -11,9 +11,12 @@ import signal
 import sys
 import traceback
 from collections import Counter
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict
 
 from .args import ServerArgs
+
+if TYPE_CHECKING:
+    from minisgl.models.limits import ModelLimits
 
 
 def run_scheduler(args: ServerArgs, ready) -> None:
@@ -78,26 +81,23 @@ def scheduler_stats(scheduler) -> Dict[str, Any]:
     }
 
 
-def run_tokenizer(args: ServerArgs, ready) -> None:
+def run_tokenizer(args: ServerArgs, limits: ModelLimits, ready) -> None:
+    """`limits`: the model's, resolved by the launcher (ModelLimits, as the engine has them)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import zmq
 
-    from minisgl.llm import load_tokenizer
-    from minisgl.models import ModelConfig
-    from minisgl.models.generation_config import GenerationDefaults
+    from minisgl.models.tokenizer import load_tokenizer
 
     from .chat import load_chat_template
     from .sockets import POLL_MS, Inbox, Outbox, ParentWatch
     from .tokenizer_worker import TokenizerWorker
 
     try:
-        config = ModelConfig.from_dir(args.model)
-        # as Engine
-        context_len = args.engine.get("max_seq_len_override") or config.max_position_embeddings
-        # as Scheduler
-        end_ids = GenerationDefaults.from_dir(args.model).end_token_ids(config.eos_token_ids)
         worker = TokenizerWorker(
-            load_tokenizer(args.model), load_chat_template(args.model), end_ids, context_len
+            load_tokenizer(args.model),
+            load_chat_template(args.model),
+            limits.end_token_ids,
+            limits.context_len,
         )
         ctx = zmq.Context()
         inbox = Inbox(ctx, args.tokenizer_addr)

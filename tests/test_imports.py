@@ -1,0 +1,124 @@
+"""The house rules of the packages, read from their source with `ast` (nothing is imported):
+
+* no import circle among the modules of minisgl/, classroom/, judge/ and tools/, counting every
+  import, also the ones inside functions and the type-only ones under `if TYPE_CHECKING:`;
+* the engine (minisgl/) imports no notebook library (IPython, ipywidgets, matplotlib: those
+  belong to classroom/), and none of its files is over 400 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("minisgl", "classroom", "judge", "tools")
+NOTEBOOK_LIBRARIES = ("IPython", "ipywidgets", "matplotlib")
+MAX_LINES = 400
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(tree: ast.AST, module: str, is_package: bool) -> Set[str]:
+    """Every module name `module`'s source imports (absolute, relative ones resolved), with the
+    names imported from it as possible submodules (`from a import b` may mean module a.b)."""
+    names: Set[str] = set()
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names.add(target)
+            names.update(f"{target}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph(root: Path, packages=PACKAGES) -> Dict[str, Set[str]]:
+    files = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            files[module_name(path, root)] = path
+    graph: Dict[str, Set[str]] = {}
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        found = imported_names(tree, module, path.name == "__init__.py")
+        # a module's import of its own package's __init__ is how Python imports it: not an edge
+        graph[module] = {
+            name
+            for name in found
+            if name in files and name != module and not module.startswith(f"{name}.")
+        }
+    return graph
+
+
+def find_cycle(graph: Dict[str, Set[str]]) -> List[str] | None:
+    """One import circle as [a, b, ..., a], or None."""
+    state: Dict[str, int] = {}  # 1: on the current path, 2: done
+    path: List[str] = []
+
+    def visit(node: str) -> List[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_circle():
+    cycle = find_cycle(import_graph(REPO))
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_a_planted_circle_is_found_and_named(tmp_path):
+    pkg = tmp_path / "minisgl"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .sub import b\n")
+    (pkg / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from minisgl.c import C\n"
+    )
+    (pkg / "c.py").write_text("def f():\n    from . import a\n")
+    cycle = find_cycle(import_graph(tmp_path, ("minisgl",)))
+    assert cycle == ["minisgl.a", "minisgl.sub.b", "minisgl.c", "minisgl.a"], cycle
+
+
+def test_the_engine_imports_no_notebook_library_and_keeps_its_files_short():
+    notebook, long_files = [], []
+    for path in sorted((REPO / "minisgl").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        rel = path.relative_to(REPO).as_posix()
+        if len(text.splitlines()) > MAX_LINES:
+            long_files.append(f"{rel} ({len(text.splitlines())} lines)")
+        names = imported_names(ast.parse(text), module_name(path, REPO), path.name == "__init__.py")
+        notebook += [
+            f"{rel} imports {n}" for n in sorted(names) if n.split(".")[0] in NOTEBOOK_LIBRARIES
+        ]
+    assert not notebook, (
+        "the engine imports a notebook library (move it to classroom/): " + "; ".join(notebook)
+    )
+    assert not long_files, f"files of minisgl/ over {MAX_LINES} lines: " + ", ".join(long_files)
