@@ -129,12 +129,21 @@ def test_apply_rope_in_bfloat16_computes_angles_in_float32():
     positions = torch.tensor([0, 3, 300, 1001, 4097])
     got = te.apply_rope(x, positions, 10000.0)
     assert got.dtype == torch.bfloat16, f"bfloat16 input must give bfloat16 output, got {got.dtype}"
+    # The most telling reason first: a rotation that is wrong in float32 too is not a precision
+    # problem (a pairing of dimension i with i + 1 instead of i + head_dim/2, say).
+    x32 = x.float()
+    wrong_in_float32 = not torch.allclose(
+        te.apply_rope(x32, positions, 10000.0).float(), hf_rope(x32, positions, 10000.0), atol=1e-3
+    )
     torch.testing.assert_close(
         got,
         hf_rope(x, positions, 10000.0),
         atol=2e-2,
         rtol=2e-2,
-        msg="in bfloat16, apply_rope differs from Hugging Face's: compute the angles "
+        msg="apply_rope differs from Hugging Face's in float32 too: the rotation itself is wrong "
+        "(dimension i turns with dimension i + head_dim/2, by position * theta ** (-2i / head_dim))"
+        if wrong_in_float32
+        else "in bfloat16, apply_rope differs from Hugging Face's: compute the angles "
         "in float32, then cast cos and sin to x's dtype",
     )
 

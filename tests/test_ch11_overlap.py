@@ -50,7 +50,17 @@ def eos_at(reference: List[int], min_index: int = 1) -> Tuple[int, int]:
 
 
 def assert_idle_and_clean(llm) -> None:
-    llm.cache_manager.check_integrity()
+    try:
+        llm.cache_manager.check_integrity()
+    except AssertionError as e:
+        # The books are chapter 8's; what unbalances them here is one of this chapter's rules.
+        raise AssertionError(
+            f"with every request ended, the KV pages do not balance ({e}). This chapter's rules "
+            "that keep them: chunks produce nothing (a ChunkedReq is never cached, its next "
+            "piece goes on under the same handle), a request ends exactly once (its results "
+            "after the end, or after an abort, are dropped), and its KV goes back once, through "
+            "_free_req_resources"
+        ) from None
     free = llm.table_manager.available_size
     assert free == llm.config.max_running_req, (
         f"{llm.config.max_running_req - free} request slot(s) not returned after all requests ended"
@@ -406,7 +416,10 @@ def test_the_overlap_loop_blocks_only_when_it_has_nothing_to_do():
     llm.run_until_idle()
     llm.step()  # nothing in flight, nothing to do
     assert any(waiting and not in_flight for _, in_flight, waiting in calls), (
-        "test setup: no turn had a request waiting and nothing in flight"
+        "the run never reached a turn with a request waiting and nothing in flight, which it "
+        "must (request 0 ends, then request 1 waits for the only slot): request 0's end was not "
+        "handled as it should be, or its slot never came back; the finished-flag and slot tests "
+        "of _process_last_data, _free_req_resources and the loop's slot release say which"
     )
     for blocking, in_flight, waiting in calls:
         assert not (blocking and in_flight), (

@@ -13,6 +13,7 @@ from typing import Dict, List
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from pydantic import ValidationError
 
 from minisgl.message import UserReply
 from minisgl.server import openai_api as api
@@ -99,6 +100,21 @@ def data(events: List[str]) -> List[Dict]:
     return [json.loads(e[len("data: ") :]) for e in events if e != api.SSE_DONE]
 
 
+def client_reads(model, body):
+    """`body` as the openai client parses it, or a failure that says which field it refused (a
+    raw pydantic ValidationError names neither the rule nor the shape)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        pytest.fail(
+            f"the openai client cannot read this {model.__name__}: at {where!r} it found "
+            f"{first.get('input')!r} ({first['msg']}); the body was {json.dumps(body)[:300]}",
+            pytrace=False,
+        )
+
+
 # ------------------------------------------------------------------------------------- choice
 
 
@@ -107,7 +123,7 @@ def test_a_completion_is_what_the_openai_client_parses():
         False, False, "cmpl-7", 1, "m", [api.choice(False, False, "Why, then", "length", None)]
     )
     body["usage"] = api.usage(3, 2)
-    parsed = Completion.model_validate(body)
+    parsed = client_reads(Completion, body)
     assert parsed.choices[0].text == "Why, then" and parsed.choices[0].finish_reason == "length", (
         f"the openai client read {parsed.choices[0]}"
     )
@@ -119,7 +135,7 @@ def test_a_chat_completion_is_what_the_openai_client_parses():
         True, False, "chatcmpl-7", 1, "m", [api.choice(True, False, "Good morrow", "stop", [1, 2])]
     )
     body["usage"] = api.usage(3, 2)
-    parsed = ChatCompletion.model_validate(body)
+    parsed = client_reads(ChatCompletion, body)
     message = parsed.choices[0].message
     assert (message.role, message.content) == ("assistant", "Good morrow"), (
         f"the openai client read {message}"
@@ -130,7 +146,8 @@ def test_a_chat_completion_is_what_the_openai_client_parses():
 
 
 def test_a_chat_stream_names_the_role_in_its_first_chunk_only():
-    first = ChatCompletionChunk.model_validate(
+    first = client_reads(
+        ChatCompletionChunk,
         api.envelope(
             True,
             True,
@@ -138,12 +155,13 @@ def test_a_chat_stream_names_the_role_in_its_first_chunk_only():
             1,
             "m",
             [api.choice(True, True, "Good", None, None, first=True)],
-        )
+        ),
     )
-    later = ChatCompletionChunk.model_validate(
+    later = client_reads(
+        ChatCompletionChunk,
         api.envelope(
             True, True, "chatcmpl-7", 1, "m", [api.choice(True, True, " morrow", None, None)]
-        )
+        ),
     )
     assert (first.choices[0].delta.role, first.choices[0].delta.content) == ("assistant", "Good"), (
         f"the first chunk's delta should be the role and the text, got {first.choices[0].delta}"
@@ -248,7 +266,7 @@ def test_chunks_are_what_the_openai_client_reads():
         run_stream(FakeFrontend(replies(["Good", " morrow"])), answer(chat=True, usage=True))
     )
     for chunk in chat:
-        ChatCompletionChunk.model_validate(chunk)  # raises if the object or a field is wrong
+        client_reads(ChatCompletionChunk, chunk)  # raises if the object or a field is wrong
     plain = data(run_stream(FakeFrontend(replies(["Why", ","])), answer(usage=True)))
     assert {c["object"] for c in plain} == {"text_completion"}, (
         "a completion's chunks are text_completion objects, got "
@@ -358,7 +376,7 @@ def test_a_plain_answer_joins_the_text_and_counts_the_tokens():
     )
     response = run_collect(front, answer(ids=True), request)
     body = json.loads(response.body)
-    parsed = Completion.model_validate(body)
+    parsed = client_reads(Completion, body)
     assert (
         response.status_code == 200
         and parsed.choices[0].text == "Why, then"
@@ -382,7 +400,7 @@ def test_a_plain_chat_answer_is_a_chat_completion():
     response = run_collect(
         FakeFrontend(replies(["Good", " morrow"])), answer(chat=True), FakeRequest()
     )
-    parsed = ChatCompletion.model_validate(json.loads(response.body))
+    parsed = client_reads(ChatCompletion, json.loads(response.body))
     assert parsed.choices[0].message.content == "Good morrow", (
         f"the openai client read {parsed.choices[0]}"
     )

@@ -51,7 +51,9 @@ def top_k_top_p_filter(
     """Set to -inf every logit outside each row's top-k, then outside its top-p nucleus.
 
     Top-p works on what top-k left, renormalized: a token stays while the probability mass of the
-    more likely tokens before it is still below p, so the most likely token always stays.
+    more likely tokens before it is still below p, so the most likely token always stays. A top-p
+    of 1.0 means off: such a row skips the nucleus cut (in float32 the running mass reaches 1.0
+    before the vocabulary ends, so a comparison with 1.0 would still cut the tail).
 
     Receives: `logits` [B, V] float (already divided by temperature); `top_k` [B] int64 (V where
         off); `top_p` [B] float32 in (0, 1] (1.0 where off). Each row has its own settings.
@@ -84,6 +86,10 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """Pick each row's next token from its logits: the argmax for greedy rows, else a draw.
+
+        A sampled row draws from softmax(top_k_top_p_filter(logits / T)) in float32. A greedy row
+        (T = 0) keeps its argmax next to sampled rows, so no division by 0 may reach it (its
+        probabilities would be nan). Every draw comes from `self.generator`: a seed repeats a run.
 
         Receives: `logits` [B, V] (any float dtype); `args`, a BatchSamplingArgs: `temperatures` [B]
             float32 (0 for a greedy row), `top_k`, `top_p` [B], or all three None when every row is

@@ -53,9 +53,10 @@ def decode_batch(frame: bytes) -> List[Any]:
     Returns: the list of messages, each revived (`revive` as json.loads's `object_hook`).
     Leaves: nothing changed.
     Uses: `json.loads` with `object_hook=revive` (ch12), `MESSAGE_TYPES`.
-    Checked: every message comes back equal through `encode_batch`, in order; bytes that are not
-        UTF-8 JSON, JSON that is not an array, and an item that is not a message are each refused
-        with a ValueError naming the problem.
+    Checked: every message comes back equal through `encode_batch`, in order; each bad frame is
+        refused with a ValueError whose text says which rule it breaks: "JSON" for bytes that are
+        not UTF-8 JSON, "array" for JSON that is not an array, "not a message" for an item that is
+        not one; revive's own refusals (an unknown type) pass through as they are.
     """
     try:
         items = json.loads(frame, object_hook=revive)
@@ -79,9 +80,14 @@ def encode_value(value: Any) -> Any:
         `{"__sampling__": {fields}}`; lists, tuples and dicts element by element; anything else
         as it is.
     Leaves: `value` unchanged.
-    Uses: `dataclasses.fields`, `dataclasses.asdict`, `MESSAGE_TYPES`, `TENSOR_DTYPES`.
-    Checked: every message type comes back equal through `decode_batch` (tensors with their dtype);
-        a dataclass that is not a message, or a 2-D or float tensor, is refused with a TypeError.
+    Uses: `dataclasses.fields` (a message's fields, each encoded by this function in turn),
+        `dataclasses.asdict` (only for SamplingParams, whose fields are plain values: on a message
+        it would turn the nested SamplingParams into an untagged dict and its tensors into
+        tensors), `MESSAGE_TYPES`, `TENSOR_DTYPES`.
+    Checked: every message type comes back equal through `decode_batch` (tensors with their dtype,
+        sampling parameters as SamplingParams); a dataclass that is not a message is refused with
+        a TypeError naming its class, a tensor that is not 1-D with one saying "1-D", a float one
+        with one naming its dtype.
     """
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).removeprefix("torch.")
@@ -117,9 +123,10 @@ def revive(obj: Dict[str, Any]) -> Any:
         other dict as it is (a chat message, the scheduler's stats).
     Leaves: nothing else changed.
     Uses: `MESSAGE_TYPES`, `TENSOR_DTYPES`, `SamplingParams` (ch01).
-    Checked: every message comes back equal; an unknown message type, a message with the wrong
-        fields and a tensor of an unknown dtype raise ValueError naming them; bad sampling values
-        are refused as SamplingParams refuses them.
+    Checked: every message comes back equal; each refusal is a ValueError that names what is
+        wrong: `unknown message type 'Shutdown'` (the name in quotes, as repr writes it), the class
+        name for a message with the wrong fields, the dtype's name for a tensor of an unknown
+        dtype; bad sampling values are refused as SamplingParams refuses them (naming the field).
     """
     if "__tensor__" in obj:
         dtype = TENSOR_DTYPES.get(obj.get("dtype"))
