@@ -262,7 +262,8 @@ def test_the_watchdog_waits_a_moment_before_calling_a_death_a_failure():
     asyncio.run(scenario())
     assert not frontend.reasons, (
         "a worker ended by the same signal that stops the server is no failure: wait one look "
-        "before deciding, "
+        "before deciding, giving the event loop back meanwhile (await asyncio.sleep(WATCH_S): "
+        "a time.sleep holds the loop, so the server's own stop cannot be seen during it), "
         f"got {frontend.reasons}"
     )
 
