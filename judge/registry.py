@@ -39,7 +39,7 @@ class Exercise:
     name: str  # "process_last_data"
     target: str  # "minisgl.scheduler.scheduler:Scheduler._process_last_data"
     tests: Tuple[str, ...]  # "test_ch11_overlap.py::test_name": what a wrong version must fail
-    hints: Tuple[str, ...]  # gentlest first
+    hints: Tuple[str, ...]  # 1 the rule that matters, 2 the approach, 3 the steps
     todo: str = ""  # optional: the stub's one-line "what to implement" (else from the docstring)
     # Mutants of the reference that no test can kill because they compute the same thing:
     # (mutant id, the one-line reason), reviewed one by one (python -m tools.mutants).
