@@ -49,6 +49,17 @@ class ForwardOutput:
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self._load_model(config)
+        self._allocate_pools(config)
+        self._build_runtime(config)
+        if self.kit.is_cuda:
+            # Everything built above (zeroed pools and tables, the KV cache) was queued on the
+            # default stream, and the engine's and scheduler's streams do not wait for it: a
+            # prompt written into the token pool could land before the pool's zeroing does.
+            torch.cuda.synchronize(self.device)
+
+    def _load_model(self, config: EngineConfig) -> None:
+        """The device, the model's config, limits and weights."""
         self.device = resolve_device(config.device)
         self.kit = DeviceKit(self.device, config.cpu_streams or str(ENV.CPU_STREAMS.value))
         self.model_config = ModelConfig.from_dir(config.model_path)
@@ -57,12 +68,16 @@ class Engine:
         else:  # a CPU has no fast bf16 matmul; a GPU runs the checkpoint's own dtype
             self.dtype = self.model_config.dtype if self.kit.is_cuda else torch.float32
         self.model = load_model(config.model_path, self.dtype, self.device)
-
-        cfg = self.model_config
         # context length, vocabulary, end ids, sampling defaults: what the scheduler's intake and
         # the server's tokenizer worker judge requests by
-        self.limits = ModelLimits.resolve(config.model_path, cfg, config.max_seq_len_override)
+        self.limits = ModelLimits.resolve(
+            config.model_path, self.model_config, config.max_seq_len_override
+        )
         self.max_seq_len = self.limits.context_len
+
+    def _allocate_pools(self, config: EngineConfig) -> None:
+        """The KV cache, the page table and the token pool, sized for the backend chosen here."""
+        cfg = self.model_config
         self.page_size = config.page_size
         self.num_pages = config.num_page_override or self._auto_num_pages()
         # Per engine: the config's choice, else the environment's default (minisgl/env.py).
@@ -91,6 +106,10 @@ class Engine:
         self.token_pool = torch.zeros(rows, self.max_seq_len, dtype=torch.int32, device=self.device)
         self.dummy_row = rows - 1
 
+    def _build_runtime(self, config: EngineConfig) -> None:
+        """The attention backend, the forward context (fused kernels or not), the sampler, the
+        engine's stream and, where used, the CUDA-graph runner."""
+        cfg = self.model_config
         # fused element-wise kernels go with the Triton backend, for this engine only (see
         # dispatch.py)
         want_fused = (
@@ -116,11 +135,6 @@ class Engine:
         self.sampler = Sampler(self.device, config.seed)
         self.stream = self.kit.new_stream()
         self.graph_runner = self._build_graph_runner() if self.use_cuda_graph else None
-        if self.kit.is_cuda:
-            # Everything built above (zeroed pools and tables, the KV cache) was queued on the
-            # default stream, and the engine's and scheduler's streams do not wait for it: a
-            # prompt written into the token pool could land before the pool's zeroing does.
-            torch.cuda.synchronize(self.device)
 
     def _want_cuda_graph(self) -> bool:
         asked = self.config.use_cuda_graph

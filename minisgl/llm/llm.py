@@ -1,8 +1,8 @@
 """The offline interface: `LLM(...).generate(prompts, sampling_params)`.
 
-LLM *is* a Scheduler whose replies and aborts travel through an in-process queue; a new request
-goes through the scheduler's intake (`admit`: checks and the model's defaults) at the call that
-brings it, then straight into the prefill queue. Besides `generate`, it
+LLM *is* a Scheduler whose messages travel through an in-process queue. A new request meets the
+scheduler's intake (`admit`: its checks and the model's defaults, minisgl/scheduler/intake.py) at
+the call that brings it, so a bad one fails that call and nothing is queued. Besides `generate`, it
 exposes the pieces a test or a notebook needs to drive the engine step by step: `add_request`,
 `abort`, `step`, and the `results` collected so far.
 """
@@ -16,7 +16,7 @@ from typing import Dict, List, Sequence
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.message import AbortBackendMsg, DetokenizeMsg
+from minisgl.message import AbortBackendMsg, DetokenizeMsg, UserMsg
 from minisgl.models import BUNDLED_MODEL
 from minisgl.models.tokenizer import load_tokenizer
 from minisgl.scheduler import QueueIO, Scheduler, SchedulerConfig
@@ -75,12 +75,12 @@ class LLM(Scheduler):
         return ids, self.admit(ids, params)
 
     def _enqueue(self, ids: torch.Tensor, params: SamplingParams) -> int:
-        """Queue an admitted request: straight into the prefill queue, not through a message
-        that the intake would check a second time."""
+        """Queue an admitted request as the message a server's would be (the scheduler's intake
+        takes it in again: cheap, and the same for every message whatever it came from)."""
         uid = self._next_uid
         self._next_uid += 1
         self.results[uid] = RequestResult(uid)
-        self.prefill_manager.add_one_req(uid, ids, params)
+        self._queue.put(UserMsg(uid=uid, input_ids=ids, sampling_params=params))
         return uid
 
     def abort(self, uid: int) -> None:

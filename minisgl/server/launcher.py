@@ -41,7 +41,7 @@ def start_workers(args: ServerArgs) -> List[mp.Process]:
     try:
         limits = ModelLimits.from_dir(args.model, args.engine.get("max_seq_len_override"))
     except (OSError, TypeError, ValueError) as e:
-        raise RuntimeError(f"cannot read the model {args.model}: {e}") from None
+        raise RuntimeError(f"the server could not start: {e}") from None
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     procs = [
