@@ -20,10 +20,8 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from . import budgets as budgets_file
 from . import settings
+from .child_process import exit_reason, file_tail, popen
 from .protocol import (
     Collected,
     CollectError,
@@ -50,7 +49,6 @@ from .registry import REPO
 
 SPEC_ENV = settings.SPEC.name  # the spec file's path, for the test process (plugin.py)
 
-OUTPUT_KEEP = 16_000  # bytes of the subprocess's output kept (its end)
 # What pytest-timeout's thread method prints before it ends the process with os._exit(1).
 _PYTEST_TIMEOUT_EXIT = re.compile(r"\+{3,} Timeout \+{3,}\s*$")
 MAX_RESTARTS = 3
@@ -294,10 +292,10 @@ def _launch(launch: _Launch, options: RunOptions, time_left: float):
                 time_left,
                 options.threads,
             )
-            return returncode, killed, _file_tail(launch.output)
+            return returncode, killed, file_tail(launch.output)
         except RuntimeError:
             pass  # the server is gone: start the process afresh
-    return _popen(launch.cmd, launch.env, time_left)
+    return popen(launch.cmd, launch.env, time_left)
 
 
 def _replay(
@@ -348,7 +346,7 @@ def _replay(
     if killed:
         why = f"the run exceeded its time limit of {options.time_limit:.0f} s and was stopped"
     else:
-        why = f"the test process ended abruptly ({_exit_reason(returncode)})"
+        why = f"the test process ended abruptly ({exit_reason(returncode)})"
     if started is not None:
         if not killed and _PYTEST_TIMEOUT_EXIT.search(result.output_tail[-4000:]):
             # pytest-timeout's thread method (no signals: Windows) ends the process on a hang
@@ -368,46 +366,6 @@ def _replay(
         why += " while loading your code"
     result.general.append(why + _output_hint(result.output_tail, events))
     return True
-
-
-def _popen(cmd: List[str], env: Dict[str, str], time_left: float):
-    """(exit code, killed on time, output tail) of a fresh subprocess in its own process group."""
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=(os.name == "posix"),
-    )
-    tail = _Tail(proc.stdout)
-    killed = False
-    try:
-        proc.wait(timeout=time_left)
-    except subprocess.TimeoutExpired:
-        killed = True
-    finally:
-        _kill_group(proc)  # also any children the learner's code left behind
-        proc.wait()
-        tail.join()
-    return proc.returncode, killed, tail.text()
-
-
-def _file_tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - OUTPUT_KEEP))
-            data = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    return (
-        (f"[... {size - OUTPUT_KEEP} bytes of output cut ...]\n" + data)
-        if size > OUTPUT_KEEP
-        else data
-    )
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -461,18 +419,6 @@ def _timeout_method() -> str:
     return "signal" if hasattr(signal, "SIGALRM") else "thread"
 
 
-def _exit_reason(code: int | None) -> str:
-    if code is None:
-        return "unknown status"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"killed by {name}" + (" - out of memory?" if name == "SIGKILL" else "")
-    return f"exit status {code}: os._exit() or a crash"
-
-
 def _output_hint(tail: str, events) -> str:
     if events or not tail.strip():
         return ""
@@ -480,56 +426,8 @@ def _output_hint(tail: str, events) -> str:
     return f"\n  last output:\n{last}"
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        if os.name == "posix":
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:
-            proc.kill()
-    except (ProcessLookupError, PermissionError, OSError):
-        pass
-
-
 def _rel(p: Path) -> str:
     try:
         return str(p.resolve().relative_to(REPO))
     except ValueError:
         return str(p)
-
-
-class _Tail:
-    """Drains a pipe in a thread, keeping only its last OUTPUT_KEEP bytes (output can be huge)."""
-
-    def __init__(self, pipe) -> None:
-        self.pipe = pipe
-        self.buf = bytearray()
-        self.total = 0
-        self.thread = threading.Thread(target=self._drain, daemon=True)
-        self.thread.start()
-
-    def _drain(self) -> None:
-        for chunk in iter(
-            lambda: (
-                self.pipe.read1(65536) if hasattr(self.pipe, "read1") else self.pipe.read(65536)
-            ),
-            b"",
-        ):
-            self.total += len(chunk)
-            self.buf += chunk
-            if len(self.buf) > 2 * OUTPUT_KEEP:
-                del self.buf[: len(self.buf) - OUTPUT_KEEP]
-
-    def join(self) -> None:
-        self.thread.join(timeout=5)
-        try:
-            self.pipe.close()
-        except OSError:
-            pass
-
-    def text(self) -> str:
-        data = bytes(self.buf[-OUTPUT_KEEP:]).decode("utf-8", errors="replace")
-        return (
-            (f"[... {self.total - OUTPUT_KEEP} bytes of output cut ...]\n" + data)
-            if self.total > OUTPUT_KEEP
-            else data
-        )
