@@ -55,6 +55,27 @@ def _to_transformers_4_layout(model_dir: Path) -> None:
     path.write_text(json.dumps(raw, indent=2))
 
 
+def _to_transformers_4_moe_layout(model_dir: Path) -> None:
+    """The transformers-4 layout of a Qwen3-MoE: as above, and the expert count as num_experts
+    (transformers 5 writes num_local_experts)."""
+    _to_transformers_4_layout(model_dir)
+    path = model_dir / "config.json"
+    raw = json.loads(path.read_text())
+    raw["num_experts"] = raw.pop("num_local_experts", raw.get("num_experts"))
+    path.write_text(json.dumps(raw, indent=2))
+
+
+# 8 experts of width 32, each token to 2 of them, 3 layers; the dense layers' MLP is wider (128)
+MOE = dict(
+    SMALL,
+    head_dim=16,
+    num_hidden_layers=3,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    norm_topk_prob=True,
+)
+
 # name -> (transformers config class name, its fields, save_pretrained options, post-processing)
 RECIPES: Dict[str, tuple] = {
     "qwen3": ("Qwen3Config", dict(SMALL, head_dim=16, tie_word_embeddings=True), {}, None),
@@ -94,6 +115,29 @@ RECIPES: Dict[str, tuple] = {
         _to_transformers_4_layout,
     ),
     "qwen2": ("Qwen2Config", dict(SMALL), {}, None),
+    # Qwen3-MoE: transformers 5 writes each expert's projections apart (its original format) ...
+    "qwen3-moe": ("Qwen3MoeConfig", MOE, {}, None),
+    # ... or stacked, [experts, 2 * inter, hidden] and [experts, hidden, inter]
+    "qwen3-moe-stacked-bf16": (
+        "Qwen3MoeConfig",
+        dict(MOE, dtype="bfloat16"),
+        {"save_original_format": False},
+        None,
+    ),
+    # layer 1 dense, the router's weights not renormalised
+    "qwen3-moe-mlp-only-layers": (
+        "Qwen3MoeConfig",
+        dict(MOE, mlp_only_layers=[1], norm_topk_prob=False),
+        {},
+        None,
+    ),
+    # every second layer sparse (layers 1 and 3 of 4), top-1, the transformers-4 layout
+    "qwen3-moe-sparse-step2-tf4": (
+        "Qwen3MoeConfig",
+        dict(MOE, num_hidden_layers=4, decoder_sparse_step=2, num_experts_per_tok=1),
+        {},
+        _to_transformers_4_moe_layout,
+    ),
 }
 
 

@@ -1,9 +1,10 @@
 """Real checkpoints load right or are refused.
 
 - The parity matrix: small random checkpoints that transformers wrote (tests/checkpoints.py: Qwen3,
-  Llama, Qwen2; tied and untied, bfloat16, head_dim != hidden / heads, one KV head, biases, Llama-3
-  RoPE scaling, sharded, the transformers-4 layout) give transformers' greedy tokens in every mode:
-  overlap on and off, page sizes 1 and 4, chunked prefill, the naive cache and a warm radix cache.
+  Llama, Qwen2, Qwen3-MoE (more of it in test_moe.py); tied and untied, bfloat16, head_dim !=
+  hidden / heads, one KV head, biases, Llama-3 RoPE scaling, sharded, the transformers-4 layout)
+  give transformers' greedy tokens in every mode: overlap on and off, page sizes 1 and 4, chunked
+  prefill, the naive cache and a warm radix cache.
 - Every field of the supported architectures' configs is either read, refused unless harmless, or
   known to change nothing (minisgl/models/config.py), and a refused one is named.
 - End of generation as transformers does it: every id of an EOS list, generation_config.json.
@@ -86,7 +87,7 @@ def test_every_config_field_of_the_supported_architectures_is_decided():
     import transformers
 
     undecided = {}
-    for cls_name in ("Qwen3Config", "LlamaConfig", "Qwen2Config"):
+    for cls_name in ("Qwen3Config", "LlamaConfig", "Qwen2Config", "Qwen3MoeConfig"):
         fields = set(getattr(transformers, cls_name)().to_dict())
         rest = sorted(fields - READ_FIELDS - REFUSED_FIELDS - NO_EFFECT_FIELDS)
         if rest:

@@ -12,9 +12,15 @@ from .decoder import CausalLM
 from .llama import LlamaForCausalLM
 from .qwen2 import Qwen2ForCausalLM
 from .qwen3 import Qwen3ForCausalLM
+from .qwen3_moe import Qwen3MoeForCausalLM
 from .weight import load_weight
 
-_CLASSES = {"qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}
+_CLASSES = {
+    "qwen3": Qwen3ForCausalLM,
+    "llama": LlamaForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
+}
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "shakespeare-qwen3"
 
@@ -37,6 +43,7 @@ __all__ = [
     "Qwen3ForCausalLM",
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
+    "Qwen3MoeForCausalLM",
     "load_weight",
     "create_model",
     "load_model",

@@ -13,7 +13,7 @@ change inference; `check_supported` there refuses a config the engine would run 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
@@ -29,11 +29,12 @@ from .config_rules import (  # noqa: F401  (re-exported: the field lists, for te
     check_supported,
     rope_scaling_from_hf,
 )
+from .moe_config import MOE_ARCHITECTURES, MoeConfig, moe_from_hf
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # "qwen3", "llama" or "qwen2"
+    architecture: str  # "qwen3", "llama", "qwen2" or "qwen3_moe"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -52,6 +53,7 @@ class ModelConfig:
     eos_token_ids: Tuple[int, ...] = ()  # generation stops after any of them; () for none
     mlp_bias: bool = False  # biases on gate, up and down (Llama's mlp_bias)
     rope_scaling: RopeScaling | None = None  # None: plain RoPE
+    moe: MoeConfig | None = None  # the experts of a mixture-of-experts model; None: dense
 
     @classmethod
     def from_hf(cls, raw: Dict[str, Any]) -> "ModelConfig":
@@ -127,4 +129,12 @@ class ModelConfig:
             check_supported(raw)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
-        return cls.from_hf(raw)
+        return cls.with_experts(cls.from_hf(raw), raw)
+
+    @staticmethod
+    def with_experts(cfg: "ModelConfig", raw: Dict[str, Any]) -> "ModelConfig":
+        """`cfg` with the experts of a mixture-of-experts config.json added (`moe_from_hf`);
+        a dense model's unchanged. Kept apart from from_hf, which reads what every decoder has."""
+        if cfg.architecture not in MOE_ARCHITECTURES:
+            return cfg
+        return replace(cfg, moe=moe_from_hf(raw))

@@ -12,10 +12,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
+from .moe_config import MOE_ARCHITECTURES, MOE_NO_EFFECT_FIELDS, MOE_READ_FIELDS, moe_from_hf
+
 SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 
 # Read by ModelConfig.from_hf (or by the loader: the weights' names and shapes follow from them).
@@ -41,6 +44,7 @@ READ_FIELDS = frozenset(
         "torch_dtype",
         "eos_token_id",
     }
+    | MOE_READ_FIELDS  # a mixture of experts' (moe_config.py)
 )
 # Would change the computation; accepted only with a value that makes them a no-op
 # (check_supported).
@@ -78,7 +82,9 @@ NO_EFFECT_FIELDS = frozenset(
         "return_dict",
         "base_model_tp_plan",
         "base_model_pp_plan",
+        "base_model_ep_plan",
     }
+    | MOE_NO_EFFECT_FIELDS
 )
 ROPE_TYPES = ("default", "llama3")  # rope_type values the engine implements
 _SILU = ("silu", "swish")  # transformers' names for the same activation
@@ -175,6 +181,9 @@ def check_supported(raw: Dict[str, Any]) -> None:
     eos = raw.get("eos_token_id")
     if eos is not None and not _is_id_or_ids(eos):
         raise ValueError(f"eos_token_id must be a token id, a list of them or null, got {eos!r}")
+    first = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if first in MOE_ARCHITECTURES:
+        moe_from_hf(raw)  # the experts' fields, checked
 
 
 def _positive_int(value: Any) -> bool:

@@ -1,7 +1,8 @@
 """The decoder-only transformer shared by Qwen3, Llama and Qwen2: embeddings, N pre-norm blocks of
 (attention, SwiGLU MLP), a final norm and the LM head. The families differ only in switches: Qwen3
 normalizes q and k per head, Qwen2 has biases on q, k and v; `attention_bias` puts biases on q, k, v
-and o, `mlp_bias` on the MLP's three projections."""
+and o, `mlp_bias` on the MLP's three projections. Qwen3-MoE is Qwen3 whose sparse layers have a
+router and experts in place of the dense MLP (moe.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from minisgl.layers import (
 )
 
 from .config import ModelConfig
+from .moe import SparseMoeBlock
 
 
 class MLP(BaseOP):
@@ -56,7 +58,7 @@ class DecoderLayer(BaseOP):
             cfg.num_heads,
             cfg.num_kv_heads,
             cfg.head_dim,
-            qk_norm=cfg.architecture == "qwen3",
+            qk_norm=cfg.architecture in ("qwen3", "qwen3_moe"),
             eps=eps,
             rotary=rotary,
             dtype=dtype,
@@ -65,7 +67,10 @@ class DecoderLayer(BaseOP):
             o_bias=cfg.attention_bias,
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, dtype, device)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
+        if cfg.moe is not None and layer_id in cfg.moe.sparse_layers:
+            self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, dtype, device)
+        else:
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None):
         x, residual = self.input_layernorm.forward_fused(x, residual)

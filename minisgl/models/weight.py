@@ -14,6 +14,8 @@ import torch
 
 from minisgl.layers import BaseOP
 
+from .expert_weights import expert_count, stack_experts
+
 # HF suffix -> (merged engine suffix, position of this part in the merged weight, parts in total)
 _MERGES = {
     "self_attn.q_proj": ("self_attn.qkv_proj", 0, 3),
@@ -48,8 +50,14 @@ def safetensors_files(model_dir: str | Path) -> List[Path]:
 
 
 def iter_hf_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]:
-    """Every (name, tensor) of the checkpoint, one at a time. A name in two files is an error: with
-    no index to say which copy is meant, keeping either one could load the wrong weights."""
+    """Every (name, tensor) of the checkpoint, one at a time, a mixture of experts' per-expert
+    projections stacked into the engine's expert tensors (expert_weights.py)."""
+    return stack_experts(_file_tensors(model_dir), expert_count(model_dir))
+
+
+def _file_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Every (name, tensor) of the checkpoint's files. A name in two files is an error: with no
+    index to say which copy is meant, keeping either one could load the wrong weights."""
     from safetensors import safe_open
 
     seen: Dict[str, Path] = {}
