@@ -41,9 +41,10 @@ class SparseMoeBlock(BaseOP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate.forward(x), self._moe.top_k, self._moe.norm_topk_prob)
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
-        fused = fused_for(x)
-        if fused is not None and hasattr(fused, "fused_moe"):
-            return fused.fused_moe(x, gate_up, down, weights, ids)
+        if fused_for(x) is not None:  # a GPU engine with fused kernels: one Triton launch
+            from minisgl.kernel.triton_moe import fused_moe
+
+            return fused_moe(x, gate_up, down, weights, ids)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return moe_experts_dense(x, gate_up, down, weights, ids)  # a graph cannot sync
         return moe_experts(x, gate_up, down, weights, ids)

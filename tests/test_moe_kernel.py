@@ -1,0 +1,96 @@
+"""The fused MoE Triton kernel (minisgl/kernel/triton_moe.py) against the torch path.
+
+On a CPU it runs under Triton's interpreter (TRITON_INTERPRET=1, read when triton is imported,
+so in a process of its own), when triton is installed (`pip install -e ".[triton]"`); on a GPU
+(`--device cuda`) it runs compiled, in bfloat16 and float32, and a Qwen3-MoE engine with fused
+kernels gives transformers' tokens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from helpers import REPO, assert_tokens_equal, build_llm, greedy, hf_greedy, test_device
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+
+# Cases: (tokens, hidden, inter, experts, top_k): a decode step of one, a batch where some experts
+# get nothing, more entries than one block of a busy expert holds, shapes that are not multiples
+# of the kernel's tiles.
+CASES = [(1, 64, 32, 8, 2), (13, 64, 32, 8, 2), (40, 48, 24, 4, 3), (7, 80, 40, 16, 1)]
+
+CHECK = """
+import torch
+from minisgl.kernel.moe import moe_experts, route
+from minisgl.kernel.triton_moe import align_by_expert, fused_moe
+
+def check(tokens, hidden, inter, experts, top_k, dtype, device, tol):
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, hidden, generator=g).to(device, dtype)
+    gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g) * 0.2).to(device, dtype)
+    down = (torch.randn(experts, hidden, inter, generator=g) * 0.2).to(device, dtype)
+    weights, ids = route(torch.randn(tokens, experts, generator=g).to(device), top_k, True)
+    want = moe_experts(x, gate_up, down, weights, ids)
+    got = fused_moe(x, gate_up, down, weights, ids)
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    # the layout the kernel reads: every entry once, each block within one expert's run
+    entries, block_expert = align_by_expert(ids, experts, 16)
+    real = entries[entries < tokens * top_k]
+    assert sorted(real.tolist()) == list(range(tokens * top_k)), "an entry lost or doubled"
+    for b, e in enumerate(block_expert.tolist()):
+        block = entries[b * 16 : (b + 1) * 16]
+        block = block[block < tokens * top_k]
+        if e < 0:
+            assert block.numel() == 0, f"block {b} past the end holds entries"
+        else:
+            assert (ids.reshape(-1)[block] == e).all(), f"block {b} mixes experts"
+"""
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed (the 'triton' extra)")
+def test_fused_moe_interpreted_on_the_cpu_equals_the_torch_path():
+    script = CHECK + "".join(
+        f"check({t}, {h}, {i}, {e}, {k}, torch.float32, 'cpu', 1e-5)\n" for t, h, i, e, k in CASES
+    )
+    script += "x = torch.zeros(0, 8)\n"
+    script += "w, ids = route(torch.zeros(0, 4), 2, True)\n"
+    script += (
+        "assert fused_moe(x, torch.ones(4, 6, 8), torch.ones(4, 8, 3), w, ids).shape == (0, 8)\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, textwrap.shorten(done.stderr[-3000:], 3000)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 2e-2), (torch.float32, 1e-4)])
+def test_fused_moe_compiled_on_the_gpu_equals_the_torch_path(dtype, tol):
+    if test_device() != "cuda":
+        pytest.skip("needs --device cuda")
+    namespace: dict = {}
+    exec(CHECK, namespace)
+    for case in CASES + [(300, 256, 128, 64, 8)]:  # 2400 entries: the 64-row blocks
+        namespace["check"](*case, dtype, "cuda", tol)
+
+
+@pytest.mark.gpu
+def test_a_moe_engine_with_fused_kernels_gives_transformers_tokens():
+    if test_device() != "cuda":
+        pytest.skip("needs --device cuda")
+    from checkpoints import checkpoint
+    from test_checkpoints import NEW_TOKENS, prompts
+
+    ckpt = checkpoint("qwen3-moe")
+    llm = build_llm(ckpt, fused_kernels=True, attention_backend="triton")
+    assert llm.engine.ctx.fused_kernels is not None, "the engine did not take the fused kernels"
+    got = [o["token_ids"] for o in llm.generate(prompts(), greedy(NEW_TOKENS))]
+    assert_tokens_equal(got, hf_greedy(prompts(), NEW_TOKENS, model=ckpt), "qwen3-moe, fused")
