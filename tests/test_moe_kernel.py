@@ -83,14 +83,19 @@ def test_fused_moe_compiled_on_the_gpu_equals_the_torch_path(dtype, tol):
 
 
 @pytest.mark.gpu
-def test_a_moe_engine_with_fused_kernels_gives_transformers_tokens():
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-kernel", "torch-path"])
+def test_a_moe_engine_on_the_gpu_gives_transformers_tokens_with_cuda_graphs(fused):
+    # Decode steps replay CUDA graphs: the fused kernel is captured as it is, the torch path
+    # switches to its sync-free form while a graph is captured.
     if test_device() != "cuda":
         pytest.skip("needs --device cuda")
     from checkpoints import checkpoint
     from test_checkpoints import NEW_TOKENS, prompts
 
     ckpt = checkpoint("qwen3-moe")
-    llm = build_llm(ckpt, fused_kernels=True, attention_backend="triton")
-    assert llm.engine.ctx.fused_kernels is not None, "the engine did not take the fused kernels"
+    llm = build_llm(ckpt, fused_kernels=fused, attention_backend="triton", use_cuda_graph=True)
+    assert (llm.engine.ctx.fused_kernels is not None) == fused
+    assert llm.engine.graph_runner is not None, "the engine captured no CUDA graphs"
     got = [o["token_ids"] for o in llm.generate(prompts(), greedy(NEW_TOKENS))]
-    assert_tokens_equal(got, hf_greedy(prompts(), NEW_TOKENS, model=ckpt), "qwen3-moe, fused")
+    want = hf_greedy(prompts(), NEW_TOKENS, model=ckpt)
+    assert_tokens_equal(got, want, f"qwen3-moe on the GPU, fused kernels {fused}")
