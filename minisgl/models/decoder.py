@@ -68,7 +68,7 @@ class DecoderLayer(BaseOP):
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, dtype, device)
         if cfg.moe is not None and layer_id in cfg.moe.sparse_layers:
-            self.mlp = SparseMoeBlock(cfg.moe, cfg.hidden_size, dtype, device)
+            self.mlp = SparseMoeBlock(cfg.moe, layer_id, cfg.hidden_size, dtype, device)
         else:
             self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
 

@@ -13,6 +13,8 @@ routes alike, and the block's output is the all-reduced sum of the ranks' partia
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from minisgl.kernel.dispatch import fused_for
@@ -32,14 +34,19 @@ class Experts(BaseOP):
 
 class SparseMoeBlock(BaseOP):
     def __init__(
-        self, moe: MoeConfig, hidden: int, dtype: torch.dtype, device: torch.device
+        self, moe: MoeConfig, layer_id: int, hidden: int, dtype: torch.dtype, device: torch.device
     ) -> None:
-        self._moe = moe
+        self._moe, self._layer_id = moe, layer_id
+        # called with (layer_id, ids) after each routing when set: the notebook's view of how
+        # tokens spread over the experts (minisgl/viz/experts.py); None in serving
+        self._on_route: Callable[[int, torch.Tensor], None] | None = None
         self.gate = Linear(hidden, moe.num_experts, False, dtype, device)
         self.experts = Experts(moe.num_experts, hidden, moe.intermediate_size, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate.forward(x), self._moe.top_k, self._moe.norm_topk_prob)
+        if self._on_route is not None:
+            self._on_route(self._layer_id, ids)
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
         if fused_for(x) is not None:  # a GPU engine with fused kernels: one Triton launch
             from minisgl.kernel.triton_moe import fused_moe
