@@ -93,9 +93,10 @@ def _shade(count: int, most: int) -> str:
 def picture(log: Routing, layer: int) -> str:
     steps = log.counts[layer]
     most = max((c for counts in steps for c in counts), default=0)
-    width = LEFT + len(steps) * (CELL + GAP) + 20
-    height = TOP + log.num_experts * (CELL + GAP) + 40
     title = f"layer {layer}: tokens sent to each expert, step by step ({log.top_k} per token)"
+    # wide enough for the grid and for the title (about 7.5 px a character at 13 px, bold)
+    width = max(LEFT + len(steps) * (CELL + GAP) + 20, 16 + 7.5 * len(title))
+    height = TOP + log.num_experts * (CELL + GAP) + 40
     parts = [svg.text(8, 18, title, size=13, weight="bold")]
     for step, counts in enumerate(steps):
         x = LEFT + step * (CELL + GAP)
