@@ -5,6 +5,8 @@
 # network, install wheels downloaded elsewhere first (pip install --no-index --find-links DIR ...).
 # suite = the whole test suite and the judge's self-check side by side, then the ch11 judge, all on cuda.
 # A call of the device tool runs 10 minutes at most: run `tests suite`, `bench` and `serve` as three calls.
+# Chapter 20 (Qwen3-MoE): `moe` = the MoE tests and the ch20 judge on cuda; `moebench` =
+# benchmarks/moe_bench.py (Qwen3-30B-A3B's shape, random bf16 weights): one call each, not in `all`.
 # Each part has its own time limit, so one that hangs does not take the others down.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -43,6 +45,19 @@ if want serve; then
   timeout ${SERVE_TIMEOUT:-400} $py benchmarks/bench_serve.py --dummy-qwen3-0.6b --device cuda --dtype bfloat16 \
     --max-running-req 64 --num-requests 256 --rates 4,16,64,inf ${SERVE_ARGS:-} \
     --out "$OUT/bench_serve.json" 2>&1 | tee "$OUT/bench_serve.txt"
+fi
+if [[ $what == *" moe "* ]]; then
+  part "Qwen3-MoE: the fused MoE kernel against the torch path, MoE checkpoints in every mode, on cuda"
+  timeout 300 $py -m pytest -q -rfE --device cuda tests/test_moe_kernel.py tests/test_moe.py \
+    tests/test_ch20_moe.py tests/test_checkpoints.py -k "moe" 2>&1 | tee "$OUT/moe_tests.txt"
+  part "judge ch20 on cuda"
+  timeout 200 $py judge.py ch20 --solution --device cuda 2>&1 | tail -20 | tee "$OUT/moe_judge.txt"
+  timeout 200 $py judge.py --selfcheck ch20 --device cuda 2>&1 | tail -12 | tee "$OUT/moe_selfcheck.txt"
+fi
+if [[ $what == *" moebench "* ]]; then
+  part "Qwen3-MoE benchmark: fused kernel vs torch path (Qwen3-30B-A3B's shape, random bf16 weights)"
+  timeout ${MOE_TIMEOUT:-560} $py benchmarks/moe_bench.py ${MOE_ARGS:-} --out "$OUT/moe_bench.json" \
+    2>&1 | tee "$OUT/moe_bench.txt"
 fi
 if want suite; then
   part "whole suite and the judge's self-check on cuda, side by side"

@@ -19,13 +19,14 @@ With TRITON_INTERPRET=1 set before triton is imported, the same kernel runs on C
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
 from .ops import silu_and_mul
+from .triton_launch import launch, settings
 
 
 def align_by_expert(
@@ -109,11 +110,13 @@ def _grouped_matmul(
     )
 
 
-def _launch(a, w, out, route_w, sorted_entries, block_expert, row_div, mul, block_m):
+def _launch(a, w, out, route_w, sorted_entries, block_expert, row_div, mul, block_m, tuning):
     n, k = w.shape[1], w.shape[2]
-    block_n, block_k = 64, 32 if k <= 32 else 64
-    grid = (block_expert.numel(), triton.cdiv(n, block_n))
-    _grouped_matmul[grid](
+    meta = settings({"BLOCK_N": 64, "BLOCK_K": 32 if k <= 32 else 64, "num_warps": 4}, tuning)
+    grid = (block_expert.numel(), triton.cdiv(n, meta["BLOCK_N"]))
+    launch(
+        _grouped_matmul,
+        grid,
         a,
         w,
         out,
@@ -132,8 +135,7 @@ def _launch(a, w, out, route_w, sorted_entries, block_expert, row_div, mul, bloc
         MUL_ROUTE_WEIGHT=mul,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
+        **meta,
     )
 
 
@@ -144,11 +146,13 @@ def fused_moe(
     weights: torch.Tensor,
     ids: torch.Tensor,
     block_m: int | None = None,
+    tuning: Dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """What `minisgl.kernel.moe.moe_experts` computes (same arguments, same result within
     rounding), in two launches of one grouped matrix-product kernel and no host sync. `block_m`,
     the entries one program multiplies: 16 for decode-sized batches (little padding per expert),
-    64 from 1024 entries on (more reuse of each weight tile)."""
+    64 from 1024 entries on (more reuse of each weight tile). `tuning`: BLOCK_N, BLOCK_K or
+    num_warps other than the defaults (benchmarks/moe_bench.py)."""
     tokens, top_k = ids.shape
     if block_m is None:
         block_m = 16 if tokens * top_k < 1024 else 64
@@ -158,8 +162,8 @@ def fused_moe(
     sorted_entries, block_expert = align_by_expert(ids, gate_up.shape[0], block_m)
     route_w = weights.reshape(-1).float().contiguous()
     h = torch.empty(tokens * top_k, gate_up.shape[1], dtype=x.dtype, device=x.device)
-    _launch(x, gate_up, h, route_w, sorted_entries, block_expert, top_k, False, block_m)
+    _launch(x, gate_up, h, route_w, sorted_entries, block_expert, top_k, False, block_m, tuning)
     act = silu_and_mul(h).contiguous()
     y = torch.empty(tokens * top_k, x.shape[1], dtype=x.dtype, device=x.device)
-    _launch(act, down, y, route_w, sorted_entries, block_expert, 1, True, block_m)
+    _launch(act, down, y, route_w, sorted_entries, block_expert, 1, True, block_m, tuning)
     return y.view(tokens, top_k, -1).sum(dim=1)

@@ -38,7 +38,7 @@ class SparseMoeBlock(BaseOP):
     ) -> None:
         self._moe, self._layer_id = moe, layer_id
         # called with (layer_id, ids) after each routing when set: the notebook's view of how
-        # tokens spread over the experts (minisgl/viz/experts.py); None in serving
+        # tokens spread over the experts (classroom/experts.py); None in serving
         self._on_route: Callable[[int, torch.Tensor], None] | None = None
         self.gate = Linear(hidden, moe.num_experts, False, dtype, device)
         self.experts = Experts(moe.num_experts, hidden, moe.intermediate_size, dtype, device)
