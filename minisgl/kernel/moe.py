@@ -79,13 +79,13 @@ def moe_experts(
     weights: torch.Tensor,
     ids: torch.Tensor,
 ) -> torch.Tensor:
-    """The experts' output for every token: the sum over its chosen experts of weight times that
-    expert's SwiGLU MLP applied to the token.
+    """The MoE layer's output: each token's chosen experts, weighted and summed.
 
-    Each expert with tokens runs once, as one matrix product over all the tokens that chose it
-    (found with `group_by_expert`); an expert no token chose is skipped, its weights unread. A
-    token's result from an expert is scaled by the router's weight for that choice, in x's dtype,
-    and added to the token's row of the output.
+    A token's row is the sum over its choices of the router's weight times that expert's SwiGLU
+    MLP applied to the token. Each expert with tokens runs once, as one matrix product over all
+    the tokens that chose it (found with `group_by_expert`); an expert no token chose is skipped,
+    its weights unread. A token's result from an expert is scaled by the router's weight for that
+    choice, in x's dtype, and added to the token's row of the output.
 
     Receives: `x` [tokens, hidden]; `gate_up` [experts, 2 * inter, hidden], expert e's gate rows
         then up rows; `down` [experts, hidden, inter]; `weights` [tokens, top_k] (float32, from
