@@ -56,8 +56,13 @@ def check(tokens, hidden, inter, experts, top_k, dtype, device, tol):
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed (the 'triton' extra)")
 def test_fused_moe_interpreted_on_the_cpu_equals_the_torch_path():
+    # float16 too: the kernel rounds each product as the torch path does; only the sum over a
+    # token's experts rounds once, not once per expert: an ulp apart at most, from top-3 on (the
+    # interpreter's bfloat16 dot products are not right: bfloat16 is checked on a GPU only)
     script = CHECK + "".join(
-        f"check({t}, {h}, {i}, {e}, {k}, torch.float32, 'cpu', 1e-5)\n" for t, h, i, e, k in CASES
+        f"check({t}, {h}, {i}, {e}, {k}, torch.{dtype}, 'cpu', {tol})\n"
+        for t, h, i, e, k in CASES
+        for dtype, tol in (("float32", 1e-5), ("float16", 4e-3))
     )
     script += "x = torch.zeros(0, 8)\n"
     script += "w, ids = route(torch.zeros(0, 4), 2, True)\n"

@@ -101,11 +101,15 @@ def _grouped_matmul(
             other=0.0,
         )
         acc += tl.dot(a, w, input_precision=PRECISION)
+    res = acc.to(Out.dtype.element_ty)
     if MUL_ROUTE_WEIGHT:
-        acc = acc * tl.load(RouteW + entries, mask=real, other=0.0)[:, None]
+        # rounded as the torch path (and transformers) round: the product in the tokens' dtype,
+        # then times the weight cast to it
+        route_w = tl.load(RouteW + entries, mask=real, other=0.0).to(Out.dtype.element_ty)
+        res = (res * route_w[:, None]).to(Out.dtype.element_ty)
     tl.store(
         Out + entries[:, None] * stride_om + cols[None, :],
-        acc.to(Out.dtype.element_ty),
+        res,
         mask=real[:, None] & (cols[None, :] < N),
     )
 
