@@ -338,3 +338,30 @@ def test_a_broken_generation_config_is_named(tmp_path):
     assert "generation_config.json" in str(e.value) and "temperature" in str(e.value), (
         f"the error should name the file and the field, got: {e.value}"
     )
+
+
+# ---------------------------------------------------------------- the architecture first
+
+
+@pytest.mark.parametrize(
+    "cls_name,arch",
+    [("GPT2Config", "GPT2LMHeadModel"), ("Qwen3Config", "GPTNeoXForCausalLM")],
+    ids=["gpt2", "unknown-with-qwen3-fields"],
+)
+def test_an_unsupported_architecture_is_named_before_any_field(tmp_path, cls_name, arch):
+    # A GPT-2 config has none of the fields a Llama-style one has (n_embd, not hidden_size): the
+    # first thing wrong is that the engine has no such model, and the error says so, naming the
+    # models it has, rather than a missing field.
+    import transformers
+
+    raw = getattr(transformers, cls_name)(architectures=[arch]).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError) as e:
+        ModelConfig.from_dir(tmp_path)
+    message = str(e.value)
+    assert arch in message and "LlamaForCausalLM" in message, (
+        f"the error should name the architecture {arch!r} and the supported ones, got: {message}"
+    )
+    assert "hidden_size" not in message and "must be" not in message, (
+        f"the architecture comes first, before field problems, got: {message}"
+    )

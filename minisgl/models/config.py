@@ -12,6 +12,7 @@ change inference; `check_supported` there refuses a config the engine would run 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from .config_rules import (  # noqa: F401  (re-exported: the field lists, for te
     REFUSED_FIELDS,
     ROPE_TYPES,
     SUPPORTED_ARCHITECTURES,
+    WINDOWED_ARCHITECTURES,
     RopeScaling,
     check_supported,
     rope_scaling_from_hf,
@@ -52,6 +54,10 @@ class ModelConfig:
     eos_token_ids: Tuple[int, ...] = ()  # generation stops after any of them; () for none
     mlp_bias: bool = False  # biases on gate, up and down (Llama's mlp_bias)
     rope_scaling: RopeScaling | None = None  # None: plain RoPE
+    # Mistral's attention window (tokens), None for none; set by from_dir. A token sees itself and
+    # the window - 1 before it: all of a sequence no longer than the window, so the engine runs it
+    # only with a context length <= the window (minisgl/engine/context.py)
+    sliding_window: int | None = None
 
     @classmethod
     def from_hf(cls, raw: Dict[str, Any]) -> "ModelConfig":
@@ -127,4 +133,8 @@ class ModelConfig:
             check_supported(raw)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
-        return cls.from_hf(raw)
+        config = cls.from_hf(raw)
+        arch = next(a for a in raw["architectures"] if a in SUPPORTED_ARCHITECTURES)
+        if arch in WINDOWED_ARCHITECTURES and raw.get("sliding_window") is not None:
+            config = dataclasses.replace(config, sliding_window=raw["sliding_window"])
+        return config
