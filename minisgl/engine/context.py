@@ -53,8 +53,7 @@ def plan_pool(
         # RoPE's frequencies and the attention kernels are trained and checked up to the model's
         # limit: past it a step would index out of range or silently go wrong.
         raise ValueError(
-            f"max_seq_len_override={override} exceeds the model's max_position_embeddings "
-            f"({limit})"
+            f"max_seq_len_override={override} exceeds the model's max_position_embeddings ({limit})"
         )
     page_size = config.page_size
     if config.num_page_override is not None:
