@@ -65,6 +65,16 @@ def plan_pool(
             config, model, dtype, free_bytes, override or limit, override is not None
         )
     max_seq_len = override or min(limit, num_pages * page_size)
+    window = model.sliding_window
+    if window is not None and window < max_seq_len:
+        # Past the window a token would attend to more than the model was built to see: plausible
+        # but wrong tokens. Sliding-window attention is not implemented; a shorter context is exact.
+        raise ValueError(
+            f"MistralForCausalLM with sliding_window={window} is not supported at the context "
+            f"length {max_seq_len}: sliding-window attention is not implemented; it runs exactly "
+            f"with max_seq_len_override <= {window} (LLM(max_seq_len_override=...), "
+            "--max-seq-len), or a checkpoint whose sliding_window is null"
+        )
     return PoolPlan(num_pages, max_seq_len)
 
 
