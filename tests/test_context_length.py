@@ -106,3 +106,25 @@ def test_a_gpu_pool_leaves_room_for_the_tables():
                 f"limit {limit}, override {override}: the pool and tables take {used:,} bytes "
                 f"of a {free * 0.5:,.0f}-byte share"
             )
+
+
+@pytest.mark.gpu
+def test_a_huge_position_limit_on_a_gpu_fits_the_memory_share(tmp_path):
+    # The pool takes a share of free memory and the tables come out of the same share: with a
+    # limit of 2**31 - 1 the context length is what the pool holds, and nothing outgrows the share.
+    model = with_limit(tmp_path, 2**31 - 1)
+    torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info()[0]
+    llm = LLM(model, device="cuda", dtype=torch.float32, memory_ratio=0.02, max_running_req=4)
+    engine = llm.engine
+    assert engine.max_seq_len == engine.num_pages * engine.page_size, (
+        f"context {engine.max_seq_len}, pool {engine.num_pages * engine.page_size} tokens"
+    )
+    assert set(tables_of(llm).values()) == {engine.max_seq_len}, tables_of(llm)
+    used = free_before - torch.cuda.mem_get_info()[0]
+    assert used < 0.02 * free_before + 2**28, (
+        f"the engine took {used:,} bytes, more than its share of {0.02 * free_before:,.0f} "
+        "(plus room for the weights and kernels)"
+    )
+    got = [o["token_ids"] for o in llm.generate(PROMPTS, greedy(8))]
+    assert_tokens_equal(got, hf_greedy(PROMPTS, 8, model=checkpoint("llama")), "on a GPU")

@@ -36,18 +36,19 @@ def raise_at(llm, kind: str, nth: int, error: BaseException):
 
 
 def interrupt_model_at(llm, nth: int):
-    """Ctrl-C arriving while the model computes its `nth` forward (prefill 1, then decodes)."""
-    model, calls = llm.engine.model, [0]
-    forward = model.forward
+    """Ctrl-C arriving while the model computes its `nth` step (prefill 1, then decodes; eager or
+    a CUDA graph's replay)."""
+    engine, calls = llm.engine, [0]
+    run_model = engine.run_model
 
-    def interrupted():
+    def interrupted(batch):
         calls[0] += 1
         if calls[0] == nth:
             raise KeyboardInterrupt
-        return forward()
+        return run_model(batch)
 
-    model.forward = interrupted
-    return lambda: setattr(model, "forward", forward)
+    engine.run_model = interrupted
+    return lambda: delattr(engine, "run_model")
 
 
 def interrupt_sampler_at(llm, nth: int):
@@ -61,7 +62,7 @@ def interrupt_sampler_at(llm, nth: int):
         return sample(*args, **kw)
 
     sampler.sample = interrupted
-    return lambda: setattr(sampler, "sample", sample)
+    return lambda: delattr(sampler, "sample")
 
 
 INJECTIONS = {
