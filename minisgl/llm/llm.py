@@ -180,7 +180,7 @@ class LLM(Scheduler):
             with generation_progress(self, uids, [p.max_tokens for p in params], progress):
                 self.run_until_idle()
         except BaseException as e:  # Ctrl-C too: the engine must not keep half of this call
-            recover.reset_to_idle(self, uids, e)
+            recover.reset_to_idle(self, self._queue, self.results, uids, e)
             raise
         outputs = []
         for uid in uids:

@@ -19,33 +19,41 @@ call's own (one of their tokens may have been lost with the interrupted step): e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, Dict, List
 
 if TYPE_CHECKING:
-    from .llm import LLM
+    from minisgl.scheduler import QueueIO, Scheduler
+
+    from .llm import RequestResult
 
 
-def reset_to_idle(llm: "LLM", uids: List[int], error: BaseException) -> None:
+def reset_to_idle(
+    scheduler: "Scheduler",
+    queue: "QueueIO",
+    results: "Dict[int, RequestResult]",
+    uids: List[int],
+    error: BaseException,
+) -> None:
     """Put the engine back to idle after `error` interrupted the call whose requests are `uids`,
-    wherever it stopped them."""
+    wherever it stopped them: `scheduler`'s state, the messages in `queue` and the `results`."""
     # Whatever is still queued on the device must land before its pages and rows are reused.
-    llm.engine.synchronize()
-    llm.stream.synchronize()
-    llm._last_data = None
-    llm._queue.clear()
-    llm.prefill_manager.pending.clear()
-    llm.decode_manager.running.clear()
-    llm._live.clear()
-    llm.finished_reqs = set()
-    llm._deferred_slots.clear()
-    llm.table_manager.free_all()
-    llm.cache_manager.reset_to_cached()
+    scheduler.engine.synchronize()
+    scheduler.stream.synchronize()
+    scheduler._last_data = None
+    queue.clear()
+    scheduler.prefill_manager.pending.clear()
+    scheduler.decode_manager.running.clear()
+    scheduler._live.clear()
+    scheduler.finished_reqs = set()
+    scheduler._deferred_slots.clear()
+    scheduler.table_manager.free_all()
+    scheduler.cache_manager.reset_to_cached()
     for uid in uids:
-        llm.results.pop(uid, None)
+        results.pop(uid, None)
     reason = (
         f"interrupted: {type(error).__name__} raised inside LLM.generate stopped the engine "
         "with this request unfinished"
     )
-    for result in llm.results.values():
+    for result in results.values():
         if not result.finished:
             result.error, result.finished = reason, True
