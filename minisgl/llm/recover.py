@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List
 
+from minisgl.scheduler.reset import reset_to_idle as scheduler_reset_to_idle
+
 if TYPE_CHECKING:
     from minisgl.scheduler import QueueIO, Scheduler
 
@@ -36,18 +38,8 @@ def reset_to_idle(
 ) -> None:
     """Put the engine back to idle after `error` interrupted the call whose requests are `uids`,
     wherever it stopped them: `scheduler`'s state, the messages in `queue` and the `results`."""
-    # Whatever is still queued on the device must land before its pages and rows are reused.
-    scheduler.engine.synchronize()
-    scheduler.stream.synchronize()
-    scheduler._last_data = None
+    scheduler_reset_to_idle(scheduler)
     queue.clear()
-    scheduler.prefill_manager.pending.clear()
-    scheduler.decode_manager.running.clear()
-    scheduler._live.clear()
-    scheduler.finished_reqs = set()
-    scheduler._deferred_slots.clear()
-    scheduler.table_manager.free_all()
-    scheduler.cache_manager.reset_to_cached()
     for uid in uids:
         results.pop(uid, None)
     reason = (
