@@ -19,20 +19,18 @@ call's own (one of their tokens may have been lost with the interrupted step): e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from minisgl.scheduler.reset import reset_to_idle as scheduler_reset_to_idle
 
 if TYPE_CHECKING:
     from minisgl.scheduler import QueueIO, Scheduler
 
-    from .llm import RequestResult
-
 
 def reset_to_idle(
     scheduler: "Scheduler",
     queue: "QueueIO",
-    results: "Dict[int, RequestResult]",
+    results: Dict[int, Any],  # uid -> the LLM's RequestResult
     uids: List[int],
     error: BaseException,
 ) -> None:
