@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything chapter 11 needs from a GPU machine, in one go (run from the repository root):
-#   bash benchmarks/gpu_check.sh [tests] [bench] [serve] [suite] | all   -> logs under $OUT (default ./gpu_out)
+#   bash benchmarks/gpu_check.sh [tests] [edges] [bench] [serve] [suite] | all   -> logs under $OUT (default ./gpu_out)
 # The server's packages (fastapi, uvicorn, pyzmq, openai, ...) must be importable: on a machine without
 # network, install wheels downloaded elsewhere first (pip install --no-index --find-links DIR ...).
 # suite = the whole test suite and the judge's self-check side by side, then the ch11 judge, all on cuda.
@@ -33,6 +33,11 @@ if want tests; then
   fi
   part "GPU tests (tests/test_ch11_gpu.py)"
   timeout 200 $py -m pytest -q -rfE --device cuda tests/test_ch11_gpu.py -k "not triton_decode and not triton_prefill and not fused_elementwise" 2>&1 | tee "$OUT/gpu_tests.txt"
+fi
+if want edges; then
+  part "engine edges on cuda: context length, threads, interrupted generate, Mistral (issue 29)"
+  timeout 300 $py -m pytest -q -rfE --device cuda tests/test_context_length.py tests/test_llm_threads.py \
+    tests/test_interrupted_generate.py tests/test_checkpoints.py 2>&1 | tee "$OUT/edges.txt"
 fi
 if want bench; then
   part "ablation benchmark"

@@ -138,6 +138,15 @@ RECIPES: Dict[str, tuple] = {
         {},
         _to_transformers_4_moe_layout,
     ),
+    # Llama's math; the window null, or longer than any sequence the tests run (the engine's context
+    # length is at most max_position_embeddings, 256)
+    "mistral": ("MistralConfig", dict(SMALL, sliding_window=None), {}, None),
+    "mistral-window-4096": (
+        "MistralConfig",
+        dict(SMALL, sliding_window=4096, tie_word_embeddings=True),
+        {},
+        None,
+    ),
 }
 
 

@@ -103,10 +103,10 @@ def test_llama_config_is_recognized():
 
 def test_the_first_supported_architecture_is_used():
     cfg = ModelConfig.from_hf(
-        {**TRANSFORMERS_5, "architectures": ["MistralForCausalLM", "LlamaForCausalLM"]}
+        {**TRANSFORMERS_5, "architectures": ["GPT2LMHeadModel", "LlamaForCausalLM"]}
     )
     assert cfg.architecture == "llama", (
-        f"architectures [Mistral (unsupported), Llama]: expected 'llama', got {cfg.architecture!r}"
+        f"architectures [GPT-2 (unsupported), Llama]: expected 'llama', got {cfg.architecture!r}"
     )
 
 
@@ -209,9 +209,9 @@ def test_config_of_the_test_model_agrees_with_transformers():
     assert_config(cfg, config_of(MODEL), "the test model's config.json")
 
 
-@pytest.mark.parametrize("arch", [["MistralForCausalLM"], [], None])
+@pytest.mark.parametrize("arch", [["GPT2LMHeadModel"], [], None])
 def test_unsupported_architecture_raises(arch):
-    with pytest.raises(ValueError, match="MistralForCausalLM" if arch else None):
+    with pytest.raises(ValueError, match="GPT2LMHeadModel" if arch else None):
         ModelConfig.from_hf({**TRANSFORMERS_5, "architectures": arch})
 
 

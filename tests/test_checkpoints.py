@@ -1,10 +1,11 @@
 """Real checkpoints load right or are refused.
 
 - The parity matrix: small random checkpoints that transformers wrote (tests/checkpoints.py: Qwen3,
-  Llama, Qwen2, Qwen3-MoE (more of it in test_moe.py); tied and untied, bfloat16, head_dim !=
-  hidden / heads, one KV head, biases, Llama-3 RoPE scaling, sharded, the transformers-4 layout)
-  give transformers' greedy tokens in every mode: overlap on and off, page sizes 1 and 4, chunked
-  prefill, the naive cache and a warm radix cache.
+  Llama, Qwen2, Mistral, Qwen3-MoE (more of it in test_moe.py); tied and untied, bfloat16,
+  head_dim != hidden / heads, one KV head, biases, Llama-3 RoPE scaling, sharded, the
+  transformers-4 layout, a Mistral window null or longer than the context) give transformers'
+  greedy tokens in every mode: overlap on and off, page sizes 1 and 4, chunked prefill, the
+  naive cache and a warm radix cache.
 - Every field of the supported architectures' configs is either read, refused unless harmless, or
   known to change nothing (minisgl/models/config.py), and a refused one is named.
 - End of generation as transformers does it: every id of an EOS list, generation_config.json.
@@ -87,7 +88,13 @@ def test_every_config_field_of_the_supported_architectures_is_decided():
     import transformers
 
     undecided = {}
-    for cls_name in ("Qwen3Config", "LlamaConfig", "Qwen2Config", "Qwen3MoeConfig"):
+    for cls_name in (
+        "Qwen3Config",
+        "LlamaConfig",
+        "Qwen2Config",
+        "MistralConfig",
+        "Qwen3MoeConfig",
+    ):
         fields = set(getattr(transformers, cls_name)().to_dict())
         rest = sorted(fields - READ_FIELDS - REFUSED_FIELDS - NO_EFFECT_FIELDS)
         if rest:
@@ -128,6 +135,7 @@ REFUSED = [
     ({"architectures": None}, "architectures"),
     ({"architectures": "Qwen3ForCausalLM"}, "architectures"),
     ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
+    ({"sliding_window": "4096"}, "sliding_window"),
     # this file has rope_parameters (transformers 5); a transformers-4 entry saying otherwise
     ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling"),
 ]
@@ -338,4 +346,71 @@ def test_a_broken_generation_config_is_named(tmp_path):
         LLM(model, device="cpu")
     assert "generation_config.json" in str(e.value) and "temperature" in str(e.value), (
         f"the error should name the file and the field, got: {e.value}"
+    )
+
+
+# ---------------------------------------------------------------- the architecture first
+
+
+@pytest.mark.parametrize(
+    "cls_name,arch",
+    [("GPT2Config", "GPT2LMHeadModel"), ("Qwen3Config", "GPTNeoXForCausalLM")],
+    ids=["gpt2", "unknown-with-qwen3-fields"],
+)
+def test_an_unsupported_architecture_is_named_before_any_field(tmp_path, cls_name, arch):
+    # A GPT-2 config has none of the fields a Llama-style one has (n_embd, not hidden_size): the
+    # first thing wrong is that the engine has no such model, and the error says so, naming the
+    # models it has, rather than a missing field.
+    import transformers
+
+    raw = getattr(transformers, cls_name)(architectures=[arch]).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError) as e:
+        ModelConfig.from_dir(tmp_path)
+    message = str(e.value)
+    assert arch in message and "LlamaForCausalLM" in message, (
+        f"the error should name the architecture {arch!r} and the supported ones, got: {message}"
+    )
+    assert "hidden_size" not in message and "must be" not in message, (
+        f"the architecture comes first, before field problems, got: {message}"
+    )
+
+
+# ---------------------------------------------------------------- Mistral's sliding window
+
+
+def windowed_mistral(tmp_path, window: int) -> Path:
+    model = tmp_path / f"mistral-window-{window}"
+    if not model.is_dir():
+        shutil.copytree(checkpoint("mistral"), model)
+        raw = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**raw, "sliding_window": window}))
+    return model
+
+
+def test_a_mistral_window_shorter_than_the_context_length_is_refused_by_name(tmp_path):
+    # Past the window a token would see more than the model was built to: plausible, wrong tokens.
+    with pytest.raises(ValueError) as e:
+        LLM(windowed_mistral(tmp_path, 16), device="cpu", max_seq_len_override=17)
+    message = str(e.value)
+    assert "MistralForCausalLM" in message and "sliding_window=16" in message, (
+        f"the error should name the architecture and its window, got: {message}"
+    )
+    assert "context length 17" in message and "max_seq_len_override <= 16" in message, (
+        f"the error should say the context length and how to run it exactly, got: {message}"
+    )
+
+
+def test_a_mistral_window_covering_the_context_length_gives_transformers_tokens(tmp_path):
+    # A context of at most the window: every token sees all before it, as Llama's math does. The
+    # window matters (the test has teeth): past it, transformers' tokens differ from the full view.
+    model = windowed_mistral(tmp_path, 8)
+    short, long_ = [prompts()[0][:4]], [prompts()[1]]
+    llm = build_llm(model, max_seq_len_override=8)
+    got = [o["token_ids"] for o in llm.generate(short, greedy(4))]
+    assert_tokens_equal(got, hf_greedy(short, 4, model=model), "Mistral, window 8, context 8")
+    full = hf_greedy(long_, NEW_TOKENS, model=checkpoint("mistral"))
+    assert hf_greedy(long_, NEW_TOKENS, model=model) != full, (
+        "a window of 8 under a 19-token prompt should change transformers' tokens: the test "
+        "model is too small to show the window"
     )

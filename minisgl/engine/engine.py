@@ -24,6 +24,7 @@ from minisgl.models.limits import ModelLimits
 from minisgl.utils import DeviceKit, Event, resolve_device
 
 from .config import EngineConfig
+from .context import plan_pool
 from .sampler import BatchSamplingArgs, Sampler
 
 Index2D = Tuple[torch.Tensor, torch.Tensor]  # (rows, columns) into the token pool
@@ -67,19 +68,21 @@ class Engine:
             self.dtype = config.dtype
         else:  # a CPU has no fast bf16 matmul; a GPU runs the checkpoint's own dtype
             self.dtype = self.model_config.dtype if self.kit.is_cuda else torch.float32
-        self.model = load_model(config.model_path, self.dtype, self.device)
-        # context length, vocabulary, end ids, sampling defaults: what the scheduler's intake and
-        # the server's tokenizer worker judge requests by
-        self.limits = ModelLimits.resolve(
-            config.model_path, self.model_config, config.max_seq_len_override
-        )
-        self.max_seq_len = self.limits.context_len
+        # RoPE's table waits for the context length, which on a GPU depends on the memory left
+        # once the weights are in (context.py).
+        self.model = load_model(config.model_path, self.dtype, self.device, max_positions=0)
 
     def _allocate_pools(self, config: EngineConfig) -> None:
         """The KV cache, the page table and the token pool, sized for the backend chosen here."""
         cfg = self.model_config
         self.page_size = config.page_size
-        self.num_pages = config.num_page_override or self._auto_num_pages()
+        free = torch.cuda.mem_get_info(self.device)[0] if self.kit.is_cuda else None
+        plan = plan_pool(config, cfg, self.dtype, free)
+        self.num_pages, self.max_seq_len = plan.num_pages, plan.max_seq_len  # context length
+        self.model.size_rotary(self.max_seq_len, self.device)
+        # context length (the engine's: plan_pool may cap the model's by the pool), vocabulary, end
+        # ids, sampling defaults: what the scheduler's intake judges requests by
+        self.limits = ModelLimits.resolve(config.model_path, cfg, self.max_seq_len)
         # Per engine: the config's choice, else the environment's default (minisgl/env.py).
         self.backend_name = resolve_backend_name(
             config.attention_backend or str(ENV.ATTENTION_BACKEND.value),
@@ -171,16 +174,6 @@ class Engine:
             return self.graph_runner.replay(batch)
         with self.ctx.forward_batch(batch):
             return self.model.forward()
-
-    def _auto_num_pages(self) -> int:
-        cfg = self.model_config
-        if not self.kit.is_cuda:
-            return max(1, self.config.cpu_kv_tokens // self.page_size)
-        free, _ = torch.cuda.mem_get_info(self.device)
-        per_page = KVCache.bytes_per_page(
-            cfg.num_layers, self.page_size, cfg.num_kv_heads, cfg.head_dim, self.dtype
-        )
-        return max(1, int(free * self.config.memory_ratio) // per_page)
 
     def empty_output(self) -> ForwardOutput:
         """The output of a step that computed nothing (its batch failed): no tokens, done at

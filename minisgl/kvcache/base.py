@@ -62,3 +62,7 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def check_integrity(self) -> None:
         """Raise AssertionError if the cache's bookkeeping contradicts its contents."""
+
+    def unlock_all(self) -> None:
+        """Drop every lock, with no request running (after an interrupted run). A cache that
+        keeps no locks has nothing to do."""

@@ -239,6 +239,13 @@ class RadixPrefixCache(BasePrefixCache):
     def protected_size(self) -> int:
         return self._protected
 
+    def unlock_all(self) -> None:
+        """Drop every lock (an interrupted run left some behind, with no request running)."""
+        for node in self._nodes():
+            node.ref_count = 0
+        self._evictable += self._protected
+        self._protected = 0
+
     def _nodes(self) -> List[RadixNode]:
         out, stack = [], [self.root]
         while stack:

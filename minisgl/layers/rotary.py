@@ -29,6 +29,17 @@ class RotaryEmbedding:
         )
         if scaling is not None:
             inv_freq = llama3_scaled(inv_freq, scaling)
+        self._inv_freq = inv_freq
+        self.resize(max_position, device)
+
+    @property
+    def max_position(self) -> int:
+        return self._cos.shape[0]
+
+    def resize(self, max_position: int, device: torch.device) -> None:
+        """Recompute the table for positions [0, max_position) on `device`. The engine sizes it by
+        its context length, not by the model's limit (which may be 2**31 - 1)."""
+        inv_freq = self._inv_freq.to(device)
         t = torch.arange(max_position, dtype=torch.float32, device=device)
         freqs = torch.outer(t, inv_freq)  # [max_position, head_dim // 2]
         self._cos = freqs.cos()

@@ -9,6 +9,7 @@ exposes the pieces a test or a notebook needs to drive the engine step by step: 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Sequence
@@ -21,7 +22,7 @@ from minisgl.models import BUNDLED_MODEL
 from minisgl.models.tokenizer import load_tokenizer
 from minisgl.scheduler import QueueIO, Scheduler, SchedulerConfig
 
-from . import inputs
+from . import inputs, recover
 from .progress_bar import generation_progress
 
 Prompt = str | Sequence[int]
@@ -51,6 +52,11 @@ class LLM(Scheduler):
         self.tokenizer = load_tokenizer(model_dir)
         self.results: Dict[int, RequestResult] = {}
         self._next_uid = 0
+        # One caller at a time: generate (and the step-by-step methods) from several threads wait
+        # for each other; a web app's thread pool gets every answer right. Re-entrant, so generate
+        # may call step; `_generating` refuses a generate nested in a running one.
+        self._lock = threading.RLock()
+        self._generating = False
 
     # ------------------------------------------------------------------ requests
 
@@ -66,7 +72,8 @@ class LLM(Scheduler):
         """Queue one request; returns its uid. Raises TypeError or ValueError (and queues nothing)
         if it can never run."""
         ids, params = self._admitted(prompt, inputs.sampling_list(params, 1)[0])
-        return self._enqueue(ids, params)
+        with self._lock:
+            return self._enqueue(ids, params)
 
     def _admitted(self, prompt: Prompt, params: SamplingParams):
         """The prompt's ids and its settings with the model's defaults, through the scheduler's
@@ -85,12 +92,13 @@ class LLM(Scheduler):
 
     def abort(self, uid: int) -> None:
         """Stop request `uid`. It receives no further tokens."""
-        if uid not in self.results:
-            raise ValueError(f"unknown request uid {uid}")
-        result = self.results[uid]
-        if not result.finished:
-            result.aborted = result.finished = True
-            self._queue.put(AbortBackendMsg(uid=uid))
+        with self._lock:
+            if uid not in self.results:
+                raise ValueError(f"unknown request uid {uid}")
+            result = self.results[uid]
+            if not result.finished:
+                result.aborted = result.finished = True
+                self._queue.put(AbortBackendMsg(uid=uid))
 
     def _on_reply(self, msgs: List[DetokenizeMsg]) -> None:
         for msg in msgs:
@@ -109,6 +117,10 @@ class LLM(Scheduler):
     def busy(self) -> bool:
         """Work remains: queued messages, unfinished requests, or a batch in flight."""
         return self.in_flight or self.has_work or self._queue.pending > 0
+
+    def step(self) -> None:
+        with self._lock:
+            super().step()
 
     def run_until_idle(self, max_idle_steps: int = 3) -> None:
         idle = 0
@@ -131,8 +143,27 @@ class LLM(Scheduler):
         """Run every prompt to completion; returns [{"text", "token_ids"}] in prompt order (plus
         "error" for a request the scheduler refused or whose step failed). `progress`: a bar
         counting tokens, True to show it, False never; None (default) shows it for runs longer than
-        two seconds in a notebook
-        or a terminal, never under pytest or CI (minisgl/llm/progress_bar.py, MINISGL_PROGRESS)."""
+        two seconds in a notebook or a terminal, never under pytest or CI
+        (minisgl/llm/progress_bar.py, MINISGL_PROGRESS).
+
+        Calls from several threads run one after another, each with its own right answer. A call
+        made from inside a running one (an event subscriber's) is refused with RuntimeError. An
+        exception inside the call (Ctrl-C, a subscriber's error) leaves the engine as it was before
+        the call (minisgl/llm/recover.py) and propagates."""
+        with self._lock:
+            if self._generating:
+                raise RuntimeError(
+                    "LLM.generate was called from inside a running generate (from an event "
+                    "subscriber or a progress hook?): the engine runs one call at a time; call it "
+                    "after the running one returns"
+                )
+            self._generating = True
+            try:
+                return self._generate(prompts, sampling_params, progress)
+            finally:
+                self._generating = False
+
+    def _generate(self, prompts, sampling_params, progress) -> List[Dict]:
         prompts = inputs.prompt_list(prompts)
         params = inputs.sampling_list(sampling_params, len(prompts))
         # Check every prompt before queueing any, so a bad one loses nothing.
@@ -142,10 +173,15 @@ class LLM(Scheduler):
                 admitted.append(self._admitted(prompt, p))
             except (TypeError, ValueError) as e:
                 raise type(e)(f"prompt {i}: {e}") from None
-        uids = [self._enqueue(ids, p) for ids, p in admitted]
         params = [p for _, p in admitted]
-        with generation_progress(self, uids, [p.max_tokens for p in params], progress):
-            self.run_until_idle()
+        uids: List[int] = []
+        try:
+            uids.extend(self._enqueue(ids, p) for ids, p in admitted)
+            with generation_progress(self, uids, [p.max_tokens for p in params], progress):
+                self.run_until_idle()
+        except BaseException as e:  # Ctrl-C too: the engine must not keep half of this call
+            recover.reset_to_idle(self, self._queue, self.results, uids, e)
+            raise
         outputs = []
         for uid in uids:
             r = self.results.pop(uid)

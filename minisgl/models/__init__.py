@@ -25,13 +25,23 @@ _CLASSES = {
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "shakespeare-qwen3"
 
 
-def create_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> CausalLM:
-    return _CLASSES[cfg.architecture](cfg, dtype, device)
+def create_model(
+    cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int | None = None
+) -> CausalLM:
+    """`max_positions`: the length of RoPE's table (None: the model's max_position_embeddings)."""
+    return _CLASSES[cfg.architecture](cfg, dtype, device, max_positions)
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> CausalLM:
+def load_model(
+    model_dir: str | Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int | None = None,
+) -> CausalLM:
+    """`max_positions` as in create_model; the engine passes 0 and sizes the table by its context
+    length once it knows it (`CausalLM.size_rotary`)."""
     cfg = ModelConfig.from_dir(model_dir)
-    model = create_model(cfg, dtype, torch.device("meta"))
+    model = create_model(cfg, dtype, torch.device("meta"), max_positions)
     load_weight(model, model_dir, device)
     model.move_rotary(device)
     return model

@@ -25,6 +25,7 @@ from .config_rules import (  # noqa: F401  (re-exported: the field lists, for te
     REFUSED_FIELDS,
     ROPE_TYPES,
     SUPPORTED_ARCHITECTURES,
+    WINDOWED_ARCHITECTURES,
     RopeScaling,
     check_supported,
     rope_scaling_from_hf,
@@ -54,6 +55,10 @@ class ModelConfig:
     mlp_bias: bool = False  # biases on gate, up and down (Llama's mlp_bias)
     rope_scaling: RopeScaling | None = None  # None: plain RoPE
     moe: MoeConfig | None = None  # the experts of a mixture-of-experts model; None: dense
+    # Mistral's attention window (tokens), None for none; set by from_dir. A token sees itself and
+    # the window - 1 before it: all of a sequence no longer than the window, so the engine runs it
+    # only with a context length <= the window (minisgl/engine/context.py)
+    sliding_window: int | None = None
 
     @classmethod
     def from_hf(cls, raw: Dict[str, Any]) -> "ModelConfig":
@@ -129,7 +134,11 @@ class ModelConfig:
             check_supported(raw)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
-        return cls.with_experts(cls.from_hf(raw), raw)
+        config = cls.with_experts(cls.from_hf(raw), raw)
+        arch = next(a for a in raw["architectures"] if a in SUPPORTED_ARCHITECTURES)
+        if arch in WINDOWED_ARCHITECTURES and raw.get("sliding_window") is not None:
+            config = replace(config, sliding_window=raw["sliding_window"])
+        return config
 
     @staticmethod
     def with_experts(cfg: "ModelConfig", raw: Dict[str, Any]) -> "ModelConfig":

@@ -19,7 +19,13 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    # Llama's math with a sliding window: exact while the window covers the engine's context
+    # length (minisgl/engine/context.py refuses it by name otherwise)
+    "MistralForCausalLM": "llama",
 }
+# Architectures whose `sliding_window` is on whenever it is set (Qwen2/3 also need
+# use_sliding_window)
+WINDOWED_ARCHITECTURES = ("MistralForCausalLM",)
 
 # Read by ModelConfig.from_hf (or by the loader: the weights' names and shapes follow from them).
 READ_FIELDS = frozenset(
@@ -150,6 +156,13 @@ def check_supported(raw: Dict[str, Any]) -> None:
             f"{raw.get('model_type')!r}); the engine picks the model from it, one of "
             f"{sorted(SUPPORTED_ARCHITECTURES)}"
         )
+    # The model decides what every other field means: an unknown one is named before any field
+    # (a GPT-2 config has n_embd, not hidden_size; "hidden_size missing" would mislead).
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise ValueError(
+            f"unsupported architectures {archs!r} (model_type {raw.get('model_type')!r}); "
+            f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+        )
     if raw.get("quantization_config"):
         method = raw["quantization_config"]
         method = method.get("quant_method", method) if isinstance(method, dict) else method
@@ -204,7 +217,7 @@ _FIELD_RULES: Tuple[Tuple[str, str, Callable[[Any], bool], bool], ...] = (
         "num_attention_heads",
     )),
     *((n, "a positive integer or null", _positive_int, False) for n in (
-        "num_key_value_heads", "head_dim", "max_position_embeddings",
+        "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window",
     )),
     *((n, "a positive number or null", lambda v: _is_positive_number(v), False) for n in (
         "rms_norm_eps", "rope_theta",

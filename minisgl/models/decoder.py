@@ -80,11 +80,20 @@ class DecoderLayer(BaseOP):
 
 
 class DecoderBody(BaseOP):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
-        # The rotary table is computed for real even when the weights live on the meta device.
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_positions: int | None = None,
+    ) -> None:
+        # The rotary table is computed for real even when the weights live on the meta device. Its
+        # length: `max_positions` (the engine's context length), else the model's limit.
         rope_device = torch.device("cpu") if device.type == "meta" else device
+        if max_positions is None:
+            max_positions = cfg.max_position_embeddings
         self._rotary = RotaryEmbedding(
-            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, rope_device, cfg.rope_scaling
+            cfg.head_dim, max_positions, cfg.rope_theta, rope_device, cfg.rope_scaling
         )
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
         self.layers = OPList(
@@ -104,9 +113,15 @@ class CausalLM(BaseOP):
     """`forward()` runs the batch in the global context and returns logits for each request's next
     token: [num_reqs, vocab]."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_positions: int | None = None,
+    ) -> None:
         self._config = cfg
-        self.model = DecoderBody(cfg, dtype, device)
+        self.model = DecoderBody(cfg, dtype, device, max_positions)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype, device, tied_to=tied)
 
@@ -117,6 +132,11 @@ class CausalLM(BaseOP):
     def move_rotary(self, device: torch.device) -> None:
         rot = self.model._rotary
         rot._cos, rot._sin = rot._cos.to(device), rot._sin.to(device)
+
+    def size_rotary(self, max_positions: int, device: torch.device) -> None:
+        """RoPE's table for positions [0, max_positions), on `device` (the engine's context
+        length)."""
+        self.model._rotary.resize(max_positions, device)
 
     def forward(self) -> torch.Tensor:
         batch = get_global_ctx().batch

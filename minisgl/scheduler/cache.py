@@ -224,6 +224,15 @@ class CacheManager:
         self.unlock(handle)
         req.cache_handle = CacheHandle(0)
 
+    def reset_to_cached(self) -> None:
+        """With no request running (after an interrupted run): every page the prefix cache does not
+        hold is free, and nothing is locked, whatever the requests cut short held."""
+        self._lazy = None
+        self.prefix_cache.unlock_all()
+        cached = torch.unique(self.prefix_cache.all_indices().to(torch.int64) // self.page_size)
+        every = torch.arange(self.num_pages, dtype=torch.int64, device=self.device)
+        self.free_pages = every[~torch.isin(every, cached.to(self.device))].to(torch.int32)
+
     # ------------------------------------------------------------------ checks
 
     def held_pages(self, req: Req) -> torch.Tensor:

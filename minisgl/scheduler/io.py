@@ -30,6 +30,16 @@ class QueueIO:
         """Messages put but not yet received by the scheduler."""
         return len(self._inbox)
 
+    def clear(self) -> None:
+        self._inbox.clear()
+
+    def drop(self, uid: int) -> bool:
+        """Take request `uid`'s messages out of the queue; True if there were any."""
+        kept = [m for m in self._inbox if getattr(m, "uid", None) != uid]
+        dropped = len(kept) != len(self._inbox)
+        self._inbox = deque(kept)
+        return dropped
+
     def receive(self, blocking: bool) -> List[BackendMsg]:
         # Offline there is nobody to wait for: a blocking receive with an empty inbox returns
         # nothing.

@@ -61,3 +61,8 @@ class TableManager:
             raise RuntimeError(f"request slot {idx} freed twice or never allocated")
         self._free.append(idx)
         self._events.emit("slot_free", table_idx=idx, uid=uid)
+
+    def free_all(self) -> None:
+        """Every row free again, as on a fresh manager (after an interrupted run, with no request
+        running)."""
+        self._free = list(range(self._max - 1, -1, -1))
