@@ -22,6 +22,7 @@ from minisgl.kvcache import KVCache
 from minisgl.models import ModelConfig, load_model
 from minisgl.models.limits import ModelLimits
 from minisgl.utils import DeviceKit, Event, resolve_device
+from minisgl.utils.threads import apply_thread_policy, matmul_params
 
 from .config import EngineConfig
 from .sampler import BatchSamplingArgs, Sampler
@@ -67,6 +68,8 @@ class Engine:
             self.dtype = config.dtype
         else:  # a CPU has no fast bf16 matmul; a GPU runs the checkpoint's own dtype
             self.dtype = self.model_config.dtype if self.kit.is_cuda else torch.float32
+        # Before the weights load (their conversion runs on these threads): minisgl/utils/threads.py
+        self.threads = apply_thread_policy(self.device.type, matmul_params(self.model_config))
         self.model = load_model(config.model_path, self.dtype, self.device)
         # context length, vocabulary, end ids, sampling defaults: what the scheduler's intake and
         # the server's tokenizer worker judge requests by
