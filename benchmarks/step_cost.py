@@ -13,9 +13,13 @@ import argparse
 import cProfile
 import pstats
 import statistics
+import sys
 import time
+from pathlib import Path
 
-from minisgl import LLM, SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's minisgl
+
+from minisgl import LLM, SamplingParams  # noqa: E402
 
 
 def decode_steps(llm: LLM, n: int, steps: int, profile: bool = False):

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's minisgl, not an installed one
 
 CHILD = """
 import json, sys, time
