@@ -199,6 +199,12 @@ def serve(preload: List[str]) -> None:
             importlib.import_module(name)
         except Exception:
             pass  # not installed here (e.g. no transformers): the child imports what it needs
+    if "torch" in sys.modules and "minisgl" in sys.modules:
+        # The engine's thread policy before the first fork, so every child starts with it
+        # (inter-op threads can be set only once, before any parallel work).
+        from minisgl.utils.threads import apply_thread_policy
+
+        apply_thread_policy()
     gc.freeze()  # the preloaded objects: never collected again, and never copied by a child's gc
     print("ready", flush=True)
     # One thread only (a fork copies no other thread, and no lock one of them might hold): poll

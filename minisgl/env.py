@@ -33,6 +33,7 @@ class Setting:
     )
     default: str | None = None  # the value when unset or empty; None: as `doc` says
     flag: bool = False  # on/off: `allowed` is TRUE + FALSE and the value a bool
+    count: bool = False  # a positive integer (its value an int) is allowed besides `allowed`
 
     def parse(self, raw: str | None):
         """The value of `raw`, the variable's text (None or blank: the default). A flag gives a
@@ -42,6 +43,8 @@ class Setting:
         if text is None or self.allowed is None:
             return text
         value = text.lower()
+        if self.count and value.isdigit() and int(value) > 0:
+            return int(value)
         if value not in self.allowed:
             # A typo must not silently mean the opposite of what was meant.
             raise SettingError(f"{self.name}={raw!r}: use one of {self.allowed_text()}")
@@ -53,6 +56,8 @@ class Setting:
     def allowed_text(self) -> str:
         if self.flag:
             return f"{', '.join(TRUE)} (on) or {', '.join(FALSE)} (off)"
+        if self.count:
+            return f"{', '.join(self.allowed)} or a positive integer"
         return ", ".join(self.allowed) if self.allowed is not None else "a path"
 
 
@@ -103,6 +108,17 @@ PROGRESS = Setting(
     "auto",
 )
 
+THREADS = Setting(
+    "MINISGL_THREADS",
+    "torch's intra-op threads in a process that runs the engine (minisgl/utils/threads.py): "
+    "`auto` picks from the model and the machine (one thread for small models, half the cores "
+    "for large ones on a CPU; an explicit OMP_NUM_THREADS wins), a number sets it, `keep` leaves "
+    "torch's own setting alone",
+    ("auto", "keep"),
+    "auto",
+    count=True,
+)
+
 # ---------------------------------------------------------------------- the tests' settings
 
 TEST_DEVICE = Setting(
@@ -127,6 +143,7 @@ ENGINE_SETTINGS = (
     ATTENTION_BACKEND,
     FUSED_KERNELS,
     PROGRESS,
+    THREADS,
 )
 SETTINGS = ENGINE_SETTINGS + (TEST_DEVICE, TEST_MODEL, CACHE_DIR)
 
@@ -151,6 +168,7 @@ class _Env:
         self.ATTENTION_BACKEND = Switch(ATTENTION_BACKEND.name, ATTENTION_BACKEND.read())
         self.FUSED_KERNELS = Switch(FUSED_KERNELS.name, FUSED_KERNELS.read())
         self.PROGRESS = Switch(PROGRESS.name, PROGRESS.read())
+        self.THREADS = Switch(THREADS.name, THREADS.read())
 
     def reload(self) -> None:
         """Read every switch again: a process forked after the import with another environment (the
@@ -173,6 +191,8 @@ def markdown_table(settings) -> str:
             if s.flag
             else (" / ".join(f"`{v}`" for v in s.allowed) if s.allowed else "a path")
         )
+        if s.count:
+            values += " / a positive integer"
         default = f"`{s.default}`" if s.default else "—"
         rows.append(f"| `{s.name}` | {values} | {default} | {s.doc} |")
     return "\n".join(rows)

@@ -11,6 +11,7 @@ import torch
 
 from minisgl import env
 from minisgl.env import ENV
+from minisgl.utils.threads import apply_thread_policy
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -23,9 +24,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The bundled model's matmuls are tiny: splitting them over threads costs more in wake-ups and
-    # spinning than it saves (several times more on a busy 2-core machine). One thread is fastest.
-    torch.set_num_threads(1)
+    # The engine's thread policy (minisgl/utils/threads.py), before any test computes: one thread
+    # for the bundled model, whose matmuls are too small to split; MINISGL_THREADS overrides it.
+    apply_thread_policy()
     dev = config.getoption("--device")
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"

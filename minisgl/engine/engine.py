@@ -22,6 +22,7 @@ from minisgl.kvcache import KVCache
 from minisgl.models import ModelConfig, load_model
 from minisgl.models.limits import ModelLimits
 from minisgl.utils import DeviceKit, Event, resolve_device
+from minisgl.utils.threads import apply_thread_policy, matmul_params
 
 from .config import EngineConfig
 from .context import plan_pool
@@ -68,6 +69,8 @@ class Engine:
             self.dtype = config.dtype
         else:  # a CPU has no fast bf16 matmul; a GPU runs the checkpoint's own dtype
             self.dtype = self.model_config.dtype if self.kit.is_cuda else torch.float32
+        # Before the weights load (their conversion runs on these threads): minisgl/utils/threads.py
+        self.threads = apply_thread_policy(self.device.type, matmul_params(self.model_config))
         # RoPE's table waits for the context length, which on a GPU depends on the memory left
         # once the weights are in (context.py).
         self.model = load_model(config.model_path, self.dtype, self.device, max_positions=0)

@@ -87,11 +87,13 @@ def run_tokenizer(args: ServerArgs, limits: ModelLimits, ready) -> None:
     import zmq
 
     from minisgl.models.tokenizer import load_tokenizer
+    from minisgl.utils.threads import apply_thread_policy
 
     from .chat import load_chat_template
     from .sockets import POLL_MS, Inbox, Outbox, ParentWatch
     from .tokenizer_worker import TokenizerWorker
 
+    apply_thread_policy()  # the scheduler's Engine applies it for its own process
     try:
         worker = TokenizerWorker(
             load_tokenizer(args.model),

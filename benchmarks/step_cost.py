@@ -1,0 +1,78 @@
+"""CPU time of one scheduler step in decode, at 1 and 32 requests, on the bundled model: the whole
+step, and the part outside the model's forward (batch building, metadata, sampling, result
+handling). CPU time (time.process_time), not wall time, so other programs on the machine disturb
+it less; the median of many steps.
+
+    python benchmarks/step_cost.py                 # default settings (overlap loop)
+    python benchmarks/step_cost.py --profile 32    # and a cProfile of 200 steps at 32 requests
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's minisgl
+
+from minisgl import LLM, SamplingParams  # noqa: E402
+
+
+def decode_steps(llm: LLM, n: int, steps: int, profile: bool = False):
+    """(whole step, outside the forward) CPU milliseconds, medians over `steps` decode steps."""
+    params = SamplingParams(max_tokens=steps + 16, ignore_eos=True)
+    for i in range(n):
+        llm.add_request([1 + (i * 7 + j) % 200 for j in range(8 + i % 5)], params)
+    forward_ms = []
+    run_model = llm.engine.run_model
+
+    def timed(batch):
+        t = time.process_time()
+        out = run_model(batch)
+        forward_ms.append((time.process_time() - t) * 1e3)
+        return out
+
+    llm.engine.run_model = timed
+    for _ in range(4):  # prefill, and the first decode steps
+        llm.step()
+    whole, outside = [], []
+    prof = cProfile.Profile() if profile else None
+    for _ in range(steps):
+        forward_ms.clear()
+        t = time.process_time()
+        if prof is not None:
+            prof.enable()
+        llm.step()
+        if prof is not None:
+            prof.disable()
+        ms = (time.process_time() - t) * 1e3
+        whole.append(ms)
+        outside.append(ms - sum(forward_ms))
+    llm.engine.run_model = run_model
+    while llm.busy:
+        llm.step()
+    if prof is not None:
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
+    return statistics.median(whole), statistics.median(outside)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--profile", type=int, default=None, help="cProfile the steps at this batch")
+    args = ap.parse_args()
+    llm = LLM(max_running_req=max(args.batches))
+    decode_steps(llm, 2, 8)  # warm-up
+    print(f"{'requests':>8} {'step CPU ms':>12} {'outside forward ms':>19}")
+    for n in args.batches:
+        whole, outside = decode_steps(llm, n, args.steps, profile=args.profile == n)
+        print(f"{n:>8} {whole:>12.2f} {outside:>19.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
