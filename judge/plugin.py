@@ -196,6 +196,8 @@ def _describe(excinfo: pytest.ExceptionInfo) -> Dict[str, Any]:
         message = excinfo.exconly()
         if isinstance(exc, pytest.fail.Exception):  # pytest.fail("..."): the test's own words
             message = message.removeprefix("Failed: ")
+        if isinstance(exc, NameError) and _raised_in_learner_code(exc):
+            message += NAME_ERROR_NOTE
     text = message
     timeout = isinstance(exc, BaseException) and "Timeout" in text and "pytest-timeout" in text
     if timeout:
@@ -349,6 +351,19 @@ def _chain(exc: BaseException) -> List[BaseException]:
         out.append(exc)
         exc = exc.__cause__ or exc.__context__
     return out
+
+
+NAME_ERROR_NOTE = (
+    " in your code as the judge runs it: it takes your exercise cells, cells tagged support and"
+    " the imports of names they use, not values set in other cells; define it in the exercise's"
+    " cell (or a support cell)"
+)
+
+
+def _raised_in_learner_code(exc: BaseException) -> bool:
+    """Whether the innermost frame of `exc` is the learner's code (not the engine's or a test's)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return _judge is not None and bool(frames) and frames[-1].filename in _judge.labels
 
 
 def _learner_frame(chain: List[BaseException]) -> str | None:
