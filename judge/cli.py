@@ -33,6 +33,15 @@ def notebooks_dir() -> Path:
     return Path(settings.NOTEBOOKS.read() or REPO / "notebooks")
 
 
+def _chapter_range() -> str:
+    """'ch00 .. ch15': the registry's chapters, so that --help stays true as chapters are added."""
+    try:
+        keys = list(load_registry().chapters)
+    except (RegistryError, SettingError, OSError):
+        return "chNN"
+    return f"{keys[0]} .. {keys[-1]}" if keys else "chNN"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python judge.py",
@@ -43,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         "python judge.py ch09 --hint | python judge.py ch11 --variant upstream | "
         "python judge.py --selfcheck ch09",
     )
-    p.add_argument("chapter", nargs="?", help="ch00 .. ch11 (or just 11)")
+    p.add_argument("chapter", nargs="?", help=f"a chapter: {_chapter_range()} (or just 11)")
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--file", type=Path, help="judge this Python file (top-level defs named like the targets)"
