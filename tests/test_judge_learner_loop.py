@@ -174,8 +174,9 @@ def test_help_names_every_chapter_of_the_registry():
 def test_the_readme_set_up_is_a_learners_and_ci_installs_the_rest():
     """The README's first command installs the learner's extra, which holds no site, browser or
     lint tools; CI installs [dev], which holds them; README says what the judge prints."""
-    import tomllib
     from pathlib import Path
+
+    from judge.registry import tomllib
 
     repo = Path(__file__).resolve().parent.parent
     extras = tomllib.loads((repo / "pyproject.toml").read_text())["project"][
