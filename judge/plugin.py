@@ -67,9 +67,10 @@ def pytest_configure(config: pytest.Config) -> None:
             Fatal("--device cuda, but there is no usable CUDA GPU here (use --device cpu, or auto)")
         )
         pytest.exit("no CUDA GPU", returncode=4)
-    from . import blocking, swap
+    from . import blocking, serving, swap
 
     blocking.install(_judge.labels)  # before the swap: `from time import sleep` gets it too
+    serving.hook_into_servers()  # a server a test starts serves the same code, in its 3 processes
     _judge.swapped = swap.apply(_judge.spec.units, _judge.test_dirs)
     report = _judge.swapped.report
     _judge.write(Swapped(report.problems, report.general))

@@ -76,10 +76,13 @@ class _Timer:
         Face), decides."""
         while frame is not None:
             name = frame.f_code.co_filename
-            if name in self.labels or name.startswith(self.dirs):
+            if name in self.labels:
                 return True
+            # before the engine's own dirs: a module of the engine may be one that only waits
             if self.not_counted and name.startswith(self.not_counted):
                 return False
+            if name.startswith(self.dirs):
+                return True
             frame = frame.f_back
         return False
 
@@ -241,6 +244,8 @@ def _package_dirs(packages: List[str]) -> List[str]:
         for d in (found.submodule_search_locations or []) if found else []:
             dirs.append(str(Path(d).resolve()) + os.sep)
             dirs.append(str(Path(d)) + os.sep)
+        if found and not found.submodule_search_locations and found.origin:  # a module: its file
+            dirs += [str(Path(found.origin).resolve()), str(found.origin)]
     return dirs
 
 

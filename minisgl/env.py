@@ -103,6 +103,13 @@ PROGRESS = Setting(
     "auto",
 )
 
+SERVER_INIT = Setting(
+    "MINISGL_SERVER_INIT",
+    "`module:function` that every process of `python -m minisgl serve` (the API server and its "
+    "two workers) calls before it builds anything; the judge sets it so that the learner's code "
+    "serves (minisgl/server/init.py)",
+)
+
 # ---------------------------------------------------------------------- the tests' settings
 
 TEST_DEVICE = Setting(
@@ -128,7 +135,7 @@ ENGINE_SETTINGS = (
     FUSED_KERNELS,
     PROGRESS,
 )
-SETTINGS = ENGINE_SETTINGS + (TEST_DEVICE, TEST_MODEL, CACHE_DIR)
+SETTINGS = ENGINE_SETTINGS + (SERVER_INIT, TEST_DEVICE, TEST_MODEL, CACHE_DIR)
 
 
 @dataclass
