@@ -189,3 +189,24 @@ def test_the_readme_set_up_is_a_learners_and_ci_installs_the_rest():
     assert 'pip install torch==2.13.0 -e ".[workbook]" && python judge.py ch11' in readme
     assert "not attempted yet" in readme and "not implemented yet" not in readme
     assert '-e ".[dev]"' in (repo / ".ci" / "run").read_text()
+
+
+def test_budgets_count_cpu_time_so_a_busy_machine_does_not_fail_correct_code(project, capsys):
+    """Correct code whose wall time a loaded machine stretches (here: it waits 1 s) passes a
+    0.5 s budget; code that spins for 1 s is stopped at it."""
+    (project / "budgets.json").write_text(
+        json.dumps({"floor": {"cpu": 0.5}, "default": {"cpu": 0.5}})
+    )
+    waits = "import time\n\n\ndef reason(at_end):\n    time.sleep(1.0)\n    return 'stop' if at_end else 'length'\n"  # noqa: E501
+    code, tests = run(project, capsys, SERVE_OK + "\n\n" + waits)
+    assert tests["test_reasons_are_the_apis"]["outcome"] == "passed", tests[
+        "test_reasons_are_the_apis"
+    ]
+    spins = waits.replace(
+        "time.sleep(1.0)",
+        "end = time.process_time() + 1.0\n    while time.process_time() < end:\n        pass",
+    )  # noqa: E501
+    code, tests = run(project, capsys, SERVE_OK + "\n\n" + spins)
+    assert tests["test_reasons_are_the_apis"]["outcome"] == "timeout", tests[
+        "test_reasons_are_the_apis"
+    ]
