@@ -43,8 +43,9 @@ FACTOR = 10.0  # x the reference's time: slow but correct code (a Python loop, a
 # A test with no measured time yet. On a GPU, until its times are measured, the old flat timeout:
 # its first runs compile Triton kernels and warm up CUDA, which the CPU's times know nothing of.
 DEFAULT = {"cpu": 30.0, "cuda": 120.0}
-# Not the engine's time even when the engine called them: compiling kernels, Hugging Face.
-NOT_COUNTED = ["triton", "transformers"]
+# Not the engine's time even when the engine called them: compiling kernels, Hugging Face; and a
+# test's live server starting and stopping (other processes do that work: this one only waits).
+NOT_COUNTED = ["triton", "transformers", "minisgl.server.background"]
 
 
 def path() -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import traceback
@@ -32,6 +33,15 @@ def notebooks_dir() -> Path:
     return Path(settings.NOTEBOOKS.read() or REPO / "notebooks")
 
 
+def _chapter_range() -> str:
+    """'ch00 .. ch15': the registry's chapters, so that --help stays true as chapters are added."""
+    try:
+        keys = list(load_registry().chapters)
+    except (RegistryError, SettingError, OSError):
+        return "chNN"
+    return f"{keys[0]} .. {keys[-1]}" if keys else "chNN"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python judge.py",
@@ -42,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         "python judge.py ch09 --hint | python judge.py ch11 --variant upstream | "
         "python judge.py --selfcheck ch09",
     )
-    p.add_argument("chapter", nargs="?", help="ch00 .. ch11 (or just 11)")
+    p.add_argument("chapter", nargs="?", help=f"a chapter: {_chapter_range()} (or just 11)")
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--file", type=Path, help="judge this Python file (top-level defs named like the targets)"
@@ -120,11 +130,23 @@ def _normalize_hint(argv: Sequence[str]) -> List[str]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+# Output that goes to a file or a pipe is not wrapped: rich would otherwise cut at 80 columns, in
+# the middle of a test id. COLUMNS still sets a width where someone wants one.
+PIPED_WIDTH = 10_000
+
+
+def _console(stderr: bool = False):
     from rich.console import Console
 
-    console = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    console = Console(stderr=stderr, highlight=False)
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    return Console(stderr=stderr, highlight=False, width=PIPED_WIDTH)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    console = _console()
+    err = _console(stderr=True)
     try:
         args = build_parser().parse_args(_normalize_hint(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:  # argparse has printed its message
@@ -197,6 +219,8 @@ def _main(args: argparse.Namespace, console) -> int:
     else:
         codes = {c.key: _learner_code(c, args, is_target=(c.key == chapter.key)) for c in chapters}
         origin = ", ".join(sorted({codes[c.key].origin for c in chapters}, key=str))
+        if _untouched(codes, chapters) and not args.exercise and not options.keyword:
+            return _not_started(chapters, codes, options, origin, args, console, chapter)
         if _nothing_can_run(codes, chapters):
             verdict = _static_verdict(chapters, codes, options, origin)
         else:
@@ -312,6 +336,41 @@ def _nothing_can_run(codes, chapters: Sequence[Chapter]) -> bool:
     pointless."""
     exercises = [(c, e) for c in chapters for e in c.exercises]
     return bool(exercises) and all(e.name in codes[c.key].problems for c, e in exercises)
+
+
+def _untouched(codes, chapters: Sequence[Chapter]) -> bool:
+    """Every exercise is still its stub, as in a fresh clone: nothing of the learner's to judge."""
+    exercises = [(c, e) for c in chapters for e in c.exercises]
+    return (
+        bool(exercises)
+        and not any(codes[c.key].general_problems for c in chapters)
+        and all(codes[c.key].attempted.get(e.name) is False for c, e in exercises)
+    )
+
+
+def _not_started(chapters, codes, options, origin: str, args, console, target) -> int:
+    """An untouched notebook is not failing code: exit 0, and say what to do next. No test is run
+    (each would only meet a stub's NotImplementedError); the progress table keeps its row."""
+    from . import report
+    from .judging import NOT_ATTEMPTED, ExerciseVerdict, Verdict
+
+    exercises = [
+        ExerciseVerdict(c.key, e.name, e.target, NOT_ATTEMPTED)
+        for c in chapters
+        for e in c.exercises
+    ]
+    verdict = Verdict(
+        [c.key for c in chapters], "learner", origin, options.device, exercises, [], [], 0.0
+    )
+    if _not_recorded(target, args, options) is None:
+        from . import progress
+
+        progress.record(verdict, chapters, codes)
+    if args.json:
+        print(json.dumps({**report.to_json(verdict, chapters), "not_started": True}, indent=1))
+    else:
+        report.render_not_started(verdict, chapters, console, _hint_command(chapters[-1], args))
+    return EXIT_OK
 
 
 def _static_verdict(chapters, codes, options, origin: str):

@@ -122,7 +122,8 @@ def collect_sources(chapter: Chapter, namespace: Dict[str, Any]) -> Dict[str | N
         _helpers(inspect.unwrap(fn), namespace, home, seen, helpers, _decorator_names(src))
     if not helpers:
         return out
-    helpers.sort(key=lambda h: not h.startswith("import "))  # imports first, then the definitions
+    # imports first, then the definitions
+    helpers.sort(key=lambda h: not h.startswith(("import ", "from ")))
     return {None: "\n\n".join(helpers) + "\n", **out}  # helpers load before what uses them
 
 
@@ -170,11 +171,16 @@ def _helpers(
             out.append(f"{name} = {value!r}")
             continue
         inner = _function_of(value) or value
-        if (
-            not isinstance(inner, (types.FunctionType, type))
-            or getattr(inner, "__module__", None) != home
-        ):
-            continue  # imported from a library or from minisgl: the reference module has its own
+        if not isinstance(inner, (types.FunctionType, type)):
+            continue
+        if getattr(inner, "__module__", None) != home:
+            # Imported from a library or from minisgl: carried as that import, because the code
+            # runs in every target module's namespace, and one may lack the name.
+            line = _import_line(inner, name)
+            if line:
+                seen.add(id(value))
+                out.append(line)
+            continue
         src = _source(inner)
         if src is None:
             continue
@@ -182,6 +188,16 @@ def _helpers(
         out.append(src)
         if isinstance(inner, types.FunctionType):
             _helpers(inspect.unwrap(inner), namespace, home, seen, out, _decorator_names(src))
+
+
+def _import_line(obj: Any, name: str) -> str | None:
+    """`from module import Name [as name]` when that import gives back `obj`, else None."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not module or not qualname or "." in qualname or "<" in qualname:
+        return None
+    if getattr(sys.modules.get(module), qualname, None) is not obj:
+        return None
+    return f"from {module} import {qualname}" + (f" as {name}" if name != qualname else "")
 
 
 def _decorator_names(source: str) -> Set[str]:

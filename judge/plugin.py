@@ -67,8 +67,10 @@ def pytest_configure(config: pytest.Config) -> None:
             Fatal("--device cuda, but there is no usable CUDA GPU here (use --device cpu, or auto)")
         )
         pytest.exit("no CUDA GPU", returncode=4)
-    from . import swap
+    from . import blocking, serving, swap
 
+    blocking.install(_judge.labels)  # before the swap: `from time import sleep` gets it too
+    serving.hook_into_servers()  # a server a test starts serves the same code, in its 3 processes
     _judge.swapped = swap.apply(_judge.spec.units, _judge.test_dirs)
     report = _judge.swapped.report
     _judge.write(Swapped(report.problems, report.general))
@@ -112,6 +114,9 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 def pytest_runtest_logstart(nodeid: str, location) -> None:
     if _judge is not None:
+        from . import blocking
+
+        blocking.reset()
         _judge.write(Start(nodeid))
 
 
@@ -122,7 +127,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if _judge is not None and call.excinfo is not None:
         timer = sys.modules.get("judge.timer")  # a budget timeout, or a test not run after one
         info = timer.describe(call.excinfo, item) if timer is not None else None
-        report._judge_info = info or _describe(call.excinfo)  # type: ignore[attr-defined]
+        info = info or _describe(call.excinfo)
+        from . import blocking
+
+        blocked = blocking.note()
+        if blocked:  # the reason comes first: the failure itself only shows what followed from it
+            info = {**info, "message": f"{blocked}\n{info.get('message') or ''}".strip()}
+        report._judge_info = info  # type: ignore[attr-defined]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -196,6 +207,11 @@ def _describe(excinfo: pytest.ExceptionInfo) -> Dict[str, Any]:
         message = excinfo.exconly()
         if isinstance(exc, pytest.fail.Exception):  # pytest.fail("..."): the test's own words
             message = message.removeprefix("Failed: ")
+        if isinstance(exc, NameError) and _raised_in_learner_code(exc):
+            message += NAME_ERROR_NOTE
+        invalid = _validation_error(exc)
+        if invalid:
+            message = invalid
     text = message
     timeout = isinstance(exc, BaseException) and "Timeout" in text and "pytest-timeout" in text
     if timeout:
@@ -349,6 +365,40 @@ def _chain(exc: BaseException) -> List[BaseException]:
         out.append(exc)
         exc = exc.__cause__ or exc.__context__
     return out
+
+
+def _validation_error(exc: BaseException) -> str | None:
+    """A pydantic ValidationError (the openai client, or the server's models, reading what the
+    learner's code built) as one plain line per wrong field, instead of pydantic's block."""
+    errors = getattr(exc, "errors", None)
+    if type(exc).__name__ != "ValidationError" or not callable(errors):
+        return None
+    try:
+        items = errors()
+    except Exception:
+        return None
+    parts = []
+    for e in items[:3]:
+        field = ".".join(str(x) for x in e.get("loc", ())) or "(the whole value)"
+        got = repr(e.get("input"))
+        got = got if len(got) <= 60 else got[:57] + "..."
+        parts.append(f"`{field}`: {e.get('msg', 'invalid')} (got {got})")
+    more = f" (and {len(items) - 3} more)" if len(items) > 3 else ""
+    title = getattr(exc, "title", "the value")
+    return f"{title} cannot be built from what your code returned: " + "; ".join(parts) + more
+
+
+NAME_ERROR_NOTE = (
+    " in your code as the judge runs it: it takes your exercise cells, cells tagged support and"
+    " the imports of names they use, not values set in other cells; define it in the exercise's"
+    " cell (or a support cell)"
+)
+
+
+def _raised_in_learner_code(exc: BaseException) -> bool:
+    """Whether the innermost frame of `exc` is the learner's code (not the engine's or a test's)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return _judge is not None and bool(frames) and frames[-1].filename in _judge.labels
 
 
 def _learner_frame(chain: List[BaseException]) -> str | None:

@@ -61,7 +61,9 @@ def record(
             "source": verdict.origin,
             "exercises": {e.name: e.status for e in verdict.exercises if e.chapter == key},
             "fingerprints": fingerprints(code, chapter) if code is not None else {},
-            "tests_passed": sum(t.ok for t in tests),
+            # as the run's summary line counts them: a skipped test is not a passed one
+            "tests_passed": sum(t.outcome == "passed" for t in tests),
+            "tests_skipped": sum(t.outcome == "skipped" for t in tests),
             "tests_total": len(tests),
             "passed": verdict.passed_in(chapter),
         }
@@ -134,6 +136,8 @@ def show(registry: Registry, notebooks_dir: Path, console: Console) -> None:
             )
             last = str(entry.get("last_run", "?")).replace("T", " ")[5:16]
             tests = f"{entry.get('tests_passed', 0)}/{entry.get('tests_total', 0)}"
+            if entry.get("tests_skipped"):
+                tests += f" ({entry['tests_skipped']} skipped)"
         else:
             passing, last, tests = Text("-"), "never", "-"
         table.add_row(chapter.key, chapter.title, attempted, passing, last, tests)

@@ -110,6 +110,47 @@ def render(
         console.print(Text(f"not recorded in your progress: {not_recorded}", style="dim"))
 
 
+def render_not_started(
+    verdict: Verdict, chapters: Sequence[Chapter], console: Console, hint_command: str
+) -> None:
+    """Every exercise still its stub (a fresh clone): what to do next, instead of a wall of red."""
+    key = chapters[-1].key
+    where = _relative(verdict.origin)
+    console.print(Text(f"{chapters[0].key} · {chapters[0].title}", style="bold"))
+    console.print(Text(f"judging {where}: every exercise is still its stub", style="dim"))
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    table.add_column("exercise")
+    table.add_column("status")
+    for ex in verdict.exercises:
+        label, style = STATUS_STYLE[ex.status]
+        table.add_row(ex.id if len(verdict.chapters) > 1 else ex.name, Text(label, style=style))
+    console.print(table)
+    console.print()
+    console.print(Text("Not attempted yet, so no test was run. Next:", style="bold"))
+    console.print(
+        f"  1. open {where} (`jupyter lab notebooks/`) and write an exercise in its cell: the "
+        "try-out under it shows ✔ or ✘ at once"
+    )
+    console.print(f"  2. run `python judge.py {key}` again")
+    console.print(
+        Text(
+            f"`python judge.py {key} --solution` shows what green looks like; `{hint_command}` "
+            "gives a first hint for each exercise.",
+            style="dim",
+        )
+    )
+
+
+def _relative(origin: str) -> str:
+    """A path under the current directory as written from it (notebooks/ch11_overlap.ipynb)."""
+    from pathlib import Path
+
+    try:
+        return str(Path(origin).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return origin
+
+
 def _kind(verdict: Verdict) -> str:
     return (
         "notebook" if verdict.origin.endswith(".ipynb") or "notebook" in verdict.origin else "file"

@@ -6,7 +6,10 @@ For every chapter:
 2. each exercise's stub, swapped in alone, fails exactly the tests the registry lists for it, each
    with the stub's NotImplementedError sentinel (not an ImportError, TypeError, ...);
 3. each known-wrong variant (judge/variants/chNN_*.py) fails at least one test and loads cleanly;
-4. each stub's signature is the reference's.
+4. each stub's signature is the reference's;
+5. the chapter's solution notebook (solutions/chNN_*.ipynb), judged from its file as
+   `python judge.py chNN --notebook ...` judges a learner's, passes every test: the judge accepts a
+   correct saved notebook (the names its cells use resolve in every module they go into).
 Runs are independent subprocesses, `workers` at a time.
 """
 
@@ -24,17 +27,18 @@ from rich.table import Table
 from rich.text import Text
 
 from . import forkserver
+from .budgets import load as load_budgets
 from .judging import Verdict, judge
 from .registry import Chapter, Exercise, Registry, variant_files
 from .runner import RunOptions
-from .sources import LearnerCode, from_file, from_sources
+from .sources import LearnerCode, from_file, from_notebook, from_sources
 from .stubs import reference_source, stub_source
 
 
 @dataclass
 class Job:
     chapter: Chapter
-    kind: str  # reference | stub | variant
+    kind: str  # reference | stub | variant | notebook
     name: str  # exercise or variant name ("" for the reference)
     code: LearnerCode | None = None
     exercise: Exercise | None = None
@@ -84,6 +88,8 @@ def selfcheck(
                 path, chapter, missing="reference", origin=f"judge/variants/{path.name}"
             )
             jobs.append(Job(chapter, "variant", path.stem[len(chapter.key) + 1 :], code))
+        for path in solution_notebooks(registry, chapter):
+            jobs.append(Job(chapter, "notebook", path.name, from_notebook(path, chapter)))
     threads = 1 if workers > 1 else None
     console.print(
         Text(
@@ -99,7 +105,16 @@ def selfcheck(
     def run(job: Job) -> Outcome:
         t0 = time.monotonic()
         options = RunOptions(
-            device=device, test_timeout=120.0, time_limit=900.0, threads=threads, launcher=server
+            device=device,
+            test_timeout=120.0,
+            time_limit=900.0,
+            threads=threads,
+            launcher=server,
+            # a correct notebook judged on a busy machine: it is its names that are checked here,
+            # not its speed, so no test of it is stopped before 30 s (60 s on a GPU)
+            budgets={**load_budgets(), "floor": {"cpu": 30.0, "cuda": 60.0}}
+            if job.kind == "notebook"
+            else None,
         )
         verdict = judge(
             [job.chapter],
@@ -204,7 +219,28 @@ def _variant(job: Job, v: Verdict) -> Outcome:
     return out
 
 
-EVALUATE = {"reference": _reference, "stub": _stub, "variant": _variant}
+def _notebook(job: Job, v: Verdict) -> Outcome:
+    out = Outcome(job, True)
+    out.details += v.general
+    out.details += [f"{e.id}: {e.problem}" for e in v.exercises if e.problem]
+    for t in v.tests:
+        if not t.ok:
+            out.details.append(
+                f"the solution notebook fails {t.test} ({t.outcome}): {_first_line(t.message)}"
+            )
+    if not v.tests and not v.general:
+        out.details.append("no test ran")
+    out.ok = not out.details
+    return out
+
+
+def solution_notebooks(registry: Registry, chapter: Chapter) -> List[Path]:
+    """solutions/chNN_*.ipynb beside the registry's repository (none for a registry elsewhere)."""
+    folder = Path(registry.path).resolve().parent.parent / "solutions"
+    return sorted(folder.glob(f"{chapter.key}_*.ipynb")) if folder.is_dir() else []
+
+
+EVALUATE = {"reference": _reference, "stub": _stub, "variant": _variant, "notebook": _notebook}
 
 
 def _signature_mismatch(stub: str, reference: str) -> str | None:
@@ -248,7 +284,7 @@ def _summary(
     chapters: Sequence[Chapter], outcomes: List[Outcome], console: Console, wall: float
 ) -> None:
     table = Table(title="selfcheck", header_style="bold")
-    for col in ("chapter", "reference", "stubs", "variants", "time"):
+    for col in ("chapter", "reference", "stubs", "variants", "notebook", "time"):
         table.add_column(col, justify="left" if col == "chapter" else "right")
     for chapter in chapters:
         mine = [o for o in outcomes if o.job.chapter.key == chapter.key]
@@ -265,6 +301,7 @@ def _summary(
             cell("reference"),
             cell("stub"),
             cell("variant"),
+            cell("notebook"),
             f"{sum(o.wall for o in mine):.0f} s",
         )
     console.print(table)

@@ -4,7 +4,11 @@ Three sources give the same thing, a `LearnerCode` (snippets of source, each tag
 exercise it belongs to when that is known):
 
 * a saved notebook: only its exercise cells (`metadata.minisgl.exercise == "chNN.name"`) and
-  support cells (`metadata.minisgl.support == true`) are taken, so scratch cells are free;
+  support cells (`metadata.minisgl.support == true`) are taken, so scratch cells are free; from
+  the other cells only the imports of names those cells use come along (a set-up cell's
+  `from minisgl.server.detokenizer import REPLACEMENT`), because the judge runs the cells in the
+  namespace of every module their exercises go into, and a name the notebook imported need not be
+  one of that module's globals;
 * a plain Python file (`--file`), also the format of the known-wrong variants;
 * the live definitions in a running notebook (`judge.check`, see live.py).
 
@@ -123,6 +127,7 @@ def from_notebook(path: str | Path, chapter: Chapter) -> LearnerCode:
     if not isinstance(cells, list):
         raise SourceError(f"{path} is not a notebook: it has no list of cells")
     snippets = []
+    imports: List[tuple] = []  # (cell number, an import statement) of the other cells
     for number, cell in enumerate(cells, start=1):
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
@@ -136,14 +141,63 @@ def from_notebook(path: str | Path, chapter: Chapter) -> LearnerCode:
             name = exercise.split(".", 1)[1]
         elif ours.get("support") is True or "support" in tags or "exercise" in tags:
             name = None  # learner-visible helpers (or an exercise cell we cannot attribute)
-        else:
-            continue  # scratch cells, demos, other chapters' exercises
-        source = cell.get("source", "")
-        source = "".join(source) if isinstance(source, list) else str(source)
+        else:  # scratch cells, demos, other chapters' exercises: only their imports may matter
+            imports.extend((number, node) for node in _imports_of(_cell_source(cell)))
+            continue
+        source = _cell_source(cell)
         label = f"{path.name} cell {number}" + (f" ({chapter.key}.{name})" if name else "")
         snippets.append(Snippet(label, _strip_magics(source), name))
-    code = LearnerCode(chapter.key, str(path), snippets)
-    return analyze(code, chapter)
+    code = analyze(LearnerCode(chapter.key, str(path), snippets), chapter)
+    needed = _imports_needed(code, imports)
+    if needed:
+        numbers = ", ".join(str(n) for n in sorted({n for n, _ in needed}))
+        label = f"{path.name} imports (cell {numbers})"
+        source = "\n".join(line for _, line in needed) + "\n"
+        code.snippets.insert(0, Snippet(label, source, None))
+    return code
+
+
+def _cell_source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return _strip_magics("".join(source) if isinstance(source, list) else str(source))
+
+
+def _imports_of(source: str) -> List[ast.stmt]:
+    """The top-level import statements of a cell (none if it does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [
+        n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) and not _relative(n)
+    ]
+
+
+def _relative(node: ast.stmt) -> bool:
+    return isinstance(node, ast.ImportFrom) and bool(node.level)
+
+
+def _imports_needed(code: LearnerCode, imports: List[tuple]) -> List[tuple]:
+    """[(cell number, one import line)] for each name the kept code reads and does not bind itself
+    that another cell imports (the last such import wins, as in the kernel)."""
+    used = set()
+    for snip in code.snippets:
+        used |= {n.id for n in ast.walk(ast.parse(snip.source)) if isinstance(n, ast.Name)}
+    used -= set(code.defined())
+    chosen: Dict[str, tuple] = {}
+    for number, node in imports:
+        for alias in node.names:
+            bound = alias.asname or alias.name.split(".")[0]
+            if bound not in used or alias.name == "*":
+                continue
+            if isinstance(node, ast.ImportFrom):
+                line = f"from {node.module} import {alias.name}"
+            else:
+                line = f"import {alias.name}"
+            if alias.asname:
+                line += f" as {alias.asname}"
+            chosen[bound] = (number, line)
+    return list(chosen.values())
 
 
 def from_sources(

@@ -58,6 +58,8 @@ class SwapState:
     # keep the originals alive so their ids stay unique
     originals: Dict[int, Any] = field(default_factory=dict)
     namespaces: List[Dict[str, Any]] = field(default_factory=list)  # the learners' namespaces
+    # (target module, the learner's namespace made from it), to bind exercises across modules
+    homes: List[tuple] = field(default_factory=list)
     packages: Set[str] = field(default_factory=set)  # the targets' top-level packages
 
 
@@ -65,6 +67,7 @@ def apply(units: List[UnitSpec], test_dirs: List[str] | None = None) -> SwapStat
     state = SwapState()
     for unit in units:
         _apply_unit(unit, state)
+    _bind_across_modules(units, state)
     if state.replacements:
         _replace_everywhere(state, test_dirs or [])
     return state
@@ -98,6 +101,7 @@ def _apply_unit(unit: UnitSpec, state: SwapState) -> None:
         problems = {ex.name: ex.problem for ex in exs if ex.problem}
         namespace = _run_snippets(module, unit.snippets, exs, problems, report)
         state.namespaces.append(namespace)
+        state.homes.append((module_name, namespace))
         for ex in exs:
             problem = problems.get(ex.name)
             try:
@@ -154,6 +158,33 @@ def _run_snippets(
                 for name in here:
                     problems.setdefault(name, f"your code failed to load: {msg}")
     return namespace
+
+
+def _bind_across_modules(units: List[UnitSpec], state: SwapState) -> None:
+    """One function per exercise, whichever module calls it.
+
+    Every snippet runs in the namespace of every target module, so an exercise defined in a cell
+    exists once per namespace: `next_text` (home: detokenizer.py) is defined again in the copy of
+    tokenize.py's globals, where names only detokenizer.py has (`REPLACEMENT`) do not resolve, and
+    where it stays the learner's even in a rerun that puts the reference in its place. So each
+    module-level exercise that the learner's code bound in a namespace is bound there to what its
+    own module now holds: the installed learner function (or its stand-in), or the reference."""
+    for module_name, namespace in state.homes:
+        for unit in units:
+            for ex in unit.exercises:
+                qualname = ex.target.split(":", 1)[1]
+                if "." in qualname:
+                    continue  # a method: reached through its class, which holds the swapped one
+                value = namespace.get(qualname)
+                if not (inspect.isfunction(value) and value.__globals__ is namespace):
+                    continue  # not the learner's code (the module's own global, or unbound)
+                try:
+                    home = importlib.import_module(ex.module)
+                except Exception:  # reported where that module's exercises are swapped
+                    continue
+                if not hasattr(home, qualname):
+                    continue
+                namespace[qualname] = getattr(home, qualname)
 
 
 def _resolve(module, target: str):

@@ -119,6 +119,13 @@ THREADS = Setting(
     count=True,
 )
 
+SERVER_INIT = Setting(
+    "MINISGL_SERVER_INIT",
+    "`module:function` that every process of `python -m minisgl serve` (the API server and its "
+    "two workers) calls before it builds anything; the judge sets it so that the learner's code "
+    "serves (minisgl/server/init.py)",
+)
+
 # ---------------------------------------------------------------------- the tests' settings
 
 TEST_DEVICE = Setting(
@@ -145,7 +152,7 @@ ENGINE_SETTINGS = (
     PROGRESS,
     THREADS,
 )
-SETTINGS = ENGINE_SETTINGS + (TEST_DEVICE, TEST_MODEL, CACHE_DIR)
+SETTINGS = ENGINE_SETTINGS + (SERVER_INIT, TEST_DEVICE, TEST_MODEL, CACHE_DIR)
 
 
 @dataclass

@@ -242,3 +242,12 @@ def test_a_bad_frame_is_refused_naming_the_problem(frame, words):
     with pytest.raises(ValueError) as err:
         decode_batch(frame)
     assert words in str(err.value), f"the ValueError should name {words!r}, said {err.value}"
+
+
+def test_the_live_server_answers_with_this_code():
+    """The real three-process server (`python -m minisgl serve`), with this chapter's code in
+    every process, answers the official openai client as the offline engine does
+    (live_server.py)."""
+    from live_server import check_live_server
+
+    check_live_server("chapter 12")

@@ -373,3 +373,12 @@ def test_token_ids_go_to_the_scheduler_as_int32(worker):
     assert msg.sampling_params.max_tokens == 5 and worker.requests[1].prompt_tokens == 3, (
         "the request's sampling params go on as they are, and its 3 prompt tokens are remembered"
     )
+
+
+def test_the_live_server_answers_with_this_code():
+    """The real three-process server (`python -m minisgl serve`), with this chapter's code in
+    every process, answers the official openai client as the offline engine does
+    (live_server.py)."""
+    from live_server import check_live_server
+
+    check_live_server("chapter 13")

@@ -282,3 +282,12 @@ def test_the_watchdog_ends_when_the_frontend_has_failed_already():
     assert ended and not frontend.reasons, (
         "a frontend that failed already needs no watchdog: it should end, failing nothing more"
     )
+
+
+def test_the_live_server_answers_with_this_code():
+    """The real three-process server (`python -m minisgl serve`), with this chapter's code in
+    every process, answers the official openai client as the offline engine does
+    (live_server.py)."""
+    from live_server import check_live_server
+
+    check_live_server("chapter 14")

@@ -430,3 +430,12 @@ def test_a_client_leaving_a_plain_request_aborts_it():
     assert front.released == [(7, True)], (
         f"the client left: the request must be aborted, got {front.released}"
     )
+
+
+def test_the_live_server_answers_with_this_code():
+    """The real three-process server (`python -m minisgl serve`), with this chapter's code in
+    every process, answers the official openai client as the offline engine does
+    (live_server.py)."""
+    from live_server import check_live_server
+
+    check_live_server("chapter 15")

@@ -251,7 +251,8 @@ def test_a_stub_and_its_row_say_the_same_count(project, capsys):
     from judge import stubs
 
     save_notebook(project, *[(name, stubs.stub_source("ch44", name)) for name in ("run", "finish")])
-    code, out = report(capsys, "ch44")
+    # an untouched notebook runs no test (exit 0): asking for an exercise's tests runs them
+    code, out = report(capsys, "ch44", "--exercise", "finish")
     assert code == 1, "stubs must not pass"
     # run's stub raises first, so finish's own NotImplementedError is never reached
     line = next(line for line in out.splitlines() if line.startswith("· finish"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Dict
 
 import pytest
 
@@ -77,20 +78,47 @@ def test_a_test_shared_by_two_exercises_blames_the_wrong_one(project, capsys):
     assert "correct on its own" in exercises["is_big"]["note"]
 
 
-def test_stubs_in_a_notebook_are_not_attempted(project, capsys):
+def _stub_cells(written: Dict[str, str] | None = None):
     from judge import stubs
 
+    written = written or {}
     cells = [
         code_cell(
-            stubs.stub_source("ch42", e.name) + "\nprint('try-out')\n", exercise=f"ch42.{e.name}"
+            written.get(e.name, stubs.stub_source("ch42", e.name)) + "\nprint('try-out')\n",
+            exercise=f"ch42.{e.name}",
         )
         for e in stubs.exercises("ch42")
     ]
     cells.insert(0, code_cell("import nothing_like_this  # scratch: never run by the judge"))
-    (project.notebooks / "ch42_fake.ipynb").write_text(notebook(cells))
+    return cells
+
+
+def test_an_untouched_notebook_exits_0_and_says_what_to_do_next(project, capsys, monkeypatch):
+    """A fresh clone's notebook is not failing code: exit 0, no test run, and the next step."""
+    (project.notebooks / "ch42_fake.ipynb").write_text(notebook(_stub_cells()))
+    code, v = judge_json(capsys, "ch42")
+    assert code == 0 and v["not_started"] is True
+    assert {e["status"] for e in v["exercises"]} == {"not attempted"}
+    assert v["tests"] == []
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["ch42"]) == 0
+    out = capsys.readouterr().out
+    # output to a pipe or a file is not wrapped at 80 columns (it would cut test ids)
+    assert any("1. open" in line and "at once" in line for line in out.splitlines()), out
+    assert "Not attempted yet" in out and "open notebooks/ch42_fake.ipynb" not in out  # not cwd
+    assert "ch42_fake.ipynb" in out and "python judge.py ch42 --solution" in out, out
+
+
+def test_stubs_beside_an_attempted_exercise_are_not_attempted(project, capsys):
+    """Once one exercise is written, the chapter is judged: its stubs fail with their sentinels,
+    and the exit status is 1 (a teacher's CI sees an unfinished chapter)."""
+    bump = "def bump(self, by=1):\n    self.n += by\n"
+    (project.notebooks / "ch42_fake.ipynb").write_text(notebook(_stub_cells({"bump": bump})))
     code, v = judge_json(capsys, "ch42")
     assert code == 1
-    assert {e["status"] for e in v["exercises"]} == {"not attempted"}
+    status = {e["name"]: e["status"] for e in v["exercises"]}
+    assert status.pop("bump") == "passing"
+    assert set(status.values()) == {"not attempted"}
     tests = by_test(v)
     assert tests["test_double"]["sentinel"] == "ch42.double"
     assert tests["test_starting_at"]["sentinel"] == "ch42.starting_at"

@@ -76,3 +76,50 @@ def test_ctrl_c_stops_every_process():
     assert "Traceback" not in "".join(server.log), (
         "Ctrl-C should stop the server quietly, not with a traceback"
     )
+
+
+def _notebook_with(tmp_path, chapter: str, source: str, exercise: str) -> Path:
+    """The chapter's solution notebook with one exercise cell replaced by `source`."""
+    import json
+
+    path = next((REPO / "solutions").glob(f"{chapter}_*.ipynb"))
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if cell.get("metadata", {}).get("minisgl", {}).get("exercise") == f"{chapter}.{exercise}":
+            cell["source"] = source
+    out = tmp_path / path.name
+    out.write_text(json.dumps(nb))
+    return out
+
+
+def test_serve_exercises_serves_the_learners_code(tmp_path):
+    """`serve --exercises ch13 --notebook NB`: a detokenize of the notebook that always says
+    "stop" is what answers (the tokenizer worker is a spawned process of the server)."""
+    import openai
+
+    from minisgl.server.background import BackgroundServer
+
+    always_stop = (REPO / "judge" / "variants" / "ch13_finished_is_always_stop.py").read_text()
+    nb = _notebook_with(tmp_path, "ch13", always_stop, "detokenize")
+    server = BackgroundServer("--exercises", "ch13", "--notebook", str(nb), timeout=120)
+    with server as url:
+        first = server.log[0]
+        assert first.startswith("minisgl: serving your ch13 code from") and "detokenize" in first, (
+            first
+        )
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+        r = client.completions.create(
+            model="shakespeare-qwen3", prompt="ROMEO:\n", max_tokens=3, temperature=0
+        )
+    assert r.choices[0].finish_reason == "stop", (
+        f"3 tokens of max_tokens 3 end with 'length' in the reference; the learner's detokenize "
+        f"says 'stop', so the server did not serve it: {r.choices[0].finish_reason!r}"
+    )
+
+
+def test_serve_exercises_refuses_code_that_does_not_load(tmp_path):
+    nb = _notebook_with(tmp_path, "ch13", "def detokenize(self, msg:\n", "detokenize")
+    r = serve("--exercises", "ch13", "--notebook", str(nb), "--port", "0")
+    assert r.returncode == 2 and "cannot be served" in r.stderr and "syntax error" in r.stderr, (
+        r.stderr[-300:]
+    )

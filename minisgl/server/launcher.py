@@ -149,6 +149,13 @@ def serve(args: ServerArgs, log_level: str = "warning") -> int:
         )
         return 1
 
+    from .init import run_server_init
+
+    try:
+        run_server_init()  # before the app is built: it may put other functions in place
+    except Exception as e:
+        print(f"minisgl: MINISGL_SERVER_INIT failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     from .app import create_app
     from .frontend import Frontend
 

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 def run_scheduler(args: ServerArgs, ready) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not _server_init(ready, "scheduler"):
+        return
     import zmq
 
     from minisgl.scheduler import Scheduler, SchedulerConfig
@@ -56,6 +58,18 @@ def run_scheduler(args: ServerArgs, ready) -> None:
         sys.exit(1)
 
 
+def _server_init(ready, name: str) -> bool:
+    """Run MINISGL_SERVER_INIT's hook (init.py); a failure is this worker's reason not to start."""
+    from .init import run_server_init
+
+    try:
+        run_server_init()
+    except Exception as e:
+        ready.put(("error", name, f"MINISGL_SERVER_INIT failed: {type(e).__name__}: {e}"))
+        return False
+    return True
+
+
 def scheduler_stats(scheduler) -> Dict[str, Any]:
     """Slots and pages in use, for /debug/scheduler. `idle_integrity` is "ok" or what is wrong with
     the KV pool when nothing runs (CacheManager.check_integrity), None while requests run."""
@@ -84,6 +98,8 @@ def scheduler_stats(scheduler) -> Dict[str, Any]:
 def run_tokenizer(args: ServerArgs, limits: ModelLimits, ready) -> None:
     """`limits`: the model's, resolved by the launcher (ModelLimits, as the engine has them)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not _server_init(ready, "tokenizer"):
+        return
     import zmq
 
     from minisgl.models.tokenizer import load_tokenizer

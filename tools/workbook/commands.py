@@ -362,6 +362,12 @@ def timings(ids: Iterable[str] = ()) -> int:
     return 0
 
 
+def _variants(ids: Iterable[str] = ()) -> int:
+    from .variants import variants
+
+    return variants(ids)
+
+
 def main(argv: List[str]) -> int:
     usage = (
         "usage: python -m tools.workbook COMMAND [chNN ...]\n"
@@ -377,7 +383,8 @@ def main(argv: List[str]) -> int:
         "exercises as stubs\n"
         "  learner   a learner's path: each checking try-out turns ✔ with only its exercise "
         "written\n"
-        "  timings   the execution time recorded in each solution notebook"
+        "  timings   the execution time recorded in each solution notebook\n"
+        "  variants  each known-wrong variant (judge/variants/) makes its exercise's try-out show ✘"
     )
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
@@ -391,6 +398,7 @@ def main(argv: List[str]) -> int:
         "students": students,
         "learner": learner,
         "timings": timings,
+        "variants": _variants,
     }
     cmd, ids = argv[0], argv[1:]
     if cmd not in commands:

@@ -1,0 +1,127 @@
+"""Part 3 live: the real three-process server (`python -m minisgl serve`, spawning the scheduler and
+the tokenizer worker), talked to with the official `openai` client, as each of chapters 12 to 15
+checks its code at the end.
+
+Under the judge, the server runs the learner's code in all three processes (judge/serving.py
+puts it there through MINISGL_SERVER_INIT): what fails in a worker shows up here as a refused,
+wrong or missing answer. So that the failure names the cause, the server's log is searched for the
+exception a learner's function (or its stub) raised, and that is raised here.
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+
+from helpers import MODEL, build_llm
+from minisgl import SamplingParams
+from minisgl.server.background import BackgroundServer
+from server_fixtures import (
+    SERVER_ARGS,
+    SERVER_ENV,
+    assert_all_back,
+    idle,
+    scheduler_stats,
+    wait_for,
+)
+
+NAME = MODEL.name
+TOP_1 = {"top_k": 1}  # a sampling option that is not a default: it must reach the scheduler
+PROMPT = "ROMEO:\nBut soft, what light"
+LEARNER_ERROR = re.compile(r"(NotImplementedError|LearnerCodeError): (ch\d\d\.\w+: .*)")
+
+
+def check_live_server(what: str) -> None:
+    """Start the server, check it answers as the offline engine does, stop it. `what`: the
+    chapter's part in it, said in a failure."""
+    server = BackgroundServer(*SERVER_ARGS, env=SERVER_ENV, timeout=120)
+    try:
+        try:
+            server.start()
+            _check(server.url)
+        except Exception as e:
+            log = "".join(server.log)
+            found = LEARNER_ERROR.findall(log)
+            if found:  # the learner's function (or its stub) raised in one of the processes
+                raise NotImplementedError(f"{found[0][1]} (in the live server)") from e
+            if isinstance(e, AssertionError):
+                raise
+            tail = " | ".join(line.strip() for line in server.log[-4:] if line.strip())
+            raise AssertionError(
+                f"the live server ({what}) failed: {type(e).__name__}: {e}; its log ends: {tail}"
+            ) from e
+    finally:
+        code = server.stop()
+    assert code == 0, f"the server did not stop cleanly on SIGTERM (exit code {code})"
+
+
+def _check(url: str) -> None:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+    want = build_llm().generate([PROMPT], SamplingParams(max_tokens=10))[0]
+    ids = {"return_token_ids": True}
+    # one whole completion: the offline engine's tokens and text
+    got = client.completions.create(
+        model=NAME, prompt=PROMPT, max_tokens=10, temperature=0, extra_body=ids
+    ).choices[0]
+    assert got.model_extra["token_ids"] == want["token_ids"], (
+        f"the server's tokens {got.model_extra['token_ids']} are not the offline engine's "
+        f"{want['token_ids']}"
+    )
+    assert got.text == want["text"], f"expected text {want['text']!r}, got {got.text!r}"
+    reason = "stop" if len(want["token_ids"]) < 10 else "length"
+    assert got.finish_reason == reason, (
+        f"expected finish_reason {reason!r}, got {got.finish_reason!r}"
+    )
+    # the same streamed, with usage: the chunks join to the same text
+    stream = client.completions.create(
+        model=NAME,
+        prompt=PROMPT,
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == want["text"], f"the streamed chunks join to {text!r}, not {want['text']!r}"
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 10, f"the usage chunk says {usage}"
+    # three at once, with sampling options that must travel to the scheduler intact
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(
+            pool.map(
+                lambda n: client.completions.create(
+                    model=NAME,
+                    prompt=PROMPT,
+                    max_tokens=n,
+                    temperature=0.7,
+                    extra_body={"top_k": 1},
+                ),
+                (4, 6, 8),
+            )
+        )
+    assert [a.usage.completion_tokens for a in answers] == [4, 6, 8], (
+        f"three requests at once got {[a.usage.completion_tokens for a in answers]} tokens"
+    )
+    # a chat, streamed
+    chat = client.chat.completions.create(
+        model=NAME,
+        messages=[{"role": "user", "content": "Good morrow."}],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+    )
+    pieces = [c.choices[0].delta.content or "" for c in chat if c.choices]
+    assert "".join(pieces), "the streamed chat said nothing"
+    # a request that cannot run is a 400, and the server goes on
+    try:
+        client.completions.create(model=NAME, prompt="x" * 4000, max_tokens=4)
+    except openai.BadRequestError:
+        pass
+    else:
+        raise AssertionError("a prompt longer than the context was accepted, not a 400")
+    assert httpx.get(url + "/health", timeout=30).status_code == 200
+    assert_all_back(wait_for("the server going idle", lambda: scheduler_stats(url), idle))
