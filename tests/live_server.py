@@ -11,6 +11,7 @@ exception a learner's function (or its stub) raised, and that is raised here.
 from __future__ import annotations
 
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -43,6 +44,10 @@ def check_live_server(what: str) -> None:
             server.start()
             _check(server.url)
         except Exception as e:
+            # A 500 reaches the client before uvicorn logs the exception behind it: stop the
+            # server (every process writes what it has) and let the reader drain, then search.
+            server.stop()
+            _drain(server)
             log = "".join(server.log)
             found = LEARNER_ERROR.findall(log)
             if found:  # the learner's function (or its stub) raised in one of the processes
@@ -56,6 +61,16 @@ def check_live_server(what: str) -> None:
     finally:
         code = server.stop()
     assert code == 0, f"the server did not stop cleanly on SIGTERM (exit code {code})"
+
+
+def _drain(server: BackgroundServer, seconds: float = 2.0) -> None:
+    """Wait (a little) until the reader has taken the exited server's last lines."""
+    deadline = time.monotonic() + seconds
+    while server.proc is not None and not server.proc.stdout.closed and time.monotonic() < deadline:
+        n = len(server.log)
+        time.sleep(0.1)
+        if len(server.log) == n and server.proc.poll() is not None:
+            break
 
 
 def _check(url: str) -> None:

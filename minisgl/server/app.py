@@ -15,6 +15,7 @@ FastAPI would say 422), 404 for an unknown model or path, 500 when the server fa
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from contextlib import asynccontextmanager
 from typing import Any, Callable, Dict, List
@@ -212,7 +213,12 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, make)
         bool((req.stream_options or {}).get("include_usage")),
     )
     if req.stream:
-        return AbortOnDisconnect(
-            stream_events(frontend, uid, first, answer), media_type="text/event-stream"
-        )
+        events = stream_events(frontend, uid, first, answer)
+        if inspect.iscoroutine(events):  # an `async def` that never yields (a stub, a slip)
+            try:  # its own error, raised here, says more than starlette's TypeError
+                await events
+                raise TypeError("stream_events must yield its events (an async generator)")
+            finally:
+                frontend.release(uid, abort=True)
+        return AbortOnDisconnect(events, media_type="text/event-stream")
     return await collect(frontend, uid, first, answer, request)
