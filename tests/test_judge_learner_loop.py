@@ -9,6 +9,7 @@ the server's), and a test that is always skipped.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -111,7 +112,10 @@ def project(tmp_path, monkeypatch):
     monkeypatch.setenv("MINISGL_JUDGE_NOTEBOOKS", str(tmp_path / "notebooks"))
     monkeypatch.setenv("MINISGL_JUDGE_PROGRESS", str(tmp_path / "progress.json"))
     monkeypatch.setenv("MINISGL_JUDGE_VARIANTS", str(tmp_path / "variants"))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    # the fixture first, the caller's path after it (where the server's packages may live)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
 

@@ -39,7 +39,18 @@ def check(tokens, hidden, inter, experts, top_k, dtype, device, tol):
     weights, ids = route(torch.randn(tokens, experts, generator=g).to(device), top_k, True)
     want = moe_experts(x, gate_up, down, weights, ids)
     got = fused_moe(x, gate_up, down, weights, ids)
-    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    else:
+        # In 16 bits the two paths round in different places (the torch path rounds each expert's
+        # activations and output, the kernel sums in float32), so each is held to the float32
+        # product of the same inputs, its largest error against the output's largest value: a
+        # wrong expert, weight or row is off by the whole scale.
+        ref = moe_experts(x.float(), gate_up.float(), down.float(), weights, ids)
+        scale = ref.abs().max().clamp_min(1e-6)
+        for name, out in (("fused kernel", got), ("torch path", want)):
+            err = ((out.float() - ref).abs().max() / scale).item()
+            assert err <= tol, f"{name}: {err:.2e} of the output's scale off float32 (tol {tol})"
     # the layout the kernel reads: every entry once, each block within one expert's run
     entries, block_expert = align_by_expert(ids, experts, 16)
     real = entries[entries < tokens * top_k]

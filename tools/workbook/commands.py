@@ -1,4 +1,4 @@
-"""The tool's commands: build, execute, refresh, check, site, students, timings. Each takes
+"""The tool's commands: build, execute, refresh, check, site, learner, timings. Each takes
 optional chapter ids ("ch11") and works on every chapter when given none."""
 
 from __future__ import annotations
@@ -284,60 +284,6 @@ def _text(cell) -> str:
     )
 
 
-def students(ids: Iterable[str] = ()) -> int:
-    """Run each learner notebook as a learner would before writing anything: it must run to the
-    end with no error, the exercises being stubs."""
-    failed = False
-    for ch in chapters(ids):
-        path = learner_path(ch)
-        nb = nbformat.read(path, as_version=4)
-        result = runner.run(nb, NOTEBOOKS, allow_errors=True)
-        kept = REPO / "build" / "students" / path.name  # the run, for a look at what a learner sees
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        kept.write_text(notebook.dumps(result.nb), encoding="utf-8")
-        failed |= _report(
-            student_errors(ch, result.nb),
-            f"{_rel(path)} runs to the end ({result.seconds:.1f} s); run kept in {_rel(kept)}",
-        )
-    return 1 if failed else 0
-
-
-def learner(ids: Iterable[str] = ()) -> int:
-    """A learner's path through each chapter: for every exercise whose try-out checks, the learner
-    notebook with that one exercise written (the reference) and the others still stubs, run top to
-    bottom. Nothing may raise; that try-out must show only ✔ lines where it said "not written yet";
-    a try-out that needs another exercise written first, or cannot go green, is caught here."""
-    from classroom.tryout import FAIL, NOT_WRITTEN, PASS
-
-    failed = False
-    for ch in chapters(ids):
-        stubbed, written = notebook.render(ch, "learner"), notebook.render(ch, "solution")
-        for i, cell in enumerate(written.cells):
-            if notebook.cell_kind(cell) != "exercise" or not tryout_checks(cell):
-                continue
-            nb = nbformat.from_dict(stubbed)
-            nb.cells[i].source = cell.source
-            result = runner.run(nb, NOTEBOOKS, allow_errors=True)
-            name = cell.metadata.get("minisgl", {}).get("exercise", f"cell {i}")
-            text = _text(result.nb.cells[i])
-            problems = [p for p in student_errors(ch, result.nb) if cell.id not in p]
-            if NOT_WRITTEN in text or FAIL in text or PASS not in text:
-                lines = [
-                    ln
-                    for ln in text.splitlines()
-                    if ln.startswith((PASS, FAIL)) or NOT_WRITTEN in ln
-                ]
-                problems.append(
-                    f"{name}: with only this exercise written its try-out shows: "
-                    + ("; ".join(lines) or "no ✔ line")
-                )
-            failed |= _report(
-                problems,
-                f"{name}: its try-out turns ✔ with only it written ({result.seconds:.1f} s)",
-            )
-    return 1 if failed else 0
-
-
 def _report(problems: List[str], ok: str) -> bool:
     """Print each problem as a FAIL line, or the ok line; True when something failed."""
     for p in problems:
@@ -362,10 +308,10 @@ def timings(ids: Iterable[str] = ()) -> int:
     return 0
 
 
-def _variants(ids: Iterable[str] = ()) -> int:
-    from .variants import variants
+def learner(ids: Iterable[str] = ()) -> int:
+    from .learner_run import learner as run
 
-    return variants(ids)
+    return run(ids)
 
 
 def main(argv: List[str]) -> int:
@@ -379,12 +325,10 @@ def main(argv: List[str]) -> int:
         "  check     fail if a generated notebook does not match its chapter source (what CI "
         "runs)\n"
         "  site      write the site's pages into build/site_docs/ (then: mkdocs build --strict)\n"
-        "  students  run the learner notebooks: they must reach the end with no error, "
-        "exercises as stubs\n"
-        "  learner   a learner's path: each checking try-out turns ✔ with only its exercise "
-        "written\n"
-        "  timings   the execution time recorded in each solution notebook\n"
-        "  variants  each known-wrong variant (judge/variants/) makes its exercise's try-out show ✘"
+        "  learner   run the learner notebooks as a learner meets them (stubs; no error to the "
+        "end), each checking try-out ✔ with only its exercise written and ✘ with each "
+        "known-wrong variant of judge/variants/\n"
+        "  timings   the execution time recorded in each solution notebook"
     )
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
@@ -395,10 +339,8 @@ def main(argv: List[str]) -> int:
         "refresh": refresh,
         "check": check,
         "site": build_site,
-        "students": students,
         "learner": learner,
         "timings": timings,
-        "variants": _variants,
     }
     cmd, ids = argv[0], argv[1:]
     if cmd not in commands:

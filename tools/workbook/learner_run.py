@@ -1,0 +1,151 @@
+"""`python -m tools.workbook learner [chNN ...]`: each learner notebook run as a learner meets it,
+with every checking try-out held to the judge on the way.
+
+One kernel per chapter runs the learner notebook (every exercise a stub) top to bottom. Before each
+exercise cell whose try-out checks (calls `check(...)`), the same kernel runs that cell twice more
+in a copy of the notebook's namespace, which is put back afterwards:
+
+- with the reference function: the try-out must print only ✔ lines, at least one, although every
+  other exercise is still a stub (a try-out that needs another exercise written first, or cannot go
+  green, is caught);
+- with each known-wrong variant of judge/variants/ that rewrites this function: the try-out must
+  show a ✘ line or raise (a variant the judge fails and the try-out passes would tell a learner
+  "all good" and the judge "wrong").
+
+Then the stub cell runs as written, and the notebook goes on. At the end, no cell of the learner's
+own run may have raised, and each stub's try-out must have said the function is not written yet.
+
+One kernel a chapter, not one per exercise and variant: the notebook's set-up (the bundled model,
+an engine) runs once, which made this check 6x faster than a fresh run per try-out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, Iterable, List, Tuple
+
+import nbformat
+from nbclient import NotebookClient
+
+from . import execute as runner
+from . import notebook
+from .paths import NOTEBOOKS, REPO
+from .source import Chapter
+from .variants import variant_functions, with_variant
+
+SAVE = "__minisgl_saved_ns = dict(get_ipython().user_ns)"
+# (a function call: its arguments are held while the namespace is emptied and refilled)
+RESTORE = (
+    "(lambda ns, saved: (ns.clear(), ns.update(saved)))"
+    "(get_ipython().user_ns, get_ipython().user_ns['__minisgl_saved_ns']);"
+)
+
+
+def _text(outputs) -> str:
+    return "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+
+
+def _raised(outputs) -> bool:
+    return any(o.get("output_type") == "error" for o in outputs)
+
+
+def _marks(text: str) -> str:
+    from classroom.tryout import FAIL, NOT_WRITTEN, PASS
+
+    lines = [ln for ln in text.splitlines() if ln.startswith((PASS, FAIL)) or NOT_WRITTEN in ln]
+    return "; ".join(lines) or "no ✔ line"
+
+
+def _variants_by_exercise(ch: Chapter) -> Dict[str, List[Tuple[str, str, str, str]]]:
+    """{exercise id: [(variant name, the function's name, its def, its imports)]} from
+    judge/variants/."""
+    from judge.registry import load_registry, variant_files
+
+    registry = load_registry()
+    if ch.chapter not in registry.chapters:
+        return {}
+    reg = registry.chapter(ch.chapter)
+    out: Dict[str, List[Tuple[str, str, str, str]]] = {}
+    for path in variant_files(reg):
+        for ex, variant_def, imports in variant_functions(path, reg.exercises):
+            out.setdefault(ex.id, []).append((path.stem, ex.attr, variant_def, imports))
+    return out
+
+
+def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str], float]:
+    """Run one chapter's learner path: (the learner's run, problems, ok lines, seconds)."""
+    from classroom.tryout import FAIL, NOT_WRITTEN, PASS
+
+    nb = nbformat.read(NOTEBOOKS / f"{ch.stem}.ipynb", as_version=4)
+    written = notebook.render(ch, "solution")
+    variants = _variants_by_exercise(ch)
+    problems: List[str] = []
+    oks: List[str] = []
+    client = NotebookClient(
+        nb,
+        timeout=runner.CELL_TIMEOUT_S,
+        kernel_name="python3",
+        allow_errors=True,
+        record_timing=False,
+        store_widget_state=False,
+        resources={"metadata": {"path": str(NOTEBOOKS)}},
+    )
+    runner.NOTEBOOK_PROGRESS.parent.mkdir(exist_ok=True)
+
+    def aside(index: int, source: str) -> list:
+        """Run `source` in a copy of the namespace; the outputs it printed."""
+        client.execute_cell(nbformat.v4.new_code_cell(SAVE), index)
+        cell = nbformat.v4.new_code_cell(source)
+        client.execute_cell(cell, index)
+        client.execute_cell(nbformat.v4.new_code_cell(RESTORE), index)
+        return cell.outputs
+
+    start = time.perf_counter()
+    with client.setup_kernel(env=runner.kernel_env(), cwd=str(NOTEBOOKS)):
+        for i, cell in enumerate(nb.cells):
+            ex_id = cell.metadata.get("minisgl", {}).get("exercise")
+            if ex_id and notebook.cell_kind(cell) == "exercise" and "check(" in cell.source:
+                reference = written.cells[i].source
+                outputs = aside(i, reference)
+                text = _text(outputs)
+                if _raised(outputs) or NOT_WRITTEN in text or FAIL in text or PASS not in text:
+                    why = "it raised" if _raised(outputs) else _marks(text)
+                    problems.append(
+                        f"{ex_id}: with only this exercise written its try-out shows: {why}"
+                    )
+                else:
+                    oks.append(f"{ex_id}: its try-out turns ✔ with only it written")
+                for name, attr, variant_def, imports in variants.get(ex_id, []):
+                    outputs = aside(i, with_variant(reference, attr, variant_def, imports))
+                    text = _text(outputs)
+                    if FAIL in text or _raised(outputs):
+                        oks.append(f"{name} / {ex_id}: its try-out shows ✘")
+                    else:
+                        last = text.strip().splitlines()[-1][:120] if text.strip() else "no output"
+                        problems.append(
+                            f"{name} / {ex_id}: judged wrong, its try-out shows no ✘: {last}"
+                        )
+            client.execute_cell(cell, i)
+    return client.nb, problems, oks, time.perf_counter() - start
+
+
+def learner(ids: Iterable[str] = ()) -> int:
+    from .commands import _rel, chapters, student_errors
+
+    failed = False
+    for ch in chapters(ids):
+        nb, problems, oks, seconds = run_chapter(ch)
+        kept = REPO / "build" / "students" / f"{ch.stem}.ipynb"  # what a learner sees, for a look
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(notebook.dumps(nb), encoding="utf-8")
+        problems += student_errors(ch, nb)
+        for line in oks:
+            print(f"ok   {line}")
+        for p in problems:
+            print(f"FAIL {p}")
+        print(
+            f"{'FAIL' if problems else 'ok  '} {ch.stem}: the learner's run reaches the end "
+            f"({seconds:.1f} s, {len(oks)} try-out checks passed); run kept in {_rel(kept)}"
+        )
+        failed |= bool(problems)
+    return 1 if failed else 0
