@@ -309,9 +309,27 @@ def timings(ids: Iterable[str] = ()) -> int:
 
 
 def learner(ids: Iterable[str] = ()) -> int:
-    from .learner_run import learner as run
+    """Each learner notebook as a learner meets it, its try-outs held to the judge on the way
+    (learner_run.py): no error to the end, ✔ with only the exercise written, ✘ with each variant."""
+    from .learner_run import run_chapter
 
-    return run(ids)
+    failed = False
+    for ch in chapters(ids):
+        nb, problems, oks, seconds = run_chapter(ch)
+        kept = REPO / "build" / "students" / f"{ch.stem}.ipynb"  # what a learner sees, for a look
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(notebook.dumps(nb), encoding="utf-8")
+        problems += student_errors(ch, nb)
+        for line in oks:
+            print(f"ok   {line}")
+        for p in problems:
+            print(f"FAIL {p}")
+        print(
+            f"{'FAIL' if problems else 'ok  '} {ch.stem}: the learner's run reaches the end "
+            f"({seconds:.1f} s, {len(oks)} try-out checks passed); run kept in {_rel(kept)}"
+        )
+        failed |= bool(problems)
+    return 1 if failed else 0
 
 
 def main(argv: List[str]) -> int:

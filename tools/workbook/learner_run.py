@@ -22,14 +22,14 @@ an engine) runs once, which made this check 6x faster than a fresh run per try-o
 from __future__ import annotations
 
 import time
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, List, Tuple
 
 import nbformat
 from nbclient import NotebookClient
 
 from . import execute as runner
 from . import notebook
-from .paths import NOTEBOOKS, REPO
+from .paths import NOTEBOOKS
 from .source import Chapter
 from .variants import variant_functions, with_variant
 
@@ -127,25 +127,3 @@ def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str
                         )
             client.execute_cell(cell, i)
     return client.nb, problems, oks, time.perf_counter() - start
-
-
-def learner(ids: Iterable[str] = ()) -> int:
-    from .commands import _rel, chapters, student_errors
-
-    failed = False
-    for ch in chapters(ids):
-        nb, problems, oks, seconds = run_chapter(ch)
-        kept = REPO / "build" / "students" / f"{ch.stem}.ipynb"  # what a learner sees, for a look
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        kept.write_text(notebook.dumps(nb), encoding="utf-8")
-        problems += student_errors(ch, nb)
-        for line in oks:
-            print(f"ok   {line}")
-        for p in problems:
-            print(f"FAIL {p}")
-        print(
-            f"{'FAIL' if problems else 'ok  '} {ch.stem}: the learner's run reaches the end "
-            f"({seconds:.1f} s, {len(oks)} try-out checks passed); run kept in {_rel(kept)}"
-        )
-        failed |= bool(problems)
-    return 1 if failed else 0
