@@ -16,10 +16,12 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import sys
 import time
 import traceback
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Iterator, List, Tuple
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -83,8 +85,9 @@ class Ranks:
             )
             for rank in range(1, size)
         ]
-        for p in procs:
-            p.start()
+        with _main_module_hidden():
+            for p in procs:
+                p.start()
         ranks = cls(size, procs, errors, None, None)
         try:
             ranks._wait_checked_in(store)
@@ -154,6 +157,23 @@ class Ranks:
         leave_group()
         self._errors.close()
         self._errors.cancel_join_thread()
+
+
+@contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start processes without the caller's main module: `spawn` runs a script's main module again
+    in each new process (so a script without `if __name__ == "__main__":` would start ranks from
+    its ranks), and a rank needs nothing from it: its entry point is minisgl's."""
+    main = sys.modules["__main__"]
+    saved = {
+        name: main.__dict__.pop(name) for name in ("__file__", "__spec__") if name in main.__dict__
+    }
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 def _death(p) -> str:

@@ -137,13 +137,13 @@ class Shard:
         if name.endswith(("self_attn.k_proj", "self_attn.v_proj")) and cfg.num_kv_heads < n:
             head = r * cfg.num_kv_heads // n  # the KV head this rank's query heads read
             return 0, head * cfg.head_dim, cfg.head_dim
+        if name.endswith("experts.gate_up_proj"):  # stacked: gate's rows and up's rows (read())
+            per = shape[1] // 2 // n
+            return 1, r * per, per
         if key.endswith(".bias") and name.endswith(("o_proj", "down_proj")):
             return None, 0, 0  # added once, after the all-reduce
         if name.endswith(("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")):
             return 0, r * shape[0] // n, shape[0] // n  # column parallel: rows of the output
         if name.endswith(("o_proj", "down_proj")):
             return len(shape) - 1, r * shape[-1] // n, shape[-1] // n  # row parallel: columns
-        if name.endswith("experts.gate_up_proj"):
-            per = shape[1] // 2 // n
-            return 1, r * per, per
         return None, 0, 0  # norms, the router: every rank holds them whole
