@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import weakref
+from dataclasses import fields
 from pathlib import Path
 from typing import List
 
@@ -28,28 +29,31 @@ from minisgl.distributed.ranks import RankFailure, Ranks
 from minisgl.env import ENV
 from minisgl.models import BUNDLED_MODEL, ModelConfig
 from minisgl.models.sharding import check_tp_size
-from minisgl.scheduler import SchedulerConfig
+from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.utils import resolve_device
 
 from .llm import LLM, model_directory
 from .lockstep import LeaderIO, Lockstep
 from .tp_worker import follow
 
-__all__ = ["TensorParallelLLM", "RankFailure"]
+__all__ = ["TensorParallelLLM", "TensorParallelScheduler", "RankFailure"]
 
 
-class TensorParallelLLM(Lockstep, LLM):
-    def __init__(self, model: str | Path = BUNDLED_MODEL, tp_size: int = 2, **options) -> None:
-        model_dir = model_directory(model)
+class RankZero(Lockstep):
+    """Rank 0 of a group: starts the other ranks, tells them each turn what to do, stops them all
+    when one fails. Mixed into the offline LLM and into the server's scheduler process."""
+
+    def _start_ranks(self, model_dir: Path, tp_size: int, options: dict) -> dict:
+        """Start ranks 1..tp_size-1 and join them; returns the options every rank builds with."""
         check_tp_size(ModelConfig.from_dir(model_dir), tp_size)
         if current().size > 1 or dist.is_initialized():
             raise RuntimeError(
                 "this process already runs a tensor-parallel engine (or another torch.distributed "
                 "group): shut it down first (llm.shutdown()); one per process"
             )
+        options = dict(options, tp_size=tp_size)
         if options.get("seed", 0) is None:
             options["seed"] = random.randrange(2**31)  # one random seed, the same on every rank
-        options = dict(options, tp_size=tp_size)
         config = SchedulerConfig(model_path=model_dir, **options)  # bad options fail before spawn
         backend = "nccl" if resolve_device(config.device).type == "cuda" else "gloo"
         switches = {name: switch.value for name, switch in vars(ENV).items()}
@@ -57,11 +61,7 @@ class TensorParallelLLM(Lockstep, LLM):
         self._ranks = Ranks.start(tp_size, backend, follow, (model_dir, options, switches))
         # the ranks go with this object, or with the interpreter, whichever ends first
         self._finalizer = weakref.finalize(self, self._ranks.stop, False)
-        try:
-            super().__init__(model_dir, **options)
-        except BaseException as e:
-            raise self._stopped_by(e) from e
-        self.io = LeaderIO(self._queue, self._ranks.control)
+        return options
 
     @property
     def tp_size(self) -> int:
@@ -78,18 +78,12 @@ class TensorParallelLLM(Lockstep, LLM):
         return self._ranks.pids
 
     def step(self) -> None:
-        with self._lock:
-            self._check_running()
-            try:
-                self._ranks.control.broadcast(("step", self.overlap_now()))
-                super().step()
-            except BaseException as e:
-                raise self._stopped_by(e) from e
-
-    def _reset_to_idle(self, uids, error) -> None:
-        super()._reset_to_idle(uids, error)
-        if self._stopped is None:  # stopped outside a step (the progress bar): every rank resets
-            self._ranks.control.broadcast(("reset",))
+        self._check_running()
+        try:
+            self._ranks.control.broadcast(("step", self.overlap_now()))
+            super().step()
+        except BaseException as e:
+            raise self._stopped_by(e) from e
 
     def _check_running(self) -> None:
         if self._stopped is not None:
@@ -111,6 +105,41 @@ class TensorParallelLLM(Lockstep, LLM):
         return RankFailure(
             f"tensor parallelism over {self._ranks.size} ranks stopped, every rank ended: {report}"
         )
+
+
+class TensorParallelScheduler(RankZero, Scheduler):
+    """The server's scheduler process as rank 0 (serve --tp-size N): its sockets are rank 0's IO."""
+
+    def __init__(self, config: SchedulerConfig, io) -> None:
+        options = {f.name: getattr(config, f.name) for f in fields(config)}
+        model_dir = Path(options.pop("model_path"))
+        tp_size = options.pop("tp_size")
+        options = self._start_ranks(model_dir, tp_size, options)
+        try:
+            super().__init__(SchedulerConfig(model_path=model_dir, **options), io)
+        except BaseException as e:
+            raise self._stopped_by(e) from e
+        self.io = LeaderIO(io, self._ranks.control)
+
+
+class TensorParallelLLM(RankZero, LLM):
+    def __init__(self, model: str | Path = BUNDLED_MODEL, tp_size: int = 2, **options) -> None:
+        model_dir = model_directory(model)
+        options = self._start_ranks(model_dir, tp_size, options)
+        try:
+            super().__init__(model_dir, **options)
+        except BaseException as e:
+            raise self._stopped_by(e) from e
+        self.io = LeaderIO(self._queue, self._ranks.control)
+
+    def step(self) -> None:
+        with self._lock:
+            super().step()
+
+    def _reset_to_idle(self, uids, error) -> None:
+        super()._reset_to_idle(uids, error)
+        if self._stopped is None:  # stopped outside a step (the progress bar): every rank resets
+            self._ranks.control.broadcast(("reset",))
 
     def shutdown(self) -> None:
         """Finish the batch in flight, then end every rank. The LLM cannot be used after."""
