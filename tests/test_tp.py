@@ -229,3 +229,21 @@ def test_shutdown_ends_every_rank_and_a_new_group_can_start():
     again = build_llm(tp_size=2)
     assert again.generate(prompt_ids()[:1], greedy(3))[0]["token_ids"]
     again.shutdown()
+
+
+def test_serve_tp_size_2_answers_the_openai_client_with_the_offline_text():
+    import openai
+
+    from minisgl.server.background import BackgroundServer
+
+    close_shared()
+    offline = build_llm()
+    want = offline.generate(["ROMEO:\n"], greedy(16))[0]["text"]
+    offline.shutdown()
+    server = BackgroundServer("--tp-size", "2", "--port", "0", timeout=120)
+    with server as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+        r = client.completions.create(
+            model="shakespeare-qwen3", prompt="ROMEO:\n", max_tokens=16, temperature=0
+        )
+    assert r.choices[0].text == want, (r.choices[0].text, want)
