@@ -49,13 +49,13 @@ def model_directory(model: object) -> Path:
 
 
 class LLM(Scheduler):
+    tensor_parallel_class: type  # TensorParallelLLM (parallel.py), which LLM(tp_size=N>1) builds
+
     def __new__(cls, model: str | Path = BUNDLED_MODEL, **options):
         # LLM(model, tp_size=N) with N > 1 is the tensor-parallel engine: N processes, one per rank
         # (minisgl/llm/parallel.py); tp_size=1 stays this one-process engine.
         if cls is LLM and options.get("tp_size", 1) != 1:
-            from .parallel import TensorParallelLLM
-
-            cls = TensorParallelLLM
+            cls = LLM.tensor_parallel_class  # set by minisgl/llm/__init__.py
         return super().__new__(cls)
 
     def __init__(self, model: str | Path = BUNDLED_MODEL, **options) -> None:
