@@ -7,6 +7,8 @@
 # A call of the device tool runs 10 minutes at most: run `tests suite`, `bench` and `serve` as three calls.
 # Chapter 20 (Qwen3-MoE): `moe` = the MoE tests and the ch20 judge on cuda; `moebench` =
 # benchmarks/moe_bench.py (Qwen3-30B-A3B's shape, random bf16 weights): one call each, not in `all`.
+# Tensor parallelism: `tp` = tests/test_tp.py (gloo, CPU ranks) and, with 2+ GPUs, TP=2 on NCCL against
+# TP=1 on cuda; not in `all`.
 # Each part has its own time limit, so one that hangs does not take the others down.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -52,6 +54,17 @@ if want serve; then
   timeout ${SERVE_TIMEOUT:-400} $py benchmarks/bench_serve.py --dummy-qwen3-0.6b --device cuda --dtype bfloat16 \
     --max-running-req 64 --num-requests 256 --rates 4,16,64,inf ${SERVE_ARGS:-} \
     --out "$OUT/bench_serve.json" 2>&1 | tee "$OUT/bench_serve.txt"
+fi
+if [[ $what == *" tp "* ]]; then
+  part "tensor parallelism: tests/test_tp.py on CPU ranks (gloo), then TP=2 on NCCL if there are 2 GPUs"
+  timeout 200 $py -m pytest -q -rfE tests/test_tp.py 2>&1 | tee "$OUT/tp_tests.txt"
+  timeout 200 $py -c "
+import torch; from minisgl import LLM, SamplingParams
+p = SamplingParams(max_tokens=32, ignore_eos=True, temperature=0); prompts = ['ROMEO:\n', 'KING HENRY:\n']
+want = [o['token_ids'] for o in LLM(device='cuda').generate(prompts, p)]
+if torch.cuda.device_count() < 2: print('one GPU: TP=2 on NCCL needs two (tp_size=1 on cuda above)'); raise SystemExit
+llm = LLM(tp_size=2, device='cuda'); got = [o['token_ids'] for o in llm.generate(prompts, p)]; llm.shutdown()
+print('TP=2 on NCCL equals TP=1:', got == want)" 2>&1 | tee "$OUT/tp_nccl.txt"
 fi
 if [[ $what == *" moe "* ]]; then
   part "Qwen3-MoE: the fused MoE kernel against the torch path, MoE checkpoints in every mode, on cuda"

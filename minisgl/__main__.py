@@ -36,6 +36,12 @@ def main(argv=None) -> int:
     s.add_argument("--page-size", type=int, default=None)
     s.add_argument("--cache-type", choices=["radix", "naive"], default=None)
     s.add_argument(
+        "--tp-size",
+        type=int,
+        default=None,
+        help="tensor-parallel ranks: processes of the scheduler, one GPU each on CUDA (default 1)",
+    )
+    s.add_argument(
         "--log-level", default="warning", help="uvicorn's log level (info shows each request)"
     )
     s.add_argument(
@@ -74,6 +80,7 @@ def main(argv=None) -> int:
         "num_pages": "num_page_override",
         "page_size": "page_size",
         "cache_type": "cache_type",
+        "tp_size": "tp_size",
     }
     engine = {
         option: getattr(args, name)

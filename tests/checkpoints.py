@@ -92,6 +92,13 @@ RECIPES: Dict[str, tuple] = {
         {},
         None,
     ),
+    # a vocabulary no tensor-parallel size divides (tests/test_tp.py pads it), an untied LM head
+    "qwen3-vocab257-untied": (
+        "Qwen3Config",
+        dict(SMALL, head_dim=16, vocab_size=257, tie_word_embeddings=False),
+        {},
+        None,
+    ),
     # a head size the Triton kernels do not take: on a GPU the engine falls back to torch attention
     "qwen3-head24": ("Qwen3Config", dict(SMALL, head_dim=24), {}, None),
     "qwen3-sharded-tf4": (

@@ -38,6 +38,9 @@ class EngineConfig:
     cuda_graph_max_bs: int = (
         64  # largest decode batch replayed from a graph; larger ones run eagerly
     )
+    # tensor-parallel ranks (processes, one GPU each on CUDA); >1 only through LLM(tp_size=N) or
+    # serve --tp-size N, which start the ranks and their group (minisgl/llm/parallel.py)
+    tp_size: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_path, (str, Path)):
@@ -54,6 +57,7 @@ class EngineConfig:
             "num_page_override",
             "max_seq_len_override",
             "seed",
+            "tp_size",
         ):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
@@ -75,6 +79,8 @@ class EngineConfig:
             raise ValueError("page_size must be >= 1")
         if self.num_page_override is not None and self.num_page_override < 1:
             raise ValueError("num_page_override must be >= 1")
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         if self.cuda_graph_max_bs < 1:
             raise ValueError("cuda_graph_max_bs must be >= 1")
 

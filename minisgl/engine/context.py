@@ -13,6 +13,7 @@ takes a share of free memory, and the tables come out of the same share.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -44,9 +45,13 @@ def plan_pool(
     model: ModelConfig,
     dtype: torch.dtype,
     free_bytes: int | None,
+    agree: Callable[[int], int] = lambda pages: pages,
 ) -> PoolPlan:
     """The KV pool's pages and the context length. `free_bytes`: the device's free memory (a GPU),
-    or None (a CPU: the pool holds `cpu_kv_tokens`)."""
+    or None (a CPU: the pool holds `cpu_kv_tokens`). `model`: the model this process runs (one
+    tensor-parallel rank's KV heads). `agree`: the pages every rank can have, given this one's
+    (tensor parallelism: the smallest of the ranks', so that every rank's pool is the same and
+    rank 0's page numbers are valid everywhere)."""
     limit = model.max_position_embeddings
     override = config.max_seq_len_override
     if override is not None and override > limit:
@@ -64,6 +69,7 @@ def plan_pool(
         num_pages = _gpu_pages(
             config, model, dtype, free_bytes, override or limit, override is not None
         )
+    num_pages = agree(num_pages)
     max_seq_len = override or min(limit, num_pages * page_size)
     window = model.sliding_window
     if window is not None and window < max_seq_len:

@@ -16,11 +16,13 @@ import torch
 from minisgl.attention import create_attention_backend
 from minisgl.attention.select import resolve_backend_name
 from minisgl.core import Batch, Context, set_global_ctx
+from minisgl.distributed import rank_device, tp_group
 from minisgl.env import ENV
 from minisgl.kernel.dispatch import fused_kernels
 from minisgl.kvcache import KVCache
 from minisgl.models import ModelConfig, load_model
 from minisgl.models.limits import ModelLimits
+from minisgl.models.sharding import rank_config
 from minisgl.utils import DeviceKit, Event, resolve_device
 from minisgl.utils.threads import apply_thread_policy, matmul_params
 
@@ -61,10 +63,17 @@ class Engine:
             torch.cuda.synchronize(self.device)
 
     def _load_model(self, config: EngineConfig) -> None:
-        """The device, the model's config, limits and weights."""
-        self.device = resolve_device(config.device)
+        """The device, the model's config, limits and weights (this rank's, under tensor
+        parallelism: `rank_config` has its share of the heads, and the KV cache is sized by it)."""
+        self.comm = tp_group(config.tp_size)
+        self.device = rank_device(resolve_device(config.device), self.comm)
         self.kit = DeviceKit(self.device, config.cpu_streams or str(ENV.CPU_STREAMS.value))
         self.model_config = ModelConfig.from_dir(config.model_path)
+        self.rank_config = (
+            rank_config(self.model_config, self.comm.size)
+            if self.comm.size > 1
+            else self.model_config
+        )
         if config.dtype is not None:
             self.dtype = config.dtype
         else:  # a CPU has no fast bf16 matmul; a GPU runs the checkpoint's own dtype
@@ -73,19 +82,21 @@ class Engine:
         self.threads = apply_thread_policy(self.device.type, matmul_params(self.model_config))
         # RoPE's table waits for the context length, which on a GPU depends on the memory left
         # once the weights are in (context.py).
-        self.model = load_model(config.model_path, self.dtype, self.device, max_positions=0)
+        self.model = load_model(
+            config.model_path, self.dtype, self.device, max_positions=0, comm=self.comm
+        )
 
     def _allocate_pools(self, config: EngineConfig) -> None:
         """The KV cache, the page table and the token pool, sized for the backend chosen here."""
-        cfg = self.model_config
+        cfg = self.rank_config  # the heads this process computes
         self.page_size = config.page_size
         free = torch.cuda.mem_get_info(self.device)[0] if self.kit.is_cuda else None
-        plan = plan_pool(config, cfg, self.dtype, free)
+        plan = plan_pool(config, cfg, self.dtype, free, agree=self.comm.all_min)
         self.num_pages, self.max_seq_len = plan.num_pages, plan.max_seq_len  # context length
         self.model.size_rotary(self.max_seq_len, self.device)
         # context length (the engine's: plan_pool may cap the model's by the pool), vocabulary, end
         # ids, sampling defaults: what the scheduler's intake judges requests by
-        self.limits = ModelLimits.resolve(config.model_path, cfg, self.max_seq_len)
+        self.limits = ModelLimits.resolve(config.model_path, self.model_config, self.max_seq_len)
         # Per engine: the config's choice, else the environment's default (minisgl/env.py).
         self.backend_name = resolve_backend_name(
             config.attention_backend or str(ENV.ATTENTION_BACKEND.value),
@@ -115,7 +126,7 @@ class Engine:
     def _build_runtime(self, config: EngineConfig) -> None:
         """The attention backend, the forward context (fused kernels or not), the sampler, the
         engine's stream and, where used, the CUDA-graph runner."""
-        cfg = self.model_config
+        cfg = self.rank_config
         # fused element-wise kernels go with the Triton backend, for this engine only (see
         # dispatch.py)
         want_fused = (

@@ -39,6 +39,11 @@ class LMHead(BaseOP):
         if tied_to is None:
             self.weight = torch.empty(vocab_size, hidden, dtype=dtype, device=device)
 
+    @property
+    def tied_to(self) -> VocabEmbedding | None:
+        """The embedding whose weight this head reads, or None when it has its own."""
+        return self._tied_to
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch = get_global_ctx().batch
         if batch.is_prefill:

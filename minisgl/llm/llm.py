@@ -37,16 +37,29 @@ class RequestResult:
     error: str | None = None
 
 
+def model_directory(model: object) -> Path:
+    if not isinstance(model, (str, Path)):
+        raise TypeError(
+            f"model must be a directory path (str or Path), got {type(model).__name__} {model!r}"
+        )
+    model_dir = Path(model)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory not found: {model_dir}")
+    return model_dir
+
+
 class LLM(Scheduler):
+    tensor_parallel_class: type  # TensorParallelLLM (parallel.py), which LLM(tp_size=N>1) builds
+
+    def __new__(cls, model: str | Path = BUNDLED_MODEL, **options):
+        # LLM(model, tp_size=N) with N > 1 is the tensor-parallel engine: N processes, one per rank
+        # (minisgl/llm/parallel.py); tp_size=1 stays this one-process engine.
+        if cls is LLM and options.get("tp_size", 1) != 1:
+            cls = LLM.tensor_parallel_class  # set by minisgl/llm/__init__.py
+        return super().__new__(cls)
+
     def __init__(self, model: str | Path = BUNDLED_MODEL, **options) -> None:
-        if not isinstance(model, (str, Path)):
-            raise TypeError(
-                f"model must be a directory path (str or Path), got {type(model).__name__} "
-                f"{model!r}"
-            )
-        model_dir = Path(model)
-        if not model_dir.is_dir():
-            raise FileNotFoundError(f"model directory not found: {model_dir}")
+        model_dir = model_directory(model)
         self._queue = QueueIO(self._on_reply)
         super().__init__(SchedulerConfig(model_path=model_dir, **options), self._queue)
         self.tokenizer = load_tokenizer(model_dir)
@@ -180,7 +193,7 @@ class LLM(Scheduler):
             with generation_progress(self, uids, [p.max_tokens for p in params], progress):
                 self.run_until_idle()
         except BaseException as e:  # Ctrl-C too: the engine must not keep half of this call
-            recover.reset_to_idle(self, self._queue, self.results, uids, e)
+            self._reset_to_idle(uids, e)
             raise
         outputs = []
         for uid in uids:
@@ -190,6 +203,9 @@ class LLM(Scheduler):
                 out["error"] = r.error
             outputs.append(out)
         return outputs
+
+    def _reset_to_idle(self, uids: List[int], error: BaseException) -> None:
+        recover.reset_to_idle(self, self._queue, self.results, uids, error)
 
     def shutdown(self) -> None:
         """Handle the batch still in flight (overlap loop) and wait for the engine stream."""

@@ -7,13 +7,16 @@ from pathlib import Path
 
 import torch
 
+from minisgl.distributed import SINGLE, Collectives
+
 from .config import ModelConfig
 from .decoder import CausalLM
 from .llama import LlamaForCausalLM
 from .qwen2 import Qwen2ForCausalLM
 from .qwen3 import Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
-from .weight import load_weight
+from .sharding import Shard, parallelize, rank_config
+from .weight import load_weight, reading_shard
 
 _CLASSES = {
     "qwen3": Qwen3ForCausalLM,
@@ -37,12 +40,21 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     max_positions: int | None = None,
+    comm: Collectives = SINGLE,
 ) -> CausalLM:
     """`max_positions` as in create_model; the engine passes 0 and sizes the table by its context
-    length once it knows it (`CausalLM.size_rotary`)."""
+    length once it knows it (`CausalLM.size_rotary`). With a tensor-parallel `comm` of several
+    ranks, the model is this rank's part (sharding.py), and only its slices are read."""
     cfg = ModelConfig.from_dir(model_dir)
-    model = create_model(cfg, dtype, torch.device("meta"), max_positions)
-    load_weight(model, model_dir, device)
+    if comm.size == 1:
+        model = create_model(cfg, dtype, torch.device("meta"), max_positions)
+        load_weight(model, model_dir, device)
+    else:
+        local = rank_config(cfg, comm.size)
+        model = create_model(local, dtype, torch.device("meta"), max_positions)
+        parallelize(model, cfg, comm)
+        with reading_shard(Shard(cfg, comm.rank, comm.size)):
+            load_weight(model, model_dir, device)
     model.move_rotary(device)
     return model
 

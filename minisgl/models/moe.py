@@ -5,10 +5,11 @@ Keys follow transformers 5's layout: `mlp.gate.weight` [experts, hidden] (the ro
 [experts, hidden, inter]; the loader stacks transformers 4's per-expert weights into them
 (minisgl/models/expert_weights.py).
 
-Tensor parallelism (not built here): the experts shard by their intermediate dimension, like the
-dense MLP. Rank r of n keeps rows [r * inter / n, (r + 1) * inter / n) of each expert's gate and of
-its up (`gate_up_shard`) and the same columns of down; the router is replicated, so every rank
-routes alike, and the block's output is the all-reduced sum of the ranks' partial outputs.
+Tensor parallelism (minisgl/models/sharding.py): the experts shard by their intermediate
+dimension, like the dense MLP. Rank r of n keeps rows [r * inter / n, (r + 1) * inter / n) of each
+expert's gate and of its up (`gate_up_shard`) and the same columns of down; the router is
+replicated, so every rank routes alike, and the block's output is the all-reduced sum of the
+ranks' partial outputs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from minisgl.distributed import SINGLE
 from minisgl.kernel.dispatch import fused_for
 from minisgl.kernel.moe import moe_experts, moe_experts_dense, route
 from minisgl.layers import BaseOP, Linear
@@ -42,8 +44,12 @@ class SparseMoeBlock(BaseOP):
         self._on_route: Callable[[int, torch.Tensor], None] | None = None
         self.gate = Linear(hidden, moe.num_experts, False, dtype, device)
         self.experts = Experts(moe.num_experts, hidden, moe.intermediate_size, dtype, device)
+        self._comm = SINGLE  # under tensor parallelism, the ranks' partial outputs are summed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._comm.all_reduce(self._experts_forward(x))
+
+    def _experts_forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate.forward(x), self._moe.top_k, self._moe.norm_topk_prob)
         if self._on_route is not None:
             self._on_route(self._layer_id, ids)

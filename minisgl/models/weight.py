@@ -7,14 +7,19 @@ and q/k/v and gate/up projections are concatenated into the merged weights the e
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Tuple
 
 import torch
 
 from minisgl.layers import BaseOP
 
 from .expert_weights import expert_count, stack_experts
+
+if TYPE_CHECKING:
+    from .sharding import Shard
 
 # HF suffix -> (merged engine suffix, position of this part in the merged weight, parts in total)
 _MERGES = {
@@ -49,6 +54,21 @@ def safetensors_files(model_dir: str | Path) -> List[Path]:
     return files
 
 
+# The tensor-parallel rank whose slices `_file_tensors` reads (sharding.py), None for whole tensors.
+# Set around a call of load_weight by `reading_shard`, so load_weight (chapter 3's exercise) stays
+# the one-rank function a learner writes, and a rank still reads only its own bytes.
+_SHARD: ContextVar["Shard | None"] = ContextVar("shard", default=None)
+
+
+@contextmanager
+def reading_shard(shard: "Shard") -> Iterator[None]:
+    token = _SHARD.set(shard)
+    try:
+        yield
+    finally:
+        _SHARD.reset(token)
+
+
 def iter_hf_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]:
     """Every (name, tensor) of the checkpoint, one at a time, a mixture of experts' per-expert
     projections stacked into the engine's expert tensors (expert_weights.py)."""
@@ -61,6 +81,7 @@ def _file_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
     seen: Dict[str, Path] = {}
+    shard = _SHARD.get()
     for path in safetensors_files(model_dir):
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
@@ -80,7 +101,10 @@ def _file_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for key in keys:
                 try:
-                    tensor = f.get_tensor(key)
+                    if shard is None:
+                        tensor = f.get_tensor(key)
+                    else:  # only this rank's slice is read from the file
+                        tensor = shard.read(key, f.get_slice(key))
                 except Exception as e:
                     raise ValueError(f"cannot read checkpoint file {path}: {e}") from None
                 check_weight_values(key, tensor, path)

@@ -202,14 +202,18 @@ class Scheduler(Intake, RequestLifecycle, BatchInputs):
     def steps_launched(self) -> int:
         return self._step
 
+    def overlap_now(self) -> bool:
+        """Whether this turn runs the overlap loop: `config.overlap_scheduling`, else the
+        environment's switch (read at every turn: tests and notebooks flip it mid-run)."""
+        overlap = self.config.overlap_scheduling
+        return not ENV.DISABLE_OVERLAP_SCHEDULING if overlap is None else overlap
+
     @torch.inference_mode()
     def step(self) -> None:
         """One turn of the selected loop (`config.overlap_scheduling`, else overlap unless
         MINISGL_DISABLE_OVERLAP_SCHEDULING), on the scheduler's stream. The overlap loop's batch in
         flight is kept here between turns."""
-        overlap = self.config.overlap_scheduling
-        if overlap is None:
-            overlap = not ENV.DISABLE_OVERLAP_SCHEDULING
+        overlap = self.overlap_now()
         with self.stream.context():
             if not overlap:
                 if (

@@ -49,7 +49,9 @@ def start_workers(args: ServerArgs) -> List[mp.Process]:
             target=processes.run_scheduler,
             args=(args, ready),
             name="minisgl-scheduler",
-            daemon=True,
+            # a daemon may not start processes: with tensor parallelism the scheduler is rank 0
+            # and starts the others (they end with it: their sockets to it close)
+            daemon=args.engine.get("tp_size", 1) == 1,
         ),
         ctx.Process(
             target=processes.run_tokenizer,

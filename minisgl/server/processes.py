@@ -31,7 +31,10 @@ def run_scheduler(args: ServerArgs, ready) -> None:
 
     try:
         io = ZmqSchedulerIO(zmq.Context(), args.scheduler_addr, args.tokenizer_addr)
-        scheduler = Scheduler(SchedulerConfig(model_path=args.model, **args.engine), io)
+        config = SchedulerConfig(model_path=args.model, **args.engine)
+        if config.tp_size > 1:  # this process is rank 0; it starts the others (llm/parallel.py)
+            from minisgl.llm.parallel import TensorParallelScheduler as Scheduler  # noqa: N814
+        scheduler = Scheduler(config, io)
         counts = Counter()  # aborts by the state they found the request in, and refusals
         scheduler.events.subscribe(
             lambda e: (

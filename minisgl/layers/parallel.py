@@ -1,0 +1,79 @@
+"""The ops of a tensor-parallel model: a rank holds a slice of each weight, and these ops put the
+slices' partial results together.
+
+Megatron's split, per decoder layer: the merged q|k|v and gate|up projections are *column*
+parallel (each rank keeps whole heads, and whole rows of gate and of up: plain `Linear`s with
+fewer rows, no communication), so each rank's attention and SiLU run on its own heads and columns
+alone. o_proj and down_proj are *row* parallel: each rank multiplies its columns' inputs by its
+columns of the weight, which gives a partial sum of the whole output; one all-reduce adds the
+partial sums. Two all-reduces a layer, one more for the embedding, one all-gather for the logits.
+
+Which slice of the checkpoint each rank reads is minisgl/models/sharding.py's job.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.core import get_global_ctx
+from minisgl.distributed import Collectives
+from minisgl.kernel.dispatch import fused_for
+
+from .embedding import LMHead, VocabEmbedding
+from .linear import Linear
+
+
+class RowParallelLinear(Linear):
+    """y = all_reduce(x_r W_r^T) + b: `weight` is this rank's columns [out, in / ranks], `x` this
+    rank's part of the input. The bias, whole on every rank, is added once, after the sum (added
+    before it, it would count `ranks` times)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype, device, comm):
+        super().__init__(in_features, out_features, bias, dtype, device)
+        self._comm = comm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = fused_for(x)
+        if fused is not None and x.numel() == x.shape[-1]:
+            y = fused.small_batch_linear(x, self.weight)
+        else:
+            y = F.linear(x, self.weight)
+        y = self._comm.all_reduce(y)
+        return y + self.bias if self._has_bias else y
+
+
+class VocabParallelEmbedding(VocabEmbedding):
+    """Rank r keeps rows [start, start + rows) of the embedding (the vocabulary padded to a
+    multiple of the ranks; padding rows are zero). A token another rank owns looks up a zero row
+    here, so the all-reduce of every rank's lookup is the whole embedding."""
+
+    def __init__(self, rows: int, hidden: int, dtype, device, comm: Collectives) -> None:
+        super().__init__(rows, hidden, dtype, device)
+        self._comm, self._start = comm, comm.rank * rows
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.weight.shape[0]
+        local = ids - self._start
+        mine = (local >= 0) & (local < rows)
+        out = F.embedding(torch.where(mine, local, torch.zeros_like(local)), self.weight)
+        out = out * mine.unsqueeze(-1).to(out.dtype)
+        return self._comm.all_reduce(out)
+
+
+class ParallelLMHead(LMHead):
+    """Each rank computes the logits of its rows of the vocabulary; the all-gather joins them along
+    the vocabulary, in rank order, and the padding columns past the real vocabulary are cut off
+    (mini-sglang #100: a vocabulary not divisible by the ranks)."""
+
+    def __init__(self, rows, hidden, dtype, device, comm, vocab_size: int, tied_to=None) -> None:
+        super().__init__(rows, hidden, dtype, device, tied_to=tied_to)
+        self._comm, self._vocab_size = comm, vocab_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch = get_global_ctx().batch
+        if batch.is_prefill:
+            x = x[batch.attn_metadata.last_indices]
+        weight = self._tied_to.weight if self._tied_to is not None else self.weight
+        local = F.linear(x, weight)  # [B, rows]
+        return self._comm.all_gather(local, dim=-1)[:, : self._vocab_size]

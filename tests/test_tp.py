@@ -1,0 +1,249 @@
+"""Tensor parallelism: LLM(model, tp_size=N), N processes on torch.distributed (gloo on a CPU).
+
+- TP=2 and TP=4 give TP=1's greedy tokens, and transformers', on the bundled model (8 heads, 4 KV
+  heads), overlap on and off, and on checkpoint rows with one KV head (fewer than the ranks: each
+  is replicated) and a vocabulary of 257 (no rank count divides it: padded);
+- each forward makes 2 * layers + 1 all-reduces and 1 all-gather; rank 0 holds its share of each
+  weight; the sharded read puts the whole tensor back together;
+- a tp_size that does not divide the heads is refused at LLM() naming the field; a rank killed or
+  raising gives the caller a RankFailure naming it within seconds and leaves no process; shutdown()
+  ends every rank.
+
+The engines are shared (one at a time: one tensor-parallel group per process), so the file runs in
+well under a minute on two cores.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from checkpoints import checkpoint
+from helpers import MODEL, assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
+from minisgl.distributed.ranks import RankFailure
+from minisgl.env import ENV
+from minisgl.models import ModelConfig
+from minisgl.models.sharding import Shard, rank_config, vocab_rows
+
+NEW_TOKENS = 12
+_shared: dict = {}
+
+
+def shared_llm(tp_size: int):
+    """The engine of `tp_size` ranks the tests share (another one is shut down first)."""
+    if tp_size not in _shared:
+        close_shared()
+        _shared[tp_size] = build_llm(tp_size=tp_size, overlap_scheduling=None)
+    return _shared[tp_size]
+
+
+def close_shared() -> None:
+    for llm in _shared.values():
+        llm.shutdown()
+    _shared.clear()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shut_down_at_end():
+    yield
+    close_shared()
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"tp{n}")
+def tp_llm(request):
+    """A shared engine of 2, then of 4 ranks (pytest groups the tests by it)."""
+    return shared_llm(request.param)
+
+
+@pytest.fixture(scope="module")
+def tp1_tokens():
+    llm = build_llm()
+    out = [o["token_ids"] for o in llm.generate(prompt_ids(), greedy(NEW_TOKENS))]
+    llm.shutdown()
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- the same tokens
+
+
+def test_greedy_tokens_equal_tp1_and_transformers(tp_llm, tp1_tokens):
+    llm, tp_size = tp_llm, tp_llm.tp_size
+    want = hf_greedy(prompt_ids(), NEW_TOKENS)
+    assert_tokens_equal(tp1_tokens, want, "TP=1 against transformers")
+    for overlap in (True, False):  # the radix cache is warm on the second run
+        ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
+        got = [o["token_ids"] for o in llm.generate(prompt_ids(), greedy(NEW_TOKENS))]
+        assert_tokens_equal(got, tp1_tokens, f"TP={tp_size}, overlap {overlap}")
+
+
+def test_sampled_tokens_equal_tp1_with_the_same_seed(tp_llm):
+    # the only sampling run of the shared engines: their generators are still at the seed (0)
+    from minisgl import SamplingParams
+
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, top_p=0.9, ignore_eos=True)
+    one = build_llm(seed=0)
+    want = [o["token_ids"] for o in one.generate(prompt_ids(), params)]
+    got = [o["token_ids"] for o in tp_llm.generate(prompt_ids(), params)]
+    assert_tokens_equal(got, want, f"TP={tp_llm.tp_size} sampled, seed 0")
+
+
+@pytest.mark.parametrize("name", ["qwen3-head32-kv1-bias", "qwen3-vocab257-untied"])
+def test_checkpoint_rows_with_fewer_kv_heads_than_ranks_or_an_odd_vocabulary(name):
+    close_shared()
+    ckpt = checkpoint(name)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 256, (24,), generator=g).tolist()
+    prompts = [ids[:5], ids[5:24], ids[5:17] + ids[:3]]
+    want = hf_greedy(prompts, 8, model=ckpt)
+    cfg = ModelConfig.from_dir(ckpt)
+    for tp_size in (2, 4):
+        assert cfg.num_kv_heads < tp_size or cfg.vocab_size % tp_size, "the row tests nothing"
+        llm = build_llm(ckpt, tp_size=tp_size)
+        try:
+            got = [o["token_ids"] for o in llm.generate(prompts, greedy(8))]
+        finally:
+            llm.shutdown()
+        assert_tokens_equal(got, want, f"checkpoint {name}, TP={tp_size}")
+
+
+# ---------------------------------------------------------------- what each rank does and holds
+
+
+def test_each_forward_makes_two_all_reduces_a_layer_plus_one_and_one_all_gather(tp_llm):
+    llm = tp_llm
+    layers = ModelConfig.from_dir(MODEL).num_layers
+    llm.comm.reset_counts()
+    steps = llm.steps_launched
+    llm.generate(prompt_ids()[:2], greedy(5))
+    forwards = llm.steps_launched - steps
+    assert forwards > 0
+    assert llm.comm.counts["all_reduce"] == (2 * layers + 1) * forwards
+    assert llm.comm.counts["all_gather"] == forwards
+
+
+def test_rank_zero_holds_its_share_of_every_weight(tp_llm):
+    llm, tp_size = tp_llm, tp_llm.tp_size
+    cfg = ModelConfig.from_dir(MODEL)
+    h, kv, d, n = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, tp_size
+    state = llm.engine.model.state_dict()
+    layer = "model.layers.0."
+    assert state[layer + "self_attn.qkv_proj.weight"].shape == ((h + 2 * kv) // n * d, 256)
+    assert state[layer + "self_attn.o_proj.weight"].shape == (256, h // n * d)
+    assert state[layer + "mlp.gate_up_proj.weight"].shape == (2 * cfg.intermediate_size // n, 256)
+    assert state[layer + "mlp.down_proj.weight"].shape == (256, cfg.intermediate_size // n)
+    assert state["model.embed_tokens.weight"].shape == (cfg.vocab_size // n, 256)
+    assert llm.engine.kv_cache.k_cache(0).shape[-2:] == (kv // n, d)
+
+
+class _Slice:
+    """safetensors' get_slice for a tensor already in memory."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def get_shape(self):
+        return list(self.t.shape)
+
+    def __getitem__(self, index):
+        return self.t[index].clone()
+
+
+def test_the_ranks_slices_put_each_tensor_back_together():
+    cfg = ModelConfig.from_dir(checkpoint("qwen3-vocab257-untied"))
+    embed = torch.randn(257, 4)
+    for n in (2, 4):
+        rows = [Shard(cfg, r, n).read("model.embed_tokens.weight", _Slice(embed)) for r in range(n)]
+        assert all(p.shape == (vocab_rows(257, n), 4) for p in rows)
+        whole = torch.cat(rows)
+        assert torch.equal(whole[:257], embed) and not whole[257:].any()  # padding is zero
+        down = torch.randn(64, 128)
+        cols = [
+            Shard(cfg, r, n).read("layers.0.mlp.down_proj.weight", _Slice(down)) for r in range(n)
+        ]
+        assert torch.equal(torch.cat(cols, dim=1), down)
+    one_kv = ModelConfig.from_dir(checkpoint("qwen3-head32-kv1-bias"))
+    k = torch.randn(32, 64)
+    parts = [
+        Shard(one_kv, r, 4).read("layers.0.self_attn.k_proj.weight", _Slice(k)) for r in range(4)
+    ]
+    assert all(torch.equal(p, k) for p in parts)  # one KV head, replicated on every rank
+    assert rank_config(one_kv, 4).num_kv_heads == 1
+
+
+# ---------------------------------------------------------------- processes
+
+
+def test_a_tp_size_that_does_not_divide_the_heads_is_refused_naming_the_field():
+    with pytest.raises(
+        ValueError, match=r"tp_size=3 does not divide the model's num_attention_heads"
+    ):
+        build_llm(tp_size=3)
+    with pytest.raises(TypeError, match="tp_size must be an integer"):
+        build_llm(tp_size="2")
+
+
+def test_a_killed_rank_gives_a_clear_error_fast_and_leaves_no_process():
+    close_shared()
+    llm = build_llm(tp_size=2)
+    pids = llm.rank_pids
+    os.kill(pids[0], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match="rank 1 was killed by SIGKILL"):
+        llm.generate(prompt_ids()[:1], greedy(4))
+    assert time.monotonic() - start < 10
+    assert not any(_alive(p) for p in pids)
+    with pytest.raises(RuntimeError, match="stopped"):
+        llm.generate(prompt_ids()[:1], greedy(4))
+
+
+def test_a_rank_that_raises_is_named_with_its_error_and_every_rank_ends():
+    close_shared()
+    llm = build_llm(tp_size=4)
+    pids = llm.rank_pids
+    llm._ranks.control.broadcast(("no such command",))  # every other rank raises ValueError
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match="unknown command from rank 0"):
+        llm.generate(prompt_ids()[:1], greedy(4))
+    assert time.monotonic() - start < 10
+    assert not any(_alive(p) for p in pids)
+
+
+def test_shutdown_ends_every_rank_and_a_new_group_can_start():
+    close_shared()
+    llm = build_llm(tp_size=2)
+    pids = llm.rank_pids
+    llm.shutdown()
+    assert not any(_alive(p) for p in pids)
+    again = build_llm(tp_size=2)
+    assert again.generate(prompt_ids()[:1], greedy(3))[0]["token_ids"]
+    again.shutdown()
+
+
+def test_serve_tp_size_2_answers_the_openai_client_with_the_offline_text():
+    import openai
+
+    from minisgl.server.background import BackgroundServer
+
+    close_shared()
+    offline = build_llm()
+    want = offline.generate(["ROMEO:\n"], greedy(16))[0]["text"]
+    offline.shutdown()
+    server = BackgroundServer("--tp-size", "2", "--port", "0", timeout=120)
+    with server as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+        r = client.completions.create(
+            model="shakespeare-qwen3", prompt="ROMEO:\n", max_tokens=16, temperature=0
+        )
+    assert r.choices[0].text == want, (r.choices[0].text, want)
