@@ -77,10 +77,10 @@ import json, os
 import torch
 from minisgl import LLM
 before = torch.get_num_threads()
-llm = LLM(max_running_req=2)
+llm = LLM(max_running_req=2, device="cpu")
 first = (torch.get_num_threads(), torch.get_num_interop_threads(), llm.engine.threads.reason)
 os.environ["MINISGL_THREADS"] = "2"
-llm2 = LLM(max_running_req=2)
+llm2 = LLM(max_running_req=2, device="cpu")
 second = (torch.get_num_threads(), torch.get_num_interop_threads(), llm2.engine.threads.reason)
 print(json.dumps({"before": before, "first": first, "second": second,
                   "tokenizers": os.environ.get("TOKENIZERS_PARALLELISM")}))

@@ -23,7 +23,15 @@ import pytest
 import torch
 
 from checkpoints import checkpoint
-from helpers import MODEL, assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
+from helpers import (
+    MODEL,
+    assert_tokens_equal,
+    build_llm,
+    greedy,
+    hf_greedy,
+    prompt_ids,
+    test_device,
+)
 from minisgl.distributed.ranks import RankFailure
 from minisgl.env import ENV
 from minisgl.models import ModelConfig
@@ -33,11 +41,21 @@ NEW_TOKENS = 12
 _shared: dict = {}
 
 
+def rank_device(tp_size: int) -> str:
+    """cuda with one GPU per rank where the machine has them (NCCL), else the CPU (gloo): on one
+    GPU, several ranks check the sharding on the CPU."""
+    if test_device() == "cuda" and torch.cuda.device_count() >= tp_size:
+        return "cuda"
+    return "cpu"
+
+
 def shared_llm(tp_size: int):
     """The engine of `tp_size` ranks the tests share (another one is shut down first)."""
     if tp_size not in _shared:
         close_shared()
-        _shared[tp_size] = build_llm(tp_size=tp_size, overlap_scheduling=None)
+        _shared[tp_size] = build_llm(
+            tp_size=tp_size, overlap_scheduling=None, device=rank_device(tp_size)
+        )
     return _shared[tp_size]
 
 
@@ -61,7 +79,7 @@ def tp_llm(request):
 
 @pytest.fixture(scope="module")
 def tp1_tokens():
-    llm = build_llm()
+    llm = build_llm(device=rank_device(2))
     out = [o["token_ids"] for o in llm.generate(prompt_ids(), greedy(NEW_TOKENS))]
     llm.shutdown()
     return out
@@ -93,7 +111,7 @@ def test_sampled_tokens_equal_tp1_with_the_same_seed(tp_llm):
     from minisgl import SamplingParams
 
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, top_p=0.9, ignore_eos=True)
-    one = build_llm(seed=0)
+    one = build_llm(seed=0, device=rank_device(tp_llm.tp_size))  # sampling differs by device
     want = [o["token_ids"] for o in one.generate(prompt_ids(), params)]
     got = [o["token_ids"] for o in tp_llm.generate(prompt_ids(), params)]
     assert_tokens_equal(got, want, f"TP={tp_llm.tp_size} sampled, seed 0")
@@ -110,7 +128,7 @@ def test_checkpoint_rows_with_fewer_kv_heads_than_ranks_or_an_odd_vocabulary(nam
     cfg = ModelConfig.from_dir(ckpt)
     for tp_size in (2, 4):
         assert cfg.num_kv_heads < tp_size or cfg.vocab_size % tp_size, "the row tests nothing"
-        llm = build_llm(ckpt, tp_size=tp_size)
+        llm = build_llm(ckpt, tp_size=tp_size, device=rank_device(tp_size))
         try:
             got = [o["token_ids"] for o in llm.generate(prompts, greedy(8))]
         finally:
@@ -196,7 +214,7 @@ def test_a_tp_size_that_does_not_divide_the_heads_is_refused_naming_the_field():
 
 def test_a_killed_rank_gives_a_clear_error_fast_and_leaves_no_process():
     close_shared()
-    llm = build_llm(tp_size=2)
+    llm = build_llm(tp_size=2, device=rank_device(2))
     pids = llm.rank_pids
     os.kill(pids[0], signal.SIGKILL)
     start = time.monotonic()
@@ -210,7 +228,7 @@ def test_a_killed_rank_gives_a_clear_error_fast_and_leaves_no_process():
 
 def test_a_rank_that_raises_is_named_with_its_error_and_every_rank_ends():
     close_shared()
-    llm = build_llm(tp_size=4)
+    llm = build_llm(tp_size=4, device=rank_device(4))
     pids = llm.rank_pids
     llm._ranks.control.broadcast(("no such command",))  # every other rank raises ValueError
     start = time.monotonic()
@@ -222,11 +240,11 @@ def test_a_rank_that_raises_is_named_with_its_error_and_every_rank_ends():
 
 def test_shutdown_ends_every_rank_and_a_new_group_can_start():
     close_shared()
-    llm = build_llm(tp_size=2)
+    llm = build_llm(tp_size=2, device=rank_device(2))
     pids = llm.rank_pids
     llm.shutdown()
     assert not any(_alive(p) for p in pids)
-    again = build_llm(tp_size=2)
+    again = build_llm(tp_size=2, device=rank_device(2))
     assert again.generate(prompt_ids()[:1], greedy(3))[0]["token_ids"]
     again.shutdown()
 
@@ -237,10 +255,12 @@ def test_serve_tp_size_2_answers_the_openai_client_with_the_offline_text():
     from minisgl.server.background import BackgroundServer
 
     close_shared()
-    offline = build_llm()
+    offline = build_llm(device=rank_device(2))
     want = offline.generate(["ROMEO:\n"], greedy(16))[0]["text"]
     offline.shutdown()
-    server = BackgroundServer("--tp-size", "2", "--port", "0", timeout=120)
+    server = BackgroundServer(
+        "--tp-size", "2", "--device", rank_device(2), "--port", "0", timeout=120
+    )
     with server as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
         r = client.completions.create(
