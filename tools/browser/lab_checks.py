@@ -212,7 +212,8 @@ def progress_notebook(path) -> None:
 def progress_cleaned_up(page, console: List[str]) -> List[str]:
     """After `generate(progress=True)`: between the prints, one line saying what ran (the bar
     itself gone), and no widget traffic the browser cannot place ("Comm not found")."""
-    outputs = page.evaluate(OUTPUTS_JS)
+    # rich's Jupyter display leaves empty output areas behind (nothing shows): only text counts
+    outputs = [o for o in page.evaluate(OUTPUTS_JS) if o["text"].strip()]
     texts = [o["text"].strip() for o in outputs]
     fails = []
     if len(outputs) != 3:
