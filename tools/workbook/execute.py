@@ -51,9 +51,10 @@ def kernel_env() -> dict:
     return env
 
 
-def run(nb: nbformat.NotebookNode, cwd: Path, allow_errors: bool = False) -> Run:
-    nb = nbformat.from_dict(nb)
-    client = NotebookClient(
+def client(nb: nbformat.NotebookNode, cwd: Path, allow_errors: bool = False) -> NotebookClient:
+    """A client for `nb` with the kernel and limits every run here uses."""
+    NOTEBOOK_PROGRESS.parent.mkdir(exist_ok=True)
+    return NotebookClient(
         nb,
         timeout=CELL_TIMEOUT_S,
         kernel_name="python3",
@@ -62,9 +63,12 @@ def run(nb: nbformat.NotebookNode, cwd: Path, allow_errors: bool = False) -> Run
         store_widget_state=False,
         resources={"metadata": {"path": str(cwd)}},
     )
-    NOTEBOOK_PROGRESS.parent.mkdir(exist_ok=True)
+
+
+def run(nb: nbformat.NotebookNode, cwd: Path, allow_errors: bool = False) -> Run:
+    nb = nbformat.from_dict(nb)
     start = time.perf_counter()
-    client.execute(env=kernel_env(), cwd=str(cwd))
+    client(nb, cwd, allow_errors).execute(env=kernel_env(), cwd=str(cwd))
     return Run(nb, time.perf_counter() - start)
 
 

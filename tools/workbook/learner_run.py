@@ -25,7 +25,6 @@ import time
 from typing import Dict, List, Tuple
 
 import nbformat
-from nbclient import NotebookClient
 
 from . import execute as runner
 from . import notebook
@@ -81,16 +80,7 @@ def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str
     variants = _variants_by_exercise(ch)
     problems: List[str] = []
     oks: List[str] = []
-    client = NotebookClient(
-        nb,
-        timeout=runner.CELL_TIMEOUT_S,
-        kernel_name="python3",
-        allow_errors=True,
-        record_timing=False,
-        store_widget_state=False,
-        resources={"metadata": {"path": str(NOTEBOOKS)}},
-    )
-    runner.NOTEBOOK_PROGRESS.parent.mkdir(exist_ok=True)
+    client = runner.client(nb, NOTEBOOKS, allow_errors=True)
 
     def aside(index: int, source: str) -> list:
         """Run `source` in a copy of the namespace; the outputs it printed."""
