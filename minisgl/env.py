@@ -122,8 +122,18 @@ THREADS = Setting(
 SERVER_INIT = Setting(
     "MINISGL_SERVER_INIT",
     "`module:function` that every process of `python -m minisgl serve` (the API server and its "
-    "two workers) calls before it builds anything; the judge sets it so that the learner's code "
-    "serves (minisgl/server/init.py)",
+    "two workers) and every tensor-parallel rank calls before it builds anything; the judge sets "
+    "it so that the learner's code serves, and runs in every rank (minisgl/server/init.py)",
+)
+
+TP_TIMEOUT = Setting(
+    "MINISGL_TP_TIMEOUT",
+    "seconds a tensor-parallel rank waits in a collective for the other ranks before it raises, "
+    "naming itself and the collective (minisgl/distributed/ranks.py); the tests make it short, so "
+    "a rank that never arrives fails a test instead of hanging it",
+    ("600",),
+    "600",
+    count=True,
 )
 
 # ---------------------------------------------------------------------- the tests' settings
@@ -152,7 +162,7 @@ ENGINE_SETTINGS = (
     PROGRESS,
     THREADS,
 )
-SETTINGS = ENGINE_SETTINGS + (SERVER_INIT, TEST_DEVICE, TEST_MODEL, CACHE_DIR)
+SETTINGS = ENGINE_SETTINGS + (SERVER_INIT, TP_TIMEOUT, TEST_DEVICE, TEST_MODEL, CACHE_DIR)
 
 
 @dataclass

@@ -43,7 +43,12 @@ class Collectives:
         try:
             yield
         except RuntimeError as e:  # gloo and NCCL raise RuntimeError for a peer that is gone
-            raise CollectiveFailed(f"{kind} across {self.size} ranks failed: {e}") from e
+            # which rank waited, in which collective: a rank that never arrives (or called one
+            # collective fewer) shows as its peers' timeout here
+            raise CollectiveFailed(
+                f"rank {self.rank}: {kind} #{self.counts[kind]} across {self.size} ranks "
+                f"failed: {e}"
+            ) from e
         finally:
             self.seconds += time.perf_counter() - start
 

@@ -26,12 +26,18 @@ from typing import Any, Callable, Iterator, List, Tuple
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from minisgl.env import TP_TIMEOUT
+
 from .group import Control, join_group, leave_group
 
-# a collective waits this long for a silent rank before raising (a step takes milliseconds; loading
-# a large checkpoint happens before the first collective that could wait for it)
-COLLECTIVE_TIMEOUT_S = 600.0
 START_TIMEOUT_S = 120.0  # for every rank to start and check in
+
+
+def collective_timeout_s() -> float:
+    """How long a collective waits for a silent rank before raising (MINISGL_TP_TIMEOUT, 600 s by
+    default: a step takes milliseconds, and loading a large checkpoint happens before the first
+    collective that could wait for it). Each rank reads it; a spawned rank inherits the variable."""
+    return float(TP_TIMEOUT.read())
 
 
 class RankFailure(RuntimeError):
@@ -43,11 +49,16 @@ def rank_main(target: Callable, rank: int, size: int, port: int, backend: str, e
     # Ctrl-C in a terminal reaches every process of the group; rank 0 decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        from minisgl.server.init import run_server_init
+
+        # A spawned rank inherits nothing that its parent changed in memory: the hook puts the
+        # same functions in place here as there (the judge's swap of the learner's code).
+        run_server_init()
         store = dist.TCPStore(
             "127.0.0.1", port, size, False, timeout=timedelta(seconds=START_TIMEOUT_S)
         )
         store.set(f"joined/{rank}", "1")
-        comm, control = join_group(store, rank, size, backend, COLLECTIVE_TIMEOUT_S)
+        comm, control = join_group(store, rank, size, backend, collective_timeout_s())
         target(comm, control, *args)
         leave_group()
     except BaseException:
@@ -91,7 +102,7 @@ class Ranks:
         ranks = cls(size, procs, errors, None, None)
         try:
             ranks._wait_checked_in(store)
-            ranks.comm, ranks.control = join_group(store, 0, size, backend, COLLECTIVE_TIMEOUT_S)
+            ranks.comm, ranks.control = join_group(store, 0, size, backend, collective_timeout_s())
         except BaseException as e:
             ranks.stop(graceful=False)
             if isinstance(e, RankFailure):

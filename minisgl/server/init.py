@@ -4,6 +4,8 @@ The server's workers are spawned, and the API server is often a process of its o
 minisgl serve` from a test's BackgroundServer): none of them inherits what was changed in the
 process that started it. The judge (judge/serving.py) names its function here, so that the
 learner's functions are put in place in all three processes, as they were in the test process.
+The ranks of a tensor-parallel engine are spawned too, and run it for the same reason
+(minisgl/distributed/ranks.py).
 """
 
 from __future__ import annotations
