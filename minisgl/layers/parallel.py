@@ -53,12 +53,19 @@ class VocabParallelEmbedding(VocabEmbedding):
         self._comm, self._start = comm, comm.rank * rows
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.weight.shape[0]
-        local = ids - self._start
-        mine = (local >= 0) & (local < rows)
-        out = F.embedding(torch.where(mine, local, torch.zeros_like(local)), self.weight)
-        out = out * mine.unsqueeze(-1).to(out.dtype)
-        return self._comm.all_reduce(out)
+        return self._comm.all_reduce(lookup_own_rows(ids, self.weight, self._start))
+
+
+def lookup_own_rows(ids: torch.Tensor, weight: torch.Tensor, start: int) -> torch.Tensor:
+    """This rank's part of the embedding of `ids` ([T] -> [T, hidden]): `weight` holds rows
+    [start, start + len(weight)) of the vocabulary. An id in that range gets its row; any other id
+    gets zeros, so that the sum over the ranks is the whole embedding. (Looking such an id up
+    anyway would read another token's row, or past the end of `weight`.)"""
+    rows = weight.shape[0]
+    local = ids - start
+    mine = (local >= 0) & (local < rows)
+    out = F.embedding(torch.where(mine, local, torch.zeros_like(local)), weight)
+    return out * mine.unsqueeze(-1).to(out.dtype)
 
 
 class ParallelLMHead(LMHead):
