@@ -7,10 +7,11 @@ as a copy of this process, so it runs the functions this process has, the ones a
 just defined or the judge just swapped in. (The engine's own ranks are spawned, and run the
 judge's swap through MINISGL_SERVER_INIT instead: minisgl/distributed/ranks.py.)
 
-A rank that raises stops them all: `RanksFailed` carries its traceback. A rank that is still
-running after `timeout_s` is killed with the others, and `RanksFailed` names it and the ranks that
-had finished: a rank left waiting in a collective that another rank never called is the usual
-reason, and the message says so. Nothing of a rank outlives the call.
+A rank that raises stops them all: `RanksFailed` carries its traceback (a NotImplementedError, an
+exercise's stub, is raised as itself, so that a try-out's `attempt` recognises it). A rank that is
+still running after `timeout_s` is killed with the others, and `RanksFailed` names it and the
+ranks that had finished: a rank left waiting in a collective that another rank never called is the
+usual reason, and the message says so. Nothing of a rank outlives the call.
 """
 
 from __future__ import annotations
@@ -103,7 +104,11 @@ def _collect(pipes, procs, timeout_s: float) -> List[Any]:
                     f"rank {rank} died (exit code {procs[rank].exitcode}) before it answered"
                 ) from None
             if kind == "error":
-                raise RanksFailed(f"rank {rank} raised {payload.splitlines()[-1]}\n{payload}")
+                tb, stub = payload
+                failed = RanksFailed(f"rank {rank} raised {tb.splitlines()[-1]}\n{tb}")
+                if stub is not None:  # an exercise still its stub: its own error, as one process
+                    raise NotImplementedError(stub) from failed
+                raise failed
             results[rank] = payload
     return [results[r] for r in range(len(pipes))]
 
@@ -130,8 +135,9 @@ def _rank(fn, args, collectives, rank, size, port, timeout_s, send) -> None:
         # collective another rank still waits in, hiding which of them never arrived.
         store.wait(["leave"], timedelta(seconds=timeout_s + 30))
         dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
-        send.send_bytes(pickle.dumps(("error", traceback.format_exc().rstrip())))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+        stub = str(e) if isinstance(e, NotImplementedError) else None
+        send.send_bytes(pickle.dumps(("error", (traceback.format_exc().rstrip(), stub))))
         code = 1
     finally:
         send.close()
