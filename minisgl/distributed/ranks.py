@@ -133,7 +133,8 @@ class Ranks:
         while True:
             try:
                 rank, tb = self._errors.get(timeout=0.02)
-                return f"rank {rank} raised:\n{tb.rstrip()}"
+                tb = tb.rstrip()
+                return f"rank {rank} raised {tb.splitlines()[-1]}\n{tb}"
             except queue.Empty:
                 pass
             dead = [p for p in self._procs if p.exitcode is not None and p.exitcode != 0]
