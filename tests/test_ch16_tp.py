@@ -159,6 +159,19 @@ def test_all_gather_along_the_first_dimension():
         assert torch.equal(y, want), f"rank {r}: gathered along dim 0: {y.tolist()}"
 
 
+def _gather_transposed(comm):
+    """A piece that is not contiguous (a transposed view), and the gather's own count."""
+    x = (torch.arange(6.0).reshape(2, 3) + 100 * comm.rank).t()
+    return comm.all_gather(x, dim=-1), comm.counts["all_gather"]
+
+
+def test_all_gather_of_a_non_contiguous_piece_is_counted_once():
+    want = torch.cat([(torch.arange(6.0).reshape(2, 3) + 100 * r).t() for r in range(2)], dim=-1)
+    for r, (y, count) in enumerate(run_ranks(2, _gather_transposed, timeout_s=RANK_TIMEOUT_S)):
+        assert torch.equal(y, want), f"rank {r}: a transposed piece gathered as {y.tolist()}"
+        assert count == 1, f"rank {r}: Collectives.counts['all_gather'] is {count} after one gather"
+
+
 def test_all_gather_of_one_rank_is_its_input_without_a_group():
     x = torch.randn(2, 3)
     assert torch.equal(SINGLE.all_gather(x, dim=-1), x)
