@@ -70,7 +70,7 @@ class Collectives:
             return x
         import torch.distributed as dist
 
-        x = x.contiguous()
+        x = x.contiguous()  # NCCL takes contiguous tensors only (gloo copies a view itself)
         parts: List[torch.Tensor] = [torch.empty_like(x) for _ in range(self.size)]
         with self._timed("all_gather"):
             dist.all_gather(parts, x, group=self._group)
