@@ -1,11 +1,11 @@
 """A function run on every rank of a real gloo group, for chapter 16's try-outs and tests.
 
 `run_ranks(size, fn, *args)` forks `size` processes, joins them in a torch.distributed gloo group
-on the loopback interface, and runs `fn(comm, *args)` in each, with `comm` that rank's
-`Collectives`; it returns every rank's result, rank 0's first. Forked, not spawned: a rank starts
-as a copy of this process, so it runs the functions this process has, the ones a notebook cell
-just defined or the judge just swapped in. (The engine's own ranks are spawned, and run the
-judge's swap through MINISGL_SERVER_INIT instead: minisgl/distributed/ranks.py.)
+(a file store to meet, the loopback interface to talk), and runs `fn(comm, *args)` in each, with
+`comm` that rank's `Collectives`; it returns every rank's result, rank 0's first. Forked, not
+spawned: a rank starts as a copy of this process, so it runs the functions this process has, the
+ones a notebook cell just defined or the judge just swapped in. (The engine's own ranks are
+spawned, and run the judge's swap through MINISGL_SERVER_INIT instead: distributed/ranks.py.)
 
 A rank that raises stops them all: `RanksFailed` carries its traceback (a NotImplementedError, an
 exercise's stub, is raised as itself, so that a try-out's `attempt` recognises it). A rank that is
@@ -19,6 +19,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import shutil
+import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -51,14 +53,17 @@ def run_ranks(
             "this process is in a torch.distributed group already (a tensor-parallel LLM?): "
             "shut it down first, a forked rank would inherit the group"
         )
-    store = dist.TCPStore("127.0.0.1", 0, size, True, wait_for_workers=False)
+    # A file store, not a TCPStore: a TCPStore's server is a thread of this process, and a process
+    # forked while another of its threads holds a lock may crash or hang in that lock.
+    where = tempfile.mkdtemp(prefix="minisgl-ranks-")
+    path = os.path.join(where, "store")
     ctx = mp.get_context("fork")
     pipes, procs = [], []
     for rank in range(size):
         receive, send = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_rank,
-            args=(fn, args, collectives, rank, size, store.port, timeout_s, send),
+            args=(fn, args, collectives, rank, size, path, timeout_s, send),
             name=f"rank{rank}",
             daemon=True,
         )
@@ -68,7 +73,8 @@ def run_ranks(
         procs.append(p)
     try:
         results = _collect(pipes, procs, timeout_s)
-        store.set("leave", "1")  # every rank answered: they may leave the group together
+        # every rank answered: they may leave the group together
+        dist.FileStore(path, -1).set("leave", "1")
         return results
     finally:
         for p in procs:
@@ -77,6 +83,7 @@ def run_ranks(
             p.join()
         for c in pipes:
             c.close()
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def _collect(pipes, procs, timeout_s: float) -> List[Any]:
@@ -113,13 +120,13 @@ def _collect(pipes, procs, timeout_s: float) -> List[Any]:
     return [results[r] for r in range(len(pipes))]
 
 
-def _rank(fn, args, collectives, rank, size, port, timeout_s, send) -> None:
+def _rank(fn, args, collectives, rank, size, path, timeout_s, send) -> None:
     """A forked rank: join the group, run `fn`, send back its result, leave without running
     anything of the parent's (no atexit handlers, no flushing of the parent's buffers)."""
     code = 0
     try:
         torch.set_num_threads(1)  # ranks share the cores; a forked OpenMP pool is unsafe anyway
-        store = dist.TCPStore("127.0.0.1", port, size, False)
+        store = dist.FileStore(path, -1)
         # the group's own timeout is longer than the caller's: the caller names the hung rank
         dist.init_process_group(
             "gloo",
