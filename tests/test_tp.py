@@ -7,7 +7,7 @@
   weight; the sharded read puts the whole tensor back together;
 - a tp_size that does not divide the heads is refused at LLM() naming the field; a rank killed or
   raising gives the caller a RankFailure naming it within seconds and leaves no process; shutdown()
-  ends every rank.
+  ends every rank; every rank runs MINISGL_SERVER_INIT first (the judge's swap reaches it so).
 
 The engines are shared (one at a time: one tensor-parallel group per process), so the file runs in
 well under a minute on two cores.
@@ -236,6 +236,15 @@ def test_a_rank_that_raises_is_named_with_its_error_and_every_rank_ends():
         llm.generate(prompt_ids()[:1], greedy(4))
     assert time.monotonic() - start < 10
     assert not any(_alive(p) for p in pids)
+
+
+def test_every_rank_runs_the_server_init_hook_first(monkeypatch):
+    # the judge's swap reaches a spawned rank only this way; json.loads() without its argument
+    # stands for a hook that fails, and the rank that ran it must say so
+    close_shared()
+    monkeypatch.setenv("MINISGL_SERVER_INIT", "json:loads")
+    with pytest.raises(RankFailure, match=r"rank 1 raised TypeError: .*loads\(\) missing"):
+        build_llm(tp_size=2, device=rank_device(2))
 
 
 def test_shutdown_ends_every_rank_and_a_new_group_can_start():
