@@ -9,7 +9,8 @@ k tokens exactly, so that k is a promise whatever the rounding of bfloat16 logit
 def top_k_top_p_filter(logits, top_k, top_p):
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     kth = sorted_logits.gather(-1, (top_k - 1).clamp_min(0).unsqueeze(1))
-    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))  # the bug: ties stay
+    # the bug: a cut by value, so every token tied with the k-th stays
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     cut = (mass_before >= top_p.unsqueeze(1)) & (top_p.unsqueeze(1) < 1.0)
