@@ -10,10 +10,11 @@ def generate(model, prompt_ids, max_new_tokens, eos_token_id=None):
     cache = KVCache(model.config.num_layers)
     logits = forward(model, torch.tensor(list(prompt_ids)), torch.arange(len(prompt_ids)), cache)
     out = []
-    while len(out) < max_new_tokens:
+    while True:
         next_id = int(logits[-1].argmax())
         if next_id == eos_token_id:
-            break  # the bug: the EOS belongs to the output
+            return out  # the bug: the EOS belongs to the output
         out.append(next_id)
+        if len(out) == max_new_tokens:
+            return out
         logits = forward(model, torch.tensor([next_id]), torch.tensor([len(cache)]), cache)
-    return out
