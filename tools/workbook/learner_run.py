@@ -109,7 +109,9 @@ def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str
                     outputs = aside(i, with_variant(reference, attr, variant_def, imports))
                     text = _text(outputs)
                     if FAIL in text or _raised(outputs):
-                        oks.append(f"{name} / {ex_id}: its try-out shows ✘")
+                        lines = [line.strip() for line in text.splitlines() if FAIL in line]
+                        says = lines[0][:110] if lines else "it raised"
+                        oks.append(f"{name} / {ex_id}: its try-out shows ✘ ({says})")
                     else:
                         last = text.strip().splitlines()[-1][:120] if text.strip() else "no output"
                         problems.append(
