@@ -62,8 +62,15 @@ def assert_idle_and_clean(llm) -> None:
             "_free_req_resources"
         ) from None
     free = llm.table_manager.available_size
+    parked = len(getattr(llm, "_deferred_slots", []))
     assert free == llm.config.max_running_req, (
         f"{llm.config.max_running_req - free} request slot(s) not returned after all requests ended"
+        + (
+            f" ({parked} still parked in _deferred_slots with nothing in flight: once the last "
+            "batch in flight is handled, nothing can write them, and no later turn may come)"
+            if parked
+            else ""
+        )
     )
     # a request whose end was handled is no longer live: an abort arriving for it later must find
     # nothing to free (live_requests: the requests that hold a slot and KV right now)
