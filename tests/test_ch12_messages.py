@@ -96,6 +96,12 @@ def test_sampling_params_keep_which_fields_were_given_across_the_wire():
             ]
         )
     )
+    assert isinstance(msg.sampling_params, SamplingParams), (
+        "a UserMsg's sampling parameters should arrive as SamplingParams, got "
+        f"{type(msg.sampling_params).__name__} {msg.sampling_params!r}: encode them as "
+        "{'__sampling__': fields} (dataclasses.asdict on the whole message drops that tag) and "
+        "revive that tag"
+    )
     got = msg.sampling_params.fields_set
     assert got == ["max_tokens", "temperature"], (
         f"a request that set temperature and max_tokens should arrive with those two set (the "
