@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+import uuid
 from contextlib import asynccontextmanager
 from typing import Any, Callable, Dict, List
 
@@ -28,6 +29,7 @@ from starlette.exceptions import HTTPException
 
 from minisgl.message import TokenizeMsg
 
+from . import choices
 from . import openai_api as api
 from .frontend import Frontend
 from .openai_api import ErrorInfo
@@ -99,6 +101,10 @@ async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
             ErrorInfo(400, f"the request body is not valid JSON: {err.get('msg')}")
         )
     where = ".".join(loc) or "body"
+    if err.get("type") == "extra_forbidden":  # the OpenAI API's words for a field it does not know
+        return error_response(
+            ErrorInfo(400, f"Unrecognized request argument supplied: {where}", param=where)
+        )
     return error_response(
         ErrorInfo(400, f"{where}: {err.get('msg')}", param=loc[0] if loc else None)
     )
@@ -144,16 +150,17 @@ async def debug_scheduler(request: Request) -> JSONResponse:
 
 
 async def completions(req: api.CompletionRequest, request: Request):
-    if isinstance(req.prompt, list) and not req.prompt:
+    prompts = req.prompts()
+    if not prompts or not all(prompts):
         return error_response(ErrorInfo(400, "prompt is empty", param="prompt"))
-    text, ids = (req.prompt, None) if isinstance(req.prompt, str) else (None, req.prompt)
+
+    def message(prompt):
+        text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+        return lambda uid, p: TokenizeMsg(uid=uid, sampling_params=p, text=text, input_ids=ids)
+
     max_tokens = 16 if req.max_tokens is None else req.max_tokens  # null means the default
     return await serve(
-        req,
-        request,
-        chat=False,
-        max_tokens=max_tokens,
-        make=lambda uid, p: TokenizeMsg(uid=uid, sampling_params=p, text=text, input_ids=ids),
+        req, request, chat=False, max_tokens=max_tokens, makes=[message(p) for p in prompts]
     )
 
 
@@ -170,14 +177,21 @@ async def chat_completions(req: api.ChatRequest, request: Request):
         request,
         chat=True,
         max_tokens=max_tokens,
-        make=lambda uid, p: TokenizeMsg(
-            uid=uid, sampling_params=p, messages=messages, fill_context=fill
-        ),
+        makes=[
+            lambda uid, p: TokenizeMsg(
+                uid=uid, sampling_params=p, messages=messages, fill_context=fill
+            )
+        ],
     )
 
 
-async def serve(req, request: Request, chat: bool, max_tokens: int | None, make):
-    """Hand a request to the tokenizer worker and answer it: an error, a stream or one body."""
+MAX_N = 128  # the OpenAI API's limit on `n`
+
+
+async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes):
+    """Hand a request to the tokenizer worker and answer it: an error, a stream or one body.
+    `makes`: for each prompt, `make(uid, params)` gives its TokenizeMsg; each prompt is sampled
+    `req.n` times, each sample a request of its own (choices.py joins them)."""
     frontend, model_name = request.app.state.frontend, request.app.state.model_name
     try:
         if req.model != model_name:
@@ -190,29 +204,43 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, make)
         bad = req.unsupported()
         if bad:
             raise ErrorInfo(400, f"{bad[0]}: not supported by this server", param=bad[0])
+        n = req.n_choices
+        if not 1 <= n <= MAX_N:
+            raise ErrorInfo(400, f"n must be between 1 and {MAX_N}, got {n}", param="n")
         params = api.sampling_params(req, 1 if max_tokens is None else max_tokens)
     except ErrorInfo as e:
         return error_response(e)
-    uid = frontend.submit(lambda u: make(u, params))
-    # Wait for the first token (or the refusal) before answering, so that an error gets its
-    # status code; a client leaving meanwhile aborts the request.
+    uids = [frontend.submit(lambda u, m=make: m(u, params)) for make in makes for _ in range(n)]
+    # Wait for the first tokens (or a refusal) before answering, so that an error gets its
+    # status code; a client leaving meanwhile aborts the requests.
     gone = asyncio.ensure_future(disconnected(request))
-    first = await first_of(frontend.next_reply(uid), gone)
+    firsts = await first_of(asyncio.gather(*(frontend.next_reply(u) for u in uids)), gone)
     gone.cancel()
-    if first is None:
-        frontend.release(uid, abort=True)
+    if firsts is None:
+        for uid in uids:
+            frontend.release(uid, abort=True)
         return JSONResponse({}, status_code=499)  # nobody is listening
-    if first.error is not None:
-        frontend.release(uid, abort=False)
-        return error_response(ErrorInfo(first.status, first.error))
+    refused = next((f for f in firsts if f.error is not None), None)
+    if refused is not None:
+        for uid, first in zip(uids, firsts):
+            frontend.release(uid, abort=first.error is None)
+        return error_response(
+            ErrorInfo(refused.status, refused.error, code=api.error_code(refused.error))
+        )
     answer = Answer(
         chat,
-        f"{'chatcmpl' if chat else 'cmpl'}-{uid}",
+        f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",  # unique across restarts too
         model_name,
-        req.return_token_ids,
-        bool((req.stream_options or {}).get("include_usage")),
+        bool(req.return_token_ids),
+        req.include_usage,
     )
-    if req.stream:
+    if len(uids) > 1:
+        if req.streams:
+            events = choices.stream_choices(frontend, uids, firsts, answer, n)
+            return AbortOnDisconnect(events, media_type="text/event-stream")
+        return await choices.collect_choices(frontend, uids, firsts, answer, request, n)
+    uid, first = uids[0], firsts[0]
+    if req.streams:
         events = stream_events(frontend, uid, first, answer)
         if inspect.iscoroutine(events):  # an `async def` that never yields (a stub, a slip)
             try:  # its own error, raised here, says more than starlette's TypeError
