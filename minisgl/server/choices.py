@@ -69,10 +69,7 @@ async def collect_choices(
     if failed is not None:
         return failed
     bodies = [json.loads(a.body) for a in answers]
-    body = bodies[0]
-    body["choices"] = []
-    for i, b in enumerate(bodies):
-        body["choices"].append({**b["choices"][0], "index": i})
+    body = {**bodies[0], "choices": [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]}
     body["usage"] = usage_of(
         n,
         [b["usage"]["prompt_tokens"] for b in bodies],
