@@ -15,6 +15,7 @@ FastAPI would say 422), 404 for an unknown model or path, 500 when the server fa
 from __future__ import annotations
 
 import asyncio
+import hmac
 import inspect
 import time
 import uuid
@@ -24,7 +25,8 @@ from typing import Any, Callable, Dict, List
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from minisgl.message import TokenizeMsg
@@ -32,31 +34,71 @@ from minisgl.message import TokenizeMsg
 from . import choices
 from . import openai_api as api
 from .frontend import Frontend
+from .metrics import CountRequests, ServerMetrics
 from .openai_api import ErrorInfo
 from .responses import Answer, collect, disconnected, error_response, first_of, stream_events
+from .token_routes import DetokenizeRequest, PromptTokenizer, TokenizeRequest
 
 
 class AbortOnDisconnect(StreamingResponse):
     """A stream that notices its client leaving even while no token is coming, and then closes its
     body generator at once, whose `finally` aborts the request. (Starlette's own response, under
-    ASGI 2.4, notices only when a send fails, and leaves the generator to the garbage collector.)"""
+    ASGI 2.4, notices only when a send fails, and leaves the generator to the garbage collector.)
+
+    When the server begins to stop (`stopping` set), the stream ends the same way, after one
+    error event saying so (no [DONE]: the answer is cut short) and one line in the log, rather
+    than being cancelled by uvicorn two seconds later with a traceback."""
+
+    def __init__(self, content, stopping: asyncio.Event | None = None, rid: str = "", **kw):
+        super().__init__(content, **kw)
+        self.stopping, self.rid = stopping, rid
 
     async def __call__(self, scope, receive, send) -> None:
+        started, cut = False, False
+
+        async def sending(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
             async with anyio.create_task_group() as group:
 
                 async def stream() -> None:
                     try:
-                        await self.stream_response(send)
+                        await self.stream_response(sending)
                     except OSError:
                         pass  # the client is gone
                     group.cancel_scope.cancel()
 
+                async def shutdown() -> None:
+                    nonlocal cut
+                    await self.stopping.wait()
+                    cut = True
+                    group.cancel_scope.cancel()
+
                 group.start_soon(stream)
+                if self.stopping is not None:
+                    group.start_soon(shutdown)
                 await self.listen_for_disconnect(receive)
                 group.cancel_scope.cancel()
         finally:
             await self.body_iterator.aclose()
+        if cut:
+            await self.end_cut(sending, started)
+
+    async def end_cut(self, send, started: bool) -> None:
+        error = ErrorInfo(503, "the server is shutting down: this answer was cut short")
+        print(f"minisgl: stream {self.rid} cut by the server's shutdown", flush=True)
+        try:
+            if not started:
+                await send(
+                    {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+                )
+            body = api.sse_event(error.body()).encode()
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        except OSError:
+            pass  # the client is gone too
 
 
 def create_app(
@@ -64,14 +106,22 @@ def create_app(
     model_name: str,
     on_startup: Callable[[], List[Any]] | None = None,
     workers: Dict[str, int] | None = None,
+    *,
+    api_key: str | None = None,
+    tokenizer: PromptTokenizer | None = None,
+    stopping: Callable[[], bool] | None = None,
 ) -> FastAPI:
     """The app; `on_startup()` returns the tasks to run beside it (the reply listener, a watchdog);
-    `workers`, the worker processes' pids by name, is shown by /health. The routes below read what
-    they serve from `app.state`."""
+    `workers`, the worker processes' pids by name, is shown by /health; `api_key`: if set, the
+    key every /v1/ request must bring; `tokenizer`: what /tokenize and /detokenize use (None: they
+    answer 503); `stopping()`: True once the server has begun to stop (streams open then are ended
+    with an error event). The routes below read what they serve from `app.state`."""
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI):
+    async def lifespan(app: FastAPI):
         tasks = [asyncio.create_task(c) for c in (on_startup() if on_startup else [])]
+        if stopping is not None:
+            tasks.append(asyncio.create_task(watch_stopping(stopping, app.state.stopping)))
         yield
         for t in tasks:
             t.cancel()
@@ -79,14 +129,57 @@ def create_app(
     app = FastAPI(title="minisgl", lifespan=lifespan)
     app.state.frontend, app.state.model_name = frontend, model_name
     app.state.workers, app.state.created = workers or {}, int(time.time())
+    app.state.tokenizer, app.state.stopping = tokenizer, asyncio.Event()
+    app.state.metrics = frontend.metrics = ServerMetrics()
     app.add_exception_handler(RequestValidationError, bad_request)
     app.add_exception_handler(HTTPException, http_error)
-    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET", "HEAD"])
+    app.add_api_route("/metrics", metrics, methods=["GET"])
     app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", model, methods=["GET"])
     app.add_api_route("/debug/scheduler", debug_scheduler, methods=["GET"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_api_route("/tokenize", tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", detokenize, methods=["POST"])
+    if api_key:
+        app.add_middleware(RequireApiKey, key=api_key)
+    app.add_middleware(CountRequests, metrics=app.state.metrics)  # outermost: counts the 401s
     return app
+
+
+async def watch_stopping(stopping: Callable[[], bool], event: asyncio.Event) -> None:
+    """Set `event` once `stopping()` (uvicorn's should_exit, set by its signal handler)."""
+    while not stopping():
+        await asyncio.sleep(0.1)
+    event.set()
+
+
+PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health, /metrics and /debug stay open
+
+
+class RequireApiKey:
+    """ASGI middleware: a request to a protected path without `Authorization: Bearer <key>` gets the
+    OpenAI API's 401 (the key compared in constant time, so its length and letters do not leak)."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(PROTECTED):
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"").removeprefix(b"Bearer ").strip()
+            if not hmac.compare_digest(given, self.key):
+                said = "no API key was given" if not given else "the API key is not this server's"
+                error = ErrorInfo(
+                    401,
+                    f"{said}: send the header Authorization: Bearer <key> "
+                    "(the key given to `serve --api-key` or MINISGL_API_KEY)",
+                    code="invalid_api_key",
+                )
+                await error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 # ---------------------------------------------------------------------- errors
@@ -127,19 +220,68 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok", "workers": state.workers})
 
 
-async def models(request: Request) -> Dict[str, Any]:
-    state = request.app.state
+def model_card(state) -> Dict[str, Any]:
     return {
-        "object": "list",
-        "data": [
-            {
-                "id": state.model_name,
-                "object": "model",
-                "created": state.created,
-                "owned_by": "minisgl",
-            }
-        ],
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "minisgl",
     }
+
+
+async def models(request: Request) -> Dict[str, Any]:
+    return {"object": "list", "data": [model_card(request.app.state)]}
+
+
+async def model(model_id: str, request: Request):
+    state = request.app.state
+    if model_id != state.model_name:
+        return error_response(unknown_model(model_id, state.model_name))
+    return model_card(state)
+
+
+def unknown_model(asked: str, served: str) -> ErrorInfo:
+    return ErrorInfo(
+        404,
+        f"The model `{asked}` does not exist (this server serves `{served}`)",
+        param="model",
+        code="model_not_found",
+    )
+
+
+async def metrics(request: Request) -> Response:
+    state = request.app.state
+    if state.frontend.failure is None:
+        try:
+            state.metrics.scheduler_stats(await state.frontend.stats(timeout=5.0))
+        except (asyncio.TimeoutError, RuntimeError):
+            pass  # the scheduler did not answer: its gauges keep their last values
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def tokenize(req: TokenizeRequest, request: Request):
+    try:
+        tokens = await prompt_tokenizer(request, req.model).tokenize(req)
+    except ErrorInfo as e:
+        return error_response(e)
+    tokenizer = request.app.state.tokenizer
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": tokenizer.context_len}
+
+
+async def detokenize(req: DetokenizeRequest, request: Request):
+    try:
+        return {"prompt": await prompt_tokenizer(request, req.model).detokenize(req)}
+    except ErrorInfo as e:
+        return error_response(e)
+
+
+def prompt_tokenizer(request: Request, model_name: str | None) -> PromptTokenizer:
+    state = request.app.state
+    if model_name is not None and model_name != state.model_name:
+        raise unknown_model(model_name, state.model_name)
+    if state.tokenizer is None:
+        raise ErrorInfo(503, "this server was started without a tokenizer for /tokenize")
+    return state.tokenizer
 
 
 async def debug_scheduler(request: Request) -> JSONResponse:
@@ -193,14 +335,10 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
     `makes`: for each prompt, `make(uid, params)` gives its TokenizeMsg; each prompt is sampled
     `req.n` times, each sample a request of its own (choices.py joins them)."""
     frontend, model_name = request.app.state.frontend, request.app.state.model_name
+    stopping = request.app.state.stopping
     try:
         if req.model != model_name:
-            raise ErrorInfo(
-                404,
-                f"The model `{req.model}` does not exist (this server serves `{model_name}`)",
-                param="model",
-                code="model_not_found",
-            )
+            raise unknown_model(req.model, model_name)
         bad = req.unsupported()
         if bad:
             raise ErrorInfo(400, f"{bad[0]}: not supported by this server", param=bad[0])
@@ -237,7 +375,7 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
     if len(uids) > 1:
         if req.streams:
             events = choices.stream_choices(frontend, uids, firsts, answer, n)
-            return AbortOnDisconnect(events, media_type="text/event-stream")
+            return AbortOnDisconnect(events, stopping, answer.rid, media_type="text/event-stream")
         return await choices.collect_choices(frontend, uids, firsts, answer, request, n)
     uid, first = uids[0], firsts[0]
     if req.streams:
@@ -248,5 +386,5 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
                 raise TypeError("stream_events must yield its events (an async generator)")
             finally:
                 frontend.release(uid, abort=True)
-        return AbortOnDisconnect(events, media_type="text/event-stream")
+        return AbortOnDisconnect(events, stopping, answer.rid, media_type="text/event-stream")
     return await collect(frontend, uid, first, answer, request)
