@@ -168,7 +168,8 @@ class RequireApiKey:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(PROTECTED):
             headers = dict(scope["headers"])
-            given = headers.get(b"authorization", b"").removeprefix(b"Bearer ").strip()
+            scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+            given = given.strip() if scheme.lower() == b"bearer" else b""
             if not hmac.compare_digest(given, self.key):
                 said = "no API key was given" if not given else "the API key is not this server's"
                 error = ErrorInfo(
