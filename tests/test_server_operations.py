@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 
 import httpx
 import openai
@@ -17,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import MODEL, PROMPT_TEXTS, build_llm
 from minisgl.server.background import BackgroundServer
-from server_fixtures import SERVER_ARGS, SERVER_ENV
+from server_fixtures import SERVER_ARGS, SERVER_ENV, wait_for
 
 NAME = MODEL.name
 KEY = "test-key-0123"
@@ -191,6 +192,35 @@ def test_a_stream_cut_by_ctrl_c_ends_with_one_error_event_and_one_log_line():
     assert "error" in last and "shutting down" in last["error"]["message"], events[-3:]
     assert "data: [DONE]" not in events, "a cut answer is not a whole one: no [DONE]"
     assert sum("error" in e for e in events) == 1, "one error event"
+    log = "".join(srv.log)
+    assert log.count("cut by the server's shutdown") == 1, log
+    assert "Traceback" not in log and "CancelledError" not in log, log
+
+
+def test_a_plain_request_cut_by_ctrl_c_is_a_503_not_a_traceback():
+    srv = BackgroundServer(*SERVER_ARGS, env=SERVER_ENV)
+    srv.start()
+    answer = {}
+
+    def ask():
+        body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 240, "ignore_eos": True}
+        answer["r"] = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
+
+    try:
+        asking = threading.Thread(target=ask)
+        asking.start()
+        wait_for(  # the request is running in the scheduler
+            "the request starting",
+            lambda: httpx.get(srv.url + "/debug/scheduler").json(),
+            lambda s: s["running"] == 1,
+        )
+        srv.proc.send_signal(signal.SIGINT)
+        asking.join(30)
+        assert srv.proc.wait(30) == 0, "Ctrl-C should stop the server cleanly"
+    finally:
+        srv.stop()
+    r = answer["r"]
+    assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"], r.text
     log = "".join(srv.log)
     assert log.count("cut by the server's shutdown") == 1, log
     assert "Traceback" not in log and "CancelledError" not in log, log

@@ -302,8 +302,9 @@ async def completions(req: api.CompletionRequest, request: Request):
         return lambda uid, p: TokenizeMsg(uid=uid, sampling_params=p, text=text, input_ids=ids)
 
     max_tokens = 16 if req.max_tokens is None else req.max_tokens  # null means the default
-    return await serve(
-        req, request, chat=False, max_tokens=max_tokens, makes=[message(p) for p in prompts]
+    return await unless_stopping(
+        serve(req, request, chat=False, max_tokens=max_tokens, makes=[message(p) for p in prompts]),
+        request,
     )
 
 
@@ -315,17 +316,30 @@ async def chat_completions(req: api.ChatRequest, request: Request):
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     fill = max_tokens is None
-    return await serve(
-        req,
-        request,
-        chat=True,
-        max_tokens=max_tokens,
-        makes=[
-            lambda uid, p: TokenizeMsg(
-                uid=uid, sampling_params=p, messages=messages, fill_context=fill
-            )
-        ],
+    make = lambda uid, p: TokenizeMsg(  # noqa: E731
+        uid=uid, sampling_params=p, messages=messages, fill_context=fill
     )
+    return await unless_stopping(
+        serve(req, request, chat=True, max_tokens=max_tokens, makes=[make]), request
+    )
+
+
+async def unless_stopping(answering, request: Request):
+    """The answer of coroutine `answering`, unless the server begins to stop first: then a 503 (and
+    one line in the log), its requests aborted, rather than uvicorn cancelling it two seconds
+    later with a traceback and a bare 500. (A stream, once answering, is AbortOnDisconnect's.)"""
+    task = asyncio.ensure_future(answering)
+    stop = asyncio.ensure_future(request.app.state.stopping.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()  # its `finally`s release its requests, with an abort
+    await asyncio.gather(task, return_exceptions=True)
+    print(f"minisgl: a request to {request.url.path} cut by the server's shutdown", flush=True)
+    return error_response(ErrorInfo(503, "the server is shutting down: this answer was cut short"))
 
 
 MAX_N = 128  # the OpenAI API's limit on `n`
@@ -353,11 +367,15 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
     # Wait for the first tokens (or a refusal) before answering, so that an error gets its
     # status code; a client leaving meanwhile aborts the requests.
     gone = asyncio.ensure_future(disconnected(request))
-    firsts = await first_of(asyncio.gather(*(frontend.next_reply(u) for u in uids)), gone)
-    gone.cancel()
+    firsts = None
+    try:
+        firsts = await first_of(asyncio.gather(*(frontend.next_reply(u) for u in uids)), gone)
+    finally:  # also when cancelled: the server stops (unless_stopping)
+        gone.cancel()
+        if firsts is None:
+            for uid in uids:
+                frontend.release(uid, abort=True)
     if firsts is None:
-        for uid in uids:
-            frontend.release(uid, abort=True)
         return JSONResponse({}, status_code=499)  # nobody is listening
     refused = next((f for f in firsts if f.error is not None), None)
     if refused is not None:
