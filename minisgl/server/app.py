@@ -1,15 +1,30 @@
 """The HTTP front end: an OpenAI-compatible API on FastAPI.
 
-    GET  /health                 200 {"status": "ok", "workers": {name: pid}};
+    GET  /health                 200 {"status": "ok", "workers": {name: pid}} (HEAD too);
                                  503 once a worker died
-    GET  /v1/models              the one model served
-    POST /v1/completions         a prompt (text or token ids); streamed with "stream": true
+    GET  /v1/models              the one model served; /v1/models/{id} it alone (404 for another)
+    POST /v1/completions         a prompt: text, token ids, or a list of either (one choice each);
+                                 streamed with "stream": true
     POST /v1/chat/completions    messages, rendered with the model's chat template
+    POST /tokenize               {"prompt": text or ids} or {"messages": [...]} -> {"tokens",
+                                 "count", "max_model_len"}, the ids a request's prompt would have
+    POST /detokenize             {"tokens": [...]} -> {"prompt": text}
+    GET  /metrics                Prometheus metrics (metrics.py)
     GET  /debug/scheduler        the scheduler's slots and pages (tests check nothing leaks)
+
+What a request may hold, and what is refused rather than ignored, is in openai_api.py. `n` and a
+list of prompts give several choices, each a request of its own in the engine (choices.py).
+Response ids are random (`cmpl-<uuid4 hex>`), unique across restarts; the engine's uids stay
+inside. With `--api-key` (or MINISGL_API_KEY), /v1/*, /tokenize and /detokenize need
+`Authorization: Bearer <key>` (else a 401 with code "invalid_api_key"); /health, /metrics and
+/debug stay open, for probes and scrapers.
 
 Errors have the OpenAI API's body, {"error": {"message", "type", "param", "code"}}: 400 for a
 request that is wrong (bad JSON too: the OpenAI API answers 400, and its clients expect it, where
-FastAPI would say 422), 404 for an unknown model or path, 500 when the server failed, 503 after.
+FastAPI would say 422; a prompt too long for the context has code "context_length_exceeded"), 401
+without the key, 404 for an unknown model or path, 500 when the server failed, 503 after, and 503
+for an answer cut short because the server is stopping (a stream gets it as its last event, with
+no [DONE]).
 """
 
 from __future__ import annotations

@@ -143,11 +143,12 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(args: ServerArgs, log_level: str = "warning") -> int:
     try:  # the server's own packages (pyproject.toml); the offline engine needs none of them
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn
         import zmq  # noqa: F401
     except ImportError as e:
         print(
-            f"minisgl: the server needs fastapi, uvicorn and pyzmq ({e}); "
+            f"minisgl: the server needs fastapi, uvicorn, pyzmq and prometheus_client ({e}); "
             "pip install -e . installs them",
             file=sys.stderr,
             flush=True,
