@@ -351,3 +351,22 @@ def test_the_streamed_usage_chunk_is_one_json_event(server):
     assert events[-1] == "data: [DONE]" and events.count("data: [DONE]") == 1, events
     usage = [json.loads(e[6:]) for e in events[:-1] if '"usage"' in e]
     assert len(usage) == 1 and usage[0]["choices"] == [], f"one usage chunk: {usage}"
+
+
+def test_a_client_leaving_a_plain_request_of_several_choices_aborts_them_all(server):
+    """Every choice's `collect` learns that the client left, not only one of them."""
+    before = scheduler_stats(server.url)
+    body = {"model": NAME, "prompt": ["ROMEO:", "JULIET:"], "n": 2, "max_tokens": 240}
+    try:
+        httpx.post(server.url + "/v1/completions", json={**body, "ignore_eos": True}, timeout=0.5)
+        pytest.skip("the 4 x 240 tokens came within 0.5 s: too fast to leave in the middle here")
+    except httpx.TimeoutException:
+        pass  # the client gave up and closed the connection
+    stats = wait_for(
+        "the scheduler going idle", lambda: scheduler_stats(server.url), idle, timeout=60
+    )
+    n = sum(v for k, v in stats.items() if k.startswith("abort_")) - sum(
+        v for k, v in before.items() if k.startswith("abort_")
+    )
+    assert n == 4, f"the client left 4 running choices: expected 4 aborts, got {n}"
+    assert_all_back(stats)

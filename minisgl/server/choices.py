@@ -24,26 +24,6 @@ from .frontend import Frontend
 from .responses import Answer
 
 
-class SharedDisconnect:
-    """One watcher of the client's disconnect for several `collect`s, each of which awaits
-    `receive()` until it says "http.disconnect" (the ASGI channel gives that message only once)."""
-
-    def __init__(self, request) -> None:
-        self._gone = asyncio.Event()
-        self._task = asyncio.ensure_future(self._watch(request))
-
-    async def _watch(self, request) -> None:
-        await responses.disconnected(request)
-        self._gone.set()
-
-    async def receive(self) -> Dict[str, str]:
-        await self._gone.wait()
-        return {"type": "http.disconnect"}
-
-    def close(self) -> None:
-        self._task.cancel()
-
-
 def usage_of(n: int, prompt_tokens: List[int], completion_tokens: List[int]) -> Dict[str, int]:
     """Choice i samples prompt i // n: a prompt's tokens count once, every choice's output."""
     return api.usage(sum(prompt_tokens[::n]), sum(completion_tokens))
@@ -53,10 +33,10 @@ async def collect_choices(
     frontend: Frontend, uids: List[int], firsts: List[UserReply], answer: Answer, request, n: int
 ) -> JSONResponse:
     """The JSON answer with one choice per request `uids[i]` (index i), or the first error (or 499)
-    any of them met; a client that leaves aborts every request still running."""
-    shared = SharedDisconnect(request)
+    any of them met; a client that leaves aborts every request still running (each `collect`
+    watches the connection: uvicorn answers every `receive()` after a disconnect with one)."""
     tasks = [
-        asyncio.ensure_future(responses.collect(frontend, uid, first, answer, shared))
+        asyncio.ensure_future(responses.collect(frontend, uid, first, answer, request))
         for uid, first in zip(uids, firsts)
     ]
     try:
@@ -64,7 +44,6 @@ async def collect_choices(
     finally:  # cancelled (the server stops) or one raised: the others end, aborting their requests
         for t in tasks:
             t.cancel()
-        shared.close()
     failed = next((a for a in answers if a.status_code != 200), None)
     if failed is not None:
         return failed
