@@ -69,11 +69,14 @@ class AbortOnDisconnect(StreamingResponse):
         self.stopping, self.rid = stopping, rid
 
     async def __call__(self, scope, receive, send) -> None:
-        started, cut = False, False
+        started, ended, cut = False, False, False
 
         async def sending(message) -> None:
-            nonlocal started
+            nonlocal started, ended
             started = started or message["type"] == "http.response.start"
+            ended = ended or (
+                message["type"] == "http.response.body" and not message.get("more_body", False)
+            )
             await send(message)
 
         try:
@@ -99,7 +102,7 @@ class AbortOnDisconnect(StreamingResponse):
                 group.cancel_scope.cancel()
         finally:
             await self.body_iterator.aclose()
-        if cut:
+        if cut and not ended:  # (a stream that ended as the server began to stop is whole)
             await self.end_cut(sending, started)
 
     async def end_cut(self, send, started: bool) -> None:
