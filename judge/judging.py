@@ -222,15 +222,14 @@ def _fork_server(units: List[UnitSpec], chapters: Sequence[Chapter], options: Ru
     """A learner's run whose failing exercises may be rerun alone (_blame) forks the run and the
     reruns from one server that has imported torch and the engine once (forkserver.py): each
     rerun then starts in a fraction of a second. None where that cannot happen (fewer than two
-    exercises of the learner's swapped in: all stubs, or one file's function), or cannot fork (a
-    GPU: CUDA does not survive a fork)."""
+    exercises of the learner's swapped in: all stubs, or one file's function), or cannot fork
+    (forkserver.server_for says when, a GPU included)."""
     from . import forkserver
 
     swapped = [e for u in units for e in u.exercises if e.swap]
     attempted = [e for e in swapped if e.attempted and not e.problem]
     if (
         options.launcher is not None
-        or options.device != "cpu"
         or not forkserver.available()
         or len(swapped) < 2
         or not attempted
