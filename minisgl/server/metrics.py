@@ -21,6 +21,7 @@ import time
 from typing import Any, Dict
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.routing import Match
 
 # Latency buckets in seconds: from a fast GPU's decode step to a CPU's long prefill.
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -93,7 +94,8 @@ class ServerMetrics:
 
 class CountRequests:
     """ASGI middleware: every HTTP request answered counts once in `requests_total`, by its route's
-    path (a path no route serves counts as "other", so a scanner cannot add labels) and status."""
+    path (a path no route serves counts as "other", so that a scanner cannot add labels) and
+    status."""
 
     def __init__(self, app, metrics: ServerMetrics) -> None:
         self.app, self.metrics = app, metrics
@@ -113,6 +115,15 @@ class CountRequests:
         try:
             await self.app(scope, receive, counting_send)
         finally:
-            route = scope.get("route")
-            endpoint = getattr(route, "path", None) or "other"
-            self.metrics.requests.labels(endpoint, str(status)).inc()
+            self.metrics.requests.labels(endpoint_of(scope), str(status)).inc()
+
+
+def endpoint_of(scope) -> str:
+    """The path of the route serving `scope` (set by the router), or of the one that would have
+    served it (a request refused before routing: a 401), or "other"."""
+    route = scope.get("route")
+    if route is None:
+        app = scope.get("app")
+        routes = app.router.routes if app is not None else []
+        route = next((r for r in routes if r.matches(scope)[0] == Match.FULL), None)
+    return getattr(route, "path", None) or "other"
