@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
+
+from minisgl.env import API_KEY
 
 
 def main(argv=None) -> int:
@@ -29,7 +30,7 @@ def main(argv=None) -> int:
     )
     s.add_argument(
         "--api-key",
-        default=os.environ.get("MINISGL_API_KEY") or None,
+        default=API_KEY.read() or None,
         help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
         "(default: $MINISGL_API_KEY; unset: no key)",
     )

@@ -30,7 +30,6 @@ no [DONE]).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import inspect
 import time
 import uuid
@@ -48,11 +47,12 @@ from minisgl.message import TokenizeMsg
 
 from . import choices
 from . import openai_api as api
+from .auth import RequireApiKey
 from .frontend import Frontend
 from .metrics import CountRequests, ServerMetrics
 from .openai_api import ErrorInfo
 from .responses import Answer, collect, disconnected, error_response, first_of, stream_events
-from .token_routes import DetokenizeRequest, PromptTokenizer, TokenizeRequest
+from .token_routes import PromptTokenizer, detokenize, tokenize
 
 
 class AbortOnDisconnect(StreamingResponse):
@@ -173,34 +173,6 @@ async def watch_stopping(stopping: Callable[[], bool], event: asyncio.Event) -> 
     event.set()
 
 
-PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health, /metrics and /debug stay open
-
-
-class RequireApiKey:
-    """ASGI middleware: a request to a protected path without `Authorization: Bearer <key>` gets the
-    OpenAI API's 401 (the key compared in constant time, so its length and letters do not leak)."""
-
-    def __init__(self, app, key: str) -> None:
-        self.app, self.key = app, key.encode()
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(PROTECTED):
-            headers = dict(scope["headers"])
-            scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
-            given = given.strip() if scheme.lower() == b"bearer" else b""
-            if not hmac.compare_digest(given, self.key):
-                said = "no API key was given" if not given else "the API key is not this server's"
-                error = ErrorInfo(
-                    401,
-                    f"{said}: send the header Authorization: Bearer <key> "
-                    "(the key given to `serve --api-key` or MINISGL_API_KEY)",
-                    code="invalid_api_key",
-                )
-                await error_response(error)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 # ---------------------------------------------------------------------- errors
 
 
@@ -255,17 +227,8 @@ async def models(request: Request) -> Dict[str, Any]:
 async def model(model_id: str, request: Request):
     state = request.app.state
     if model_id != state.model_name:
-        return error_response(unknown_model(model_id, state.model_name))
+        return error_response(api.unknown_model(model_id, state.model_name))
     return model_card(state)
-
-
-def unknown_model(asked: str, served: str) -> ErrorInfo:
-    return ErrorInfo(
-        404,
-        f"The model `{asked}` does not exist (this server serves `{served}`)",
-        param="model",
-        code="model_not_found",
-    )
 
 
 async def metrics(request: Request) -> Response:
@@ -276,31 +239,6 @@ async def metrics(request: Request) -> Response:
         except (asyncio.TimeoutError, RuntimeError):
             pass  # the scheduler did not answer: its gauges keep their last values
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-
-async def tokenize(req: TokenizeRequest, request: Request):
-    try:
-        tokens = await prompt_tokenizer(request, req.model).tokenize(req)
-    except ErrorInfo as e:
-        return error_response(e)
-    tokenizer = request.app.state.tokenizer
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": tokenizer.context_len}
-
-
-async def detokenize(req: DetokenizeRequest, request: Request):
-    try:
-        return {"prompt": await prompt_tokenizer(request, req.model).detokenize(req)}
-    except ErrorInfo as e:
-        return error_response(e)
-
-
-def prompt_tokenizer(request: Request, model_name: str | None) -> PromptTokenizer:
-    state = request.app.state
-    if model_name is not None and model_name != state.model_name:
-        raise unknown_model(model_name, state.model_name)
-    if state.tokenizer is None:
-        raise ErrorInfo(503, "this server was started without a tokenizer for /tokenize")
-    return state.tokenizer
 
 
 async def debug_scheduler(request: Request) -> JSONResponse:
@@ -371,7 +309,7 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
     stopping = request.app.state.stopping
     try:
         if req.model != model_name:
-            raise unknown_model(req.model, model_name)
+            raise api.unknown_model(req.model, model_name)
         bad = req.unsupported()
         if bad:
             raise ErrorInfo(400, f"{bad[0]}: not supported by this server", param=bad[0])

@@ -2,9 +2,9 @@
 
 Each choice is a request of its own in the engine (its own uid; once one of them has been
 prefilled, the radix cache can share the prompt with those that come later), answered by the same
-`collect` and `stream_events` as a one-choice response; this module joins their answers into one. Choice `index` is `prompt * n + sample`, as
-the OpenAI API numbers them. Usage counts each prompt's tokens once (not once per sample) and
-every choice's generated tokens.
+`collect` and `stream_events` as a one-choice response; this module joins their answers into one.
+Choice `index` is `prompt * n + sample`, as the OpenAI API numbers them. Usage counts each
+prompt's tokens once (not once per sample) and every choice's generated tokens.
 """
 
 from __future__ import annotations

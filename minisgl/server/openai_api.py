@@ -62,6 +62,15 @@ class ErrorInfo(Exception):
         }
 
 
+def unknown_model(asked: str, served: str) -> ErrorInfo:
+    return ErrorInfo(
+        404,
+        f"The model `{asked}` does not exist (this server serves `{served}`)",
+        param="model",
+        code="model_not_found",
+    )
+
+
 def one_of(what: str) -> WrapValidator:
     """A union's type error as one sentence naming what the field may be (pydantic's own error
     lists one complaint per member of the union)."""

@@ -14,13 +14,15 @@ import asyncio
 from pathlib import Path
 from typing import List
 
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 
 from .chat import ChatTemplateError
-from .openai_api import ChatMessage, ErrorInfo
+from .openai_api import ChatMessage, ErrorInfo, unknown_model
+from .responses import error_response
 
 
 class TokenizeRequest(BaseModel):
@@ -96,3 +98,28 @@ class PromptTokenizer:
                 400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens"
             )
         return tokenizer.decode(req.tokens, skip_special_tokens=False)
+
+
+async def tokenize(req: TokenizeRequest, request: Request):
+    try:
+        tokens = await prompt_tokenizer(request, req.model).tokenize(req)
+    except ErrorInfo as e:
+        return error_response(e)
+    tokenizer = request.app.state.tokenizer
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": tokenizer.context_len}
+
+
+async def detokenize(req: DetokenizeRequest, request: Request):
+    try:
+        return {"prompt": await prompt_tokenizer(request, req.model).detokenize(req)}
+    except ErrorInfo as e:
+        return error_response(e)
+
+
+def prompt_tokenizer(request: Request, model_name: str | None) -> PromptTokenizer:
+    state = request.app.state
+    if model_name is not None and model_name != state.model_name:
+        raise unknown_model(model_name, state.model_name)
+    if state.tokenizer is None:
+        raise ErrorInfo(503, "this server was started without a tokenizer for /tokenize")
+    return state.tokenizer
