@@ -250,7 +250,8 @@ async def debug_scheduler(request: Request) -> JSONResponse:
 
 async def completions(req: api.CompletionRequest, request: Request):
     prompts = req.prompts()
-    if not prompts or not all(prompts):
+    # (an empty text may still be a prompt: a tokenizer that adds BOS gives it one token)
+    if not prompts or any(isinstance(p, list) and not p for p in prompts):
         return error_response(ErrorInfo(400, "prompt is empty", param="prompt"))
 
     def message(prompt):
