@@ -125,6 +125,11 @@ SERVER_INIT = Setting(
     "two workers) calls before it builds anything; the judge sets it so that the learner's code "
     "serves (minisgl/server/init.py)",
 )
+API_KEY = Setting(
+    "MINISGL_API_KEY",
+    "the key `python -m minisgl serve` requires as `Authorization: Bearer KEY` on /v1/*, /tokenize "
+    "and /detokenize (`--api-key` overrides it; unset: no key)",
+)
 
 # ---------------------------------------------------------------------- the tests' settings
 
@@ -152,7 +157,7 @@ ENGINE_SETTINGS = (
     PROGRESS,
     THREADS,
 )
-SETTINGS = ENGINE_SETTINGS + (SERVER_INIT, TEST_DEVICE, TEST_MODEL, CACHE_DIR)
+SETTINGS = ENGINE_SETTINGS + (SERVER_INIT, API_KEY, TEST_DEVICE, TEST_MODEL, CACHE_DIR)
 
 
 @dataclass
