@@ -22,7 +22,7 @@ from minisgl.models import BUNDLED_MODEL
 from minisgl.models.tokenizer import load_tokenizer
 from minisgl.scheduler import QueueIO, Scheduler, SchedulerConfig
 
-from . import inputs, recover
+from . import inputs, recover, stops
 from .progress_bar import generation_progress
 
 Prompt = str | Sequence[int]
@@ -153,8 +153,9 @@ class LLM(Scheduler):
         sampling_params: SamplingParams | List[SamplingParams] | None = None,
         progress: bool | None = None,
     ) -> List[Dict]:
-        """Run every prompt to completion; returns [{"text", "token_ids"}] in prompt order (plus
-        "error" for a request the scheduler refused or whose step failed). `progress`: a bar
+        """Run every prompt to completion; returns [{"text", "token_ids", "finish_reason"}] in
+        prompt order (plus "error" for a request the scheduler refused or whose step failed; the
+        text ends before a stop string, finish_reason is "stop" or "length"). `progress`: a bar
         counting tokens, True to show it, False never; None (default) shows it for runs longer than
         two seconds in a notebook or a terminal, never under pytest or CI
         (minisgl/llm/progress_bar.py, MINISGL_PROGRESS).
@@ -196,13 +197,24 @@ class LLM(Scheduler):
             self._reset_to_idle(uids, e)
             raise
         outputs = []
-        for uid in uids:
+        for uid, p in zip(uids, params):
             r = self.results.pop(uid)
-            out = {"text": self.decode(r.token_ids), "token_ids": r.token_ids}
+            out = self._output(r, p)
             if r.error is not None:
                 out["error"] = r.error
             outputs.append(out)
         return outputs
+
+    def _output(self, r: RequestResult, params: SamplingParams) -> Dict:
+        """{"text", "token_ids", "finish_reason"}: the text ends before the first stop string, and
+        shows no stop token id; max_tokens 0 returns no token."""
+        ids = [] if params.max_tokens == 0 else r.token_ids
+        text = self.decode(stops.visible_ids(ids, params))
+        cut = stops.first_stop(text, params.stop)
+        if cut is not None:
+            text = text[:cut]
+        reason = stops.finish_reason(ids, params, self.eos_token_ids, cut is not None)
+        return {"text": text, "token_ids": ids, "finish_reason": reason}
 
     def _reset_to_idle(self, uids: List[int], error: BaseException) -> None:
         recover.reset_to_idle(self, self._queue, self.results, uids, error)

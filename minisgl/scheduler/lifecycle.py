@@ -152,7 +152,8 @@ class RequestLifecycle:
             1-element tensor); `self.decode_manager.remove_req` (ch07);
             `self.cache_manager.cache_req` and `.lazy_free_region` (ch08);
             `self._free_req_resources`, `self._release_deferred_slots`, `self.finished_reqs` (ch11);
-            `self.events.emit` (ch04), `self.send_result`.
+            `self.events.emit` (ch04), `self.send_result`; `self.stops.hit` (the request's stop
+            strings and stop token ids, minisgl/scheduler/stops.py, beyond the workbook).
         Checked: tokens equal Hugging Face's; max_tokens messages, only the last one finished;
             nothing after any EOS id or an abort; ignore_eos and no EOS run to max_tokens; a prompt
             is cached as soon as its prefill is handled; every slot and page is back once all
@@ -178,6 +179,8 @@ class RequestLifecycle:
                 # Rule 1: judge by what the CPU has received; can_decode already reflects step N+1.
                 finished = len(req.input_ids) >= req.max_device_len
                 if not req.sampling_params.ignore_eos and next_token in self.eos_token_ids:
+                    finished = True
+                if self.stops.hit(req, next_token):  # a stop string or stop token id (stops.py)
                     finished = True
                 reply.append(DetokenizeMsg(uid=req.uid, next_token=next_token, finished=finished))
                 if finished:

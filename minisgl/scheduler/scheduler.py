@@ -32,6 +32,7 @@ import torch
 from minisgl.core import Req
 from minisgl.engine import Engine, ForwardInput, ForwardOutput
 from minisgl.env import ENV
+from minisgl.models.tokenizer import load_tokenizer
 from minisgl.utils import EventLog
 
 from .batch_inputs import BatchInputs
@@ -45,6 +46,7 @@ from .lifecycle import RequestLifecycle
 # The engine asks `req.is_chunk`; ChunkedReq stays in this namespace because the judge runs a
 # learner's methods here, and `isinstance(req, ChunkedReq)` is as right an answer.
 from .prefill import ChunkedReq, PrefillManager  # noqa: F401
+from .stops import StopChecker
 from .table import TableManager
 
 ForwardData = Tuple[ForwardInput, ForwardOutput]
@@ -63,6 +65,8 @@ class Scheduler(Intake, RequestLifecycle, BatchInputs):
         self.limits = engine.limits
         self.eos_token_ids = self.limits.end_token_ids
         self.vocab_size = self.limits.vocab_size
+        # stop strings are text: the scheduler decodes each stopping request's last tokens
+        self.stops = StopChecker(load_tokenizer(config.model_path))
         self.token_pool, self.page_table = engine.token_pool, engine.page_table
         self.table_manager = TableManager(config.max_running_req, self.events)
         self.cache_manager = CacheManager(
