@@ -102,3 +102,53 @@ def test_stop_token_ids_outside_the_vocabulary_are_refused(llm):
 def test_bad_stops_and_seeds_are_refused_naming_the_field(kw, match):
     with pytest.raises((TypeError, ValueError), match=match):
         SamplingParams(**kw)
+
+
+# ---------------------------------------------------------------- seeds
+
+
+def _sampled(seed=None, max_tokens=12):
+    return SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=seed)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_seed_gives_the_same_tokens_alone_and_inside_any_batch(llm, overlap):
+    llm.config.overlap_scheduling = overlap
+    try:
+        alone = llm.generate(PROMPT_TEXTS[0], _sampled(42))[0]["token_ids"]
+        assert llm.generate(PROMPT_TEXTS[0], _sampled(42))[0]["token_ids"] == alone
+        others = [_sampled(7), _sampled(None), _sampled(42), _sampled(None)]
+        prompts = [PROMPT_TEXTS[1], PROMPT_TEXTS[3], PROMPT_TEXTS[0], PROMPT_TEXTS[2]]
+        batch = llm.generate(prompts, others)
+        assert batch[2]["token_ids"] == alone
+        mixed = llm.generate([PROMPT_TEXTS[3], PROMPT_TEXTS[0]], [_sampled(), _sampled(42)])
+        assert mixed[1]["token_ids"] == alone
+        assert llm.generate(PROMPT_TEXTS[0], _sampled(43))[0]["token_ids"] != alone
+    finally:
+        llm.config.overlap_scheduling = None
+
+
+def test_a_seed_gives_the_same_tokens_however_the_prompt_is_chunked():
+    whole = build_llm()
+    chunked = build_llm(max_extend_tokens=4)
+    try:
+        a = whole.generate(PROMPT_TEXTS[0], _sampled(5))[0]["token_ids"]
+        b = chunked.generate([PROMPT_TEXTS[1], PROMPT_TEXTS[0]], [_sampled(), _sampled(5)])
+        assert b[1]["token_ids"] == a
+    finally:
+        whole.shutdown()
+        chunked.shutdown()
+
+
+def test_unseeded_requests_keep_the_engines_generator(llm):
+    """No seed: the batched draw from the engine's generator, as before (a fresh engine with the
+    same engine seed repeats the run)."""
+    first = build_llm(seed=3)
+    second = build_llm(seed=3)
+    try:
+        a = first.generate(PROMPT_TEXTS[:2], _sampled())
+        b = second.generate(PROMPT_TEXTS[:2], _sampled())
+        assert [o["token_ids"] for o in a] == [o["token_ids"] for o in b]
+    finally:
+        first.shutdown()
+        second.shutdown()

@@ -35,6 +35,14 @@ class RequestResult:
     finished: bool = False
     aborted: bool = False
     error: str | None = None
+    logprobs: List = field(default_factory=list)  # [logprob, top] per token, when asked
+    prompt_logprobs: List | None = None  # [logprob, top] per prompt token after the first
+    prompt_ids: List[int] = field(default_factory=list)
+
+
+def _logprob_entry(token_id: int, entry: List) -> Dict:
+    """{"token_id", "logprob", "top_logprobs": [[id, logprob], ...]} from a message's entry."""
+    return {"token_id": token_id, "logprob": entry[0], "top_logprobs": entry[1]}
 
 
 def model_directory(model: object) -> Path:
@@ -99,7 +107,7 @@ class LLM(Scheduler):
         takes it in again: cheap, and the same for every message whatever it came from)."""
         uid = self._next_uid
         self._next_uid += 1
-        self.results[uid] = RequestResult(uid)
+        self.results[uid] = RequestResult(uid, prompt_ids=ids.tolist())
         self._queue.put(UserMsg(uid=uid, input_ids=ids, sampling_params=params))
         return uid
 
@@ -123,6 +131,11 @@ class LLM(Scheduler):
                 continue
             result.token_ids.append(msg.next_token)
             result.finished = msg.finished
+            if msg.logprobs is not None:
+                if "token" in msg.logprobs:
+                    result.logprobs.append(msg.logprobs["token"])
+                if "prompt" in msg.logprobs:
+                    result.prompt_logprobs = msg.logprobs["prompt"]
 
     # ------------------------------------------------------------------ running
 
@@ -214,7 +227,15 @@ class LLM(Scheduler):
         if cut is not None:
             text = text[:cut]
         reason = stops.finish_reason(ids, params, self.eos_token_ids, cut is not None)
-        return {"text": text, "token_ids": ids, "finish_reason": reason}
+        out = {"text": text, "token_ids": ids, "finish_reason": reason}
+        if params.logprobs is not None:  # one entry per returned token
+            out["logprobs"] = [_logprob_entry(t, e) for t, e in zip(ids, r.logprobs)]
+        if params.prompt_logprobs and r.prompt_logprobs is not None:
+            prompt = r.prompt_ids
+            out["prompt_logprobs"] = [None] + [
+                _logprob_entry(t, e) for t, e in zip(prompt[1:], r.prompt_logprobs)
+            ]
+        return out
 
     def _reset_to_idle(self, uids: List[int], error: BaseException) -> None:
         recover.reset_to_idle(self, self._queue, self.results, uids, error)

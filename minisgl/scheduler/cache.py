@@ -15,7 +15,7 @@ from typing import Iterator, List, Tuple
 
 import torch
 
-from minisgl.core import Req
+from minisgl.core import Req, SamplingParams
 from minisgl.kvcache import BasePrefixCache, CacheHandle, create_prefix_cache
 from minisgl.utils import EventLog
 
@@ -54,9 +54,14 @@ class CacheManager:
 
     # ------------------------------------------------------------------ matching and locking
 
-    def match_req(self, input_ids: torch.Tensor) -> Tuple[CacheHandle, torch.Tensor]:
+    def match_req(
+        self, input_ids: torch.Tensor, params: SamplingParams | None = None
+    ) -> Tuple[CacheHandle, torch.Tensor]:
         """The cached prefix a new request can reuse. The last prompt token is never matched: the
-        model must run on at least one token to produce the first output's logits."""
+        model must run on at least one token to produce the first output's logits. A request that
+        asks for prompt logprobs reuses nothing: a cached prefix has no logits."""
+        if params is not None and params.prompt_logprobs:
+            return self.prefix_cache.match_prefix(input_ids[:0])
         return self.prefix_cache.match_prefix(input_ids[: len(input_ids) - 1])
 
     def lock(self, handle: CacheHandle) -> None:

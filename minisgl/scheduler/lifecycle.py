@@ -15,6 +15,8 @@ from minisgl.core import Batch, Req
 from minisgl.engine import ForwardInput, ForwardOutput
 from minisgl.message import DetokenizeMsg
 
+from .extras import attach_logprobs
+
 # `isinstance(req, ChunkedReq)` is as right an answer as `req.is_chunk`: the judge runs a
 # learner's methods in this namespace.
 from .prefill import ChunkedReq  # noqa: F401
@@ -153,7 +155,8 @@ class RequestLifecycle:
             `self.cache_manager.cache_req` and `.lazy_free_region` (ch08);
             `self._free_req_resources`, `self._release_deferred_slots`, `self.finished_reqs` (ch11);
             `self.events.emit` (ch04), `self.send_result`; `self.stops.hit` (the request's stop
-            strings and stop token ids, minisgl/scheduler/stops.py, beyond the workbook).
+            strings and stop token ids, minisgl/scheduler/stops.py, beyond the workbook);
+            `attach_logprobs` (extras.py: the logprobs some requests ask for).
         Checked: tokens equal Hugging Face's; max_tokens messages, only the last one finished;
             nothing after any EOS id or an abort; ignore_eos and no EOS run to max_tokens; a prompt
             is cached as soon as its prefill is handled; every slot and page is back once all
@@ -194,6 +197,7 @@ class RequestLifecycle:
             "handle", step=batch.step, phase=batch.phase, uids=[r.uid for r in batch.reqs]
         )
         self.finished_reqs = new_finished
+        attach_logprobs(self, last_data[0], reply)  # for the requests that ask (extras.py)
         self.send_result(reply)
 
     def live_requests(self) -> List[Req]:

@@ -110,7 +110,9 @@ class PrefillAdder:
         else:
             if self.table_manager.available_size == 0:
                 return None
-            handle, indices = self.cache_manager.match_req(pending.input_ids)
+            handle, indices = self.cache_manager.match_req(
+                pending.input_ids, pending.sampling_params
+            )
             cached_len = handle.cached_len
             self.cache_manager.lock(handle)  # lock first: locked pages are not evictable
             need = pages_for(pending.total_len, page_size) - pages_for(cached_len, page_size)

@@ -39,6 +39,7 @@ from .batch_inputs import BatchInputs
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .extras import plan_extras
 from .intake import Intake
 from .io import SchedulerIO
 from .lifecycle import RequestLifecycle
@@ -87,6 +88,7 @@ class Scheduler(Intake, RequestLifecycle, BatchInputs):
         self._defer_slot_free = False
         self._deferred_slots: List[Tuple[int, int]] = []  # (table_idx, uid)
         self._step = 0
+        self._prompt_parts: Dict[int, list] = {}  # uid -> prompt logprobs of its chunks so far
 
     # ------------------------------------------------------------------ scheduling
 
@@ -97,7 +99,9 @@ class Scheduler(Intake, RequestLifecycle, BatchInputs):
         batch = batch or self.decode_manager.schedule_next_batch()
         if batch is None:
             return None
-        return self._prepare_batch(batch)
+        forward_input = self._prepare_batch(batch)
+        plan_extras(self, forward_input)  # seeds and logprobs, for requests that ask (extras.py)
+        return forward_input
 
     def _forward(self, forward_input: ForwardInput) -> ForwardOutput:
         batch = forward_input.batch
