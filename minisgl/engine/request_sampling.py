@@ -42,8 +42,8 @@ class LogprobPlan:
     more rows than one per request (None: row i is request i). `token_rows` [G]: the requests (batch
     index) whose sampled token is scored. `prompt_rows` [R] and `prompt_targets` [R]: logits rows of
     prompt positions and the prompt token each one predicts. `k`: the most alternatives any of
-    them asks for. `prompt_spans`: (uid, rows, its k) of each request's prompt rows, in order (the host
-    needs them when the step is handled, when the requests' lengths have moved on)."""
+    them asks for. `prompt_spans`: (uid, rows, its k) of each request's prompt rows, in order
+    (the host needs them when the step is handled, when the requests' lengths have moved on)."""
 
     k: int
     sample_rows: torch.Tensor | None = None
