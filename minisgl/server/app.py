@@ -153,7 +153,9 @@ async def completions(req: api.CompletionRequest, request: Request):
         request,
         chat=False,
         max_tokens=max_tokens,
-        make=lambda uid, p: TokenizeMsg(uid=uid, sampling_params=p, text=text, input_ids=ids),
+        make=lambda uid, p: TokenizeMsg(
+            uid=uid, sampling_params=p, text=text, input_ids=ids, echo=req.echo
+        ),
     )
 
 

@@ -2,8 +2,10 @@
 them (https://platform.openai.com/docs/api-reference). Pure functions and pydantic models; the HTTP
 side is in app.py.
 
-Extensions, as other OpenAI-compatible servers have them: `top_k` and `ignore_eos` (sampling), and
-`return_token_ids` (each choice, and each streamed chunk, also carries the token ids it adds).
+Extensions, as other OpenAI-compatible servers have them: `top_k`, `ignore_eos` and
+`stop_token_ids` (sampling), and `return_token_ids` (each choice, and each streamed chunk, also
+carries the token ids it adds). `stop`, `seed`, `logprobs` (a completion's k, a chat's true with
+`top_logprobs`) and a completion's `echo` are honoured (SamplingParams, minisgl/core.py).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class _Request(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     ignore_eos: bool = False
+    stop_token_ids: List[int] | None = None  # an extension, as vLLM and SGLang have it
     return_token_ids: bool = False
 
     def unsupported(self) -> List[str]:
@@ -64,10 +67,6 @@ class _Request(BaseModel):
         bad = []
         if self.n != 1:
             bad.append("n")
-        if self.stop:
-            bad.append("stop")
-        if self.seed is not None:
-            bad.append("seed")
         if self.presence_penalty:
             bad.append("presence_penalty")
         if self.frequency_penalty:
@@ -85,7 +84,7 @@ class CompletionRequest(_Request):
 
     def unsupported(self) -> List[str]:
         bad = super().unsupported()
-        bad += [name for name in ("echo", "logprobs", "suffix") if getattr(self, name)]
+        bad += [name for name in ("suffix",) if getattr(self, name)]
         if self.best_of not in (None, 1):
             bad.append("best_of")
         return bad
@@ -112,9 +111,10 @@ class ChatRequest(_Request):
     max_tokens: int | None = None  # None: as long as the context allows
     max_completion_tokens: int | None = None  # the newer name of max_tokens
     logprobs: bool = False
+    top_logprobs: int | None = None  # alternatives per token; needs logprobs, as OpenAI says
 
     def unsupported(self) -> List[str]:
-        return super().unsupported() + (["logprobs"] if self.logprobs else [])
+        return super().unsupported()
 
 
 def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
@@ -134,10 +134,29 @@ def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
             top_p=req.top_p,
             max_tokens=max_tokens,
             ignore_eos=req.ignore_eos,
+            stop=req.stop or [],
+            stop_token_ids=req.stop_token_ids or [],
+            seed=req.seed,
+            **logprob_fields(req, max_tokens),
             fields_set=given,
         )
     except (TypeError, ValueError) as e:
         raise ErrorInfo(400, str(e), param=str(e).split()[0]) from None
+
+
+def logprob_fields(req: _Request, max_tokens: int) -> Dict[str, Any]:
+    """SamplingParams' logprobs and prompt_logprobs for a request: a completion's `logprobs: k`
+    (with `echo`, the prompt's too; `echo` with `max_tokens: 0` scores the prompt alone, as
+    lm-eval's loglikelihood asks), a chat's `logprobs: true` with `top_logprobs: k`."""
+    if isinstance(req, ChatRequest):
+        if req.top_logprobs is not None and not req.logprobs:
+            raise ErrorInfo(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return {"logprobs": (req.top_logprobs or 0) if req.logprobs else None}
+    echo = getattr(req, "echo", False)
+    return {
+        "logprobs": req.logprobs,
+        "prompt_logprobs": echo and (req.logprobs is not None or max_tokens == 0),
+    }
 
 
 def max_tokens_given(req: _Request) -> bool:
@@ -197,6 +216,12 @@ def choice(
     if token_ids is not None:
         out["token_ids"] = token_ids
     return out
+
+
+def joined_logprobs(pieces: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One answer's logprobs from its replies' pieces (each in the response's shape, whose values
+    are all lists: a completion's four, a chat's "content"), each list joined in order."""
+    return {key: [v for piece in pieces for v in piece[key]] for key in pieces[0]}
 
 
 def envelope(

@@ -69,7 +69,7 @@ async def stream_events(
                 yield api.sse_event(ErrorInfo(reply.status, reply.error).body())
                 return
             n_tokens += len(reply.token_ids)
-            if reply.text or reply.finished or answer.return_token_ids:
+            if reply.text or reply.finished or answer.return_token_ids or reply.logprobs:
                 choice = api.choice(
                     answer.chat,
                     True,
@@ -78,6 +78,8 @@ async def stream_events(
                     reply.token_ids if answer.return_token_ids else None,
                     first=is_first,
                 )
+                if reply.logprobs is not None:  # the request asked (reply_shaper.py)
+                    choice["logprobs"] = reply.logprobs
                 yield api.sse_event(
                     api.envelope(
                         answer.chat, True, answer.rid, answer.created, answer.model, [choice]
@@ -121,6 +123,7 @@ async def collect(
     """
     gone = asyncio.ensure_future(disconnected(request))
     texts, ids, reply, done = [], [], first, False
+    logprobs = []  # each reply's piece, for a request that asked
     try:
         while True:
             if reply.error is not None:
@@ -128,6 +131,8 @@ async def collect(
                 return error_response(ErrorInfo(reply.status, reply.error))
             texts.append(reply.text)
             ids.extend(reply.token_ids)
+            if reply.logprobs is not None:
+                logprobs.append(reply.logprobs)
             if reply.finished:
                 done = True
                 break
@@ -144,6 +149,8 @@ async def collect(
         reply.finish_reason,
         ids if answer.return_token_ids else None,
     )
+    if logprobs:
+        choice["logprobs"] = api.joined_logprobs(logprobs)
     body = api.envelope(answer.chat, False, answer.rid, answer.created, answer.model, [choice])
     body["usage"] = api.usage(first.prompt_tokens, len(ids))
     return JSONResponse(body)
