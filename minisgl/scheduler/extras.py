@@ -5,9 +5,11 @@
 still say where its sample goes (`device_len`): it lists the seeded rows with their seeds, and the
 logits rows to score. A batch where nobody asks gets nothing (the fast path).
 
-`attach_logprobs` runs when the step is handled: each reply of a request that asked gets its
-token's logprob and alternatives; a request that asked for prompt logprobs gets them all on its
-first reply, gathered from every chunk of its prefill (`_prompt_parts`, by uid).
+`RequestExtras` applies stops and attaches logprobs when a step is handled, around chapter 11's
+`_process_last_data` (so that a learner's runs with them too). `attach_logprobs`: each reply of a
+request that asked gets its token's logprob and alternatives; a request that asked for prompt
+logprobs gets them all on its first reply, gathered from every chunk of its prefill
+(`_prompt_parts`, by uid).
 
 Prompt logprobs and the prefix cache: a cached prefix has KV but no logits, so a request asking for
 prompt logprobs does not match the prefix cache (CacheManager.match_req) and computes its whole
@@ -23,6 +25,40 @@ import torch
 from minisgl.engine import ForwardInput
 from minisgl.engine.request_sampling import LogprobPlan, StepLogprobs, position_seed
 from minisgl.message import DetokenizeMsg
+
+
+class RequestExtras:
+    """A mixin of Scheduler, before the lifecycle in its bases: the handling of a step's results
+    (chapter 11's `_process_last_data`, whoever wrote it) with what some requests ask beyond it.
+
+    A stop is applied by moving the request's end to the token that hit it (`max_device_len`), so
+    that the handling's own rule 1 (finished once the tokens received reach max_device_len) ends
+    it, frees its slot and pages, and says `finished` on its message; and each message sent while
+    a step is handled gets its request's logprobs."""
+
+    _handling: ForwardInput | None = None
+
+    def _process_last_data(self, last_data) -> None:
+        if last_data is None:
+            return super()._process_last_data(last_data)
+        fi, output = last_data
+        output.copy_done.synchronize()  # the tokens (and logprobs) are on the host
+        tokens = output.next_tokens_cpu.tolist()
+        for req, token in zip(fi.batch.reqs, tokens):
+            if req.is_chunk or req in self.finished_reqs:
+                continue  # a chunk samples nothing; a finished request gets nothing (rule 2/4)
+            if self.stops.hit(req, token):
+                req.max_device_len = len(req.input_ids) + 1  # this token is its last
+        self._handling = fi
+        try:
+            super()._process_last_data(last_data)
+        finally:
+            self._handling = None
+
+    def send_result(self, reply: List[DetokenizeMsg]) -> None:
+        if self._handling is not None:
+            attach_logprobs(self, self._handling, reply)
+        super().send_result(reply)
 
 
 def plan_extras(scheduler, fi: ForwardInput) -> None:

@@ -15,8 +15,6 @@ from minisgl.core import Batch, Req
 from minisgl.engine import ForwardInput, ForwardOutput
 from minisgl.message import DetokenizeMsg
 
-from .extras import attach_logprobs
-
 # `isinstance(req, ChunkedReq)` is as right an answer as `req.is_chunk`: the judge runs a
 # learner's methods in this namespace.
 from .prefill import ChunkedReq  # noqa: F401
@@ -154,9 +152,7 @@ class RequestLifecycle:
             1-element tensor); `self.decode_manager.remove_req` (ch07);
             `self.cache_manager.cache_req` and `.lazy_free_region` (ch08);
             `self._free_req_resources`, `self._release_deferred_slots`, `self.finished_reqs` (ch11);
-            `self.events.emit` (ch04), `self.send_result`; `self.stops.hit` (the request's stop
-            strings and stop token ids, minisgl/scheduler/stops.py, beyond the workbook);
-            `attach_logprobs` (extras.py: the logprobs some requests ask for).
+            `self.events.emit` (ch04), `self.send_result`.
         Checked: tokens equal Hugging Face's; max_tokens messages, only the last one finished;
             nothing after any EOS id or an abort; ignore_eos and no EOS run to max_tokens; a prompt
             is cached as soon as its prefill is handled; every slot and page is back once all
@@ -183,8 +179,6 @@ class RequestLifecycle:
                 finished = len(req.input_ids) >= req.max_device_len
                 if not req.sampling_params.ignore_eos and next_token in self.eos_token_ids:
                     finished = True
-                if self.stops.hit(req, next_token):  # a stop string or stop token id (stops.py)
-                    finished = True
                 reply.append(DetokenizeMsg(uid=req.uid, next_token=next_token, finished=finished))
                 if finished:
                     self._live.pop(req.uid, None)
@@ -197,7 +191,6 @@ class RequestLifecycle:
             "handle", step=batch.step, phase=batch.phase, uids=[r.uid for r in batch.reqs]
         )
         self.finished_reqs = new_finished
-        attach_logprobs(self, last_data[0], reply)  # for the requests that ask (extras.py)
         self.send_result(reply)
 
     def live_requests(self) -> List[Req]:

@@ -110,9 +110,7 @@ class PrefillAdder:
         else:
             if self.table_manager.available_size == 0:
                 return None
-            handle, indices = self.cache_manager.match_req(
-                pending.input_ids, pending.sampling_params
-            )
+            handle, indices = self.cache_manager.match_req(pending.input_ids)
             cached_len = handle.cached_len
             self.cache_manager.lock(handle)  # lock first: locked pages are not evictable
             need = pages_for(pending.total_len, page_size) - pages_for(cached_len, page_size)
@@ -172,6 +170,8 @@ class PrefillManager:
         self.pending: List[PendingReq] = []
 
     def add_one_req(self, uid: int, input_ids: torch.Tensor, params: SamplingParams) -> None:
+        if params.prompt_logprobs:  # its prompt needs logits everywhere: a cached prefix has none
+            self.cache_manager.never_match(input_ids)
         self.pending.append(PendingReq(uid, input_ids, params))
 
     def get(self, uid: int) -> PendingReq | None:

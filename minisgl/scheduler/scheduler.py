@@ -39,7 +39,7 @@ from .batch_inputs import BatchInputs
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
-from .extras import plan_extras
+from .extras import RequestExtras, plan_extras
 from .intake import Intake
 from .io import SchedulerIO
 from .lifecycle import RequestLifecycle
@@ -53,7 +53,7 @@ from .table import TableManager
 ForwardData = Tuple[ForwardInput, ForwardOutput]
 
 
-class Scheduler(Intake, RequestLifecycle, BatchInputs):
+class Scheduler(RequestExtras, Intake, RequestLifecycle, BatchInputs):
     def __init__(self, config: SchedulerConfig, io: SchedulerIO) -> None:
         self.config = config
         self.io = io

@@ -1,5 +1,5 @@
 """Stop strings and stop token ids, checked where the request's slot and pages are: here, in the
-scheduler, on the tokens the CPU has received (rule 1 of chapter 11).
+scheduler, on each token as the CPU receives it (extras.py's RequestExtras).
 
 Why here and not in the detokenizer: a request that hits its stop must stop *running* (no more
 decode steps, its slot and KV back at once), and only the scheduler can decide that without a
@@ -29,14 +29,15 @@ class StopChecker:
         return None
 
     def hit(self, req: Req, next_token: int) -> bool:
-        """Whether `next_token`, just appended to `req.input_ids`, ends the request by a stop."""
+        """Whether `next_token`, about to be appended to `req.input_ids`, ends the request by a
+        stop token id or by completing a stop string."""
         params = req.sampling_params
         if next_token in params.stop_token_ids:
             return True
         if not params.stop:
             return False
         prompt_len = req.max_device_len - req.output_len
-        window = max(len(s.encode()) for s in params.stop) + 1
+        window = max(len(s.encode()) for s in params.stop)  # tokens before the new one
         start = max(prompt_len, len(req.input_ids) - window)
-        tail = self.tokenizer.decode(req.input_ids[start:].tolist())
+        tail = self.tokenizer.decode(req.input_ids[start:].tolist() + [next_token])
         return any(s in tail for s in params.stop)

@@ -47,7 +47,8 @@ async def stream_events(
         first reply (no error: a refusal was answered before streaming began); `answer`, the shape
         of the chunks.
     Returns: an async generator of str, each one event (`api.sse_event`): one chunk per reply that
-        has text, or token ids to return, or finishes (a chat's first chunk names the role); after
+        has text, or token ids to return, or logprobs, or finishes (a chat's first chunk names the
+        role; a reply's `logprobs`, when the request asked, is its chunk's choice's); after
         the finishing chunk, a usage chunk if asked for, then `api.SSE_DONE`. A reply with an error
         (the server failed) gives one error event (`ErrorInfo.body()`) and ends the stream, no
         [DONE].
@@ -108,15 +109,16 @@ async def collect(
         `first`, its first reply (no error), `answer`, the shape; `request`, the HTTP request,
         whose `receive()` returns {"type": "http.disconnect"} once its client has left.
     Returns: a JSONResponse: the envelope (`api.envelope`) with one choice (`api.choice`) holding
-        every reply's text joined, the last reply's finish_reason and, if asked, every token id,
-        and "usage" (the prompt's and the answer's tokens); or, for a reply with an error, the
-        error body (`ErrorInfo(reply.status, reply.error).body()`) with that status; or, if the
-        client left first, an empty 499.
+        every reply's text joined, the last reply's finish_reason and, if asked, every token id
+        and the replies' logprobs joined (`api.joined_logprobs`), and "usage" (the prompt's and
+        the answer's tokens); or, for a reply with an error, the error body
+        (`ErrorInfo(reply.status, reply.error).body()`) with that status; or, if the client left
+        first, an empty 499.
     Leaves: the request released (`frontend.release`): with `abort=True` if its client left
         before it finished, else `abort=False`; the disconnect watcher cancelled.
     Uses: `disconnected(request)`, `first_of(awaitable, gone)` (None when `gone` finished first),
         `frontend.next_reply`, `frontend.release`, `api.choice`, `api.envelope`, `api.usage`,
-        `error_response`.
+        `api.joined_logprobs`, `error_response`.
     Checked: text, ids, finish reason and usage of the whole answer; a failed request answers with
         its error and status; a client that leaves aborts its request; the live server's plain
         completions equal the offline engine's.
