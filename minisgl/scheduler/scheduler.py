@@ -20,7 +20,9 @@ batch: each gets an error reply and gives back its slot and pages, and the loop 
 
 Scheduler is put together from one module per job: this one holds its state, the policy (what
 runs next) and the two loops; intake.py takes requests in (checks, model defaults); lifecycle.py
-handles results, aborts, failed steps and freeing; batch_inputs.py builds a batch's device inputs.
+handles results, aborts, failed steps and freeing; batch_inputs.py builds a batch's device inputs;
+extras.py (with stops.py) adds what single requests ask beyond the workbook's engine: stops, seeds,
+logprobs.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 the scheduler's tokens back out as text.
 
 It keeps one `RequestInfo` per request from its TokenizeMsg to its last reply (or its abort), so it
-can say why a request finished and how long its prompt was.
+can say why a request finished and how long its prompt was; and, for a request that asks for
+stops, echo or logprobs, a `ReplyShaper` (reply_shaper.py) that rewrites its replies.
 """
 
 from __future__ import annotations
