@@ -100,7 +100,13 @@ def main() -> int:
             tasks=list(TASKS),
             task_manager=TaskManager(include_path=tmp),
             limit=args.limit,
+            log_samples=True,
         )
+    for name, samples in results["samples"].items():
+        print(f"{name}:")
+        for sample in samples:
+            doc, answer = sample["doc"], sample["filtered_resps"][0]
+            print(f"  {doc['context']!r} + {doc['continuation']!r}: {answer!r}")
     for name, metrics in results["results"].items():
         shown = {k: v for k, v in metrics.items() if not k.endswith("stderr,none") and k != "alias"}
         print(f"{name}: {json.dumps(shown)}")
