@@ -173,6 +173,11 @@ def test_streamed_logprobs_come_with_their_chunks(client):
         ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
         ({"prompt": "hi", "seed": "x"}, "seed"),
         ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
+            "top_logprobs",
+        ),
+        ({"prompt": "hi", "stop": [""]}, "stop"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(server, body, words):

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from minisgl.core import SamplingParams
+from minisgl.core import MAX_LOGPROBS, SamplingParams
 
 
 class ErrorInfo(Exception):
@@ -149,8 +149,13 @@ def logprob_fields(req: _Request, max_tokens: int) -> Dict[str, Any]:
     (with `echo`, the prompt's too; `echo` with `max_tokens: 0` scores the prompt alone, as
     lm-eval's loglikelihood asks), a chat's `logprobs: true` with `top_logprobs: k`."""
     if isinstance(req, ChatRequest):
-        if req.top_logprobs is not None and not req.logprobs:
+        k = req.top_logprobs
+        if k is not None and not req.logprobs:
             raise ErrorInfo(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if k is not None and not 0 <= k <= MAX_LOGPROBS:
+            raise ErrorInfo(
+                400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {k}", param="top_logprobs"
+            )
         return {"logprobs": (req.top_logprobs or 0) if req.logprobs else None}
     echo = getattr(req, "echo", False)
     return {
