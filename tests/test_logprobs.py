@@ -105,6 +105,12 @@ def test_prompt_logprobs_across_chunks_and_beside_other_requests(overlap):
         engine.shutdown()
 
 
+def test_a_one_token_prompt_has_one_null_prompt_logprob(llm):
+    prompt = llm.encode(PROMPT_TEXTS[0]).tolist()[:1]
+    out = llm.generate([prompt], SamplingParams(max_tokens=0, prompt_logprobs=True))[0]
+    assert out["prompt_logprobs"] == [None] and out["token_ids"] == []
+
+
 def test_bad_logprobs_settings_are_refused():
     with pytest.raises(ValueError, match="logprobs"):
         SamplingParams(logprobs=21)

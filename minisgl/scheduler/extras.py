@@ -68,7 +68,7 @@ def plan_extras(scheduler, fi: ForwardInput) -> None:
     seeds = [
         (i, position_seed(r.sampling_params.seed, r.device_len))
         for i, r in enumerate(reqs)
-        if r.sampling_params.seed is not None and not r.sampling_params.is_greedy
+        if r.sampling_params.seed is not None and not r.sampling_params.is_greedy and not r.is_chunk
     ]
     args.seeds = seeds or None
     token_rows = [
@@ -128,11 +128,11 @@ def attach_logprobs(scheduler, fi: ForwardInput, reply: List[DetokenizeMsg]) -> 
     parts: Dict[int, List[Any]] = scheduler._prompt_parts
     msgs = {m.uid: m for m in reply}
     reqs = fi.batch.reqs
-    if plan.prompt_rows is not None:
-        row = 0
-        for uid, scored, k in plan.prompt_spans:
-            parts.setdefault(uid, []).extend(_entries(out, "prompt", row, row + scored, k))
-            row += scored
+    row = 0
+    for uid, scored, k in plan.prompt_spans:  # a one-token prompt scores nothing, still says so
+        entries = _entries(out, "prompt", row, row + scored, k) if scored else []
+        parts.setdefault(uid, []).extend(entries)
+        row += scored
     if plan.token_rows is not None:
         for g, i in enumerate(plan.token_rows.tolist()):
             msg = msgs.get(reqs[i].uid)

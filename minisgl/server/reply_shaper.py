@@ -35,6 +35,7 @@ class ReplyShaper:
     chat: bool
     prompt_ids: List[int]
     echo: bool = False
+    prompt_text: str | None = None  # the prompt as the client sent it (None: decode the ids)
     text: str = ""  # the generated text received so far (the joined pieces of next_text)
     sent: int = 0  # how much of it has been sent
     offset: int = 0  # text_offset of the next token (characters of the answer before it)
@@ -68,7 +69,9 @@ class ReplyShaper:
             self.sent = max(end, self.sent)
         prefix = ""
         if self.first and self.echo:
-            prefix = self._decode(self.prompt_ids)
+            prefix = self.prompt_text
+            if prefix is None:
+                prefix = self._decode(self.prompt_ids)
             reply.text = prefix + reply.text
         if p.logprobs is not None or p.prompt_logprobs:
             reply.logprobs = self._logprobs(msg, new_ids)

@@ -68,6 +68,7 @@ class TokenizerWorker:
                         chat=msg.messages is not None,
                         prompt_ids=out.input_ids.tolist(),
                         echo=msg.echo,
+                        prompt_text=msg.text,
                     )
             elif isinstance(msg, AbortMsg):
                 self.shapers.pop(msg.uid, None)
