@@ -51,6 +51,7 @@ class LogprobPlan:
     prompt_rows: torch.Tensor | None = None
     prompt_targets: torch.Tensor | None = None
     prompt_spans: List[Tuple[int, int, int]] = field(default_factory=list)
+    token_rows_host: List[int] = field(default_factory=list)  # token_rows, as the host has them
 
 
 @dataclass

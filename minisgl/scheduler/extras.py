@@ -82,6 +82,7 @@ def plan_extras(scheduler, fi: ForwardInput) -> None:
     plan = LogprobPlan(k)
     if token_rows:
         plan.token_rows = to_device(torch.tensor(token_rows, dtype=torch.int64))
+        plan.token_rows_host = token_rows
     if wants_prompt:
         logit_rows: List[int] = []  # rows of the batch's hidden states the LM head projects
         sample_rows: List[int] = []
@@ -134,7 +135,7 @@ def attach_logprobs(scheduler, fi: ForwardInput, reply: List[DetokenizeMsg]) -> 
         parts.setdefault(uid, []).extend(entries)
         row += scored
     if plan.token_rows is not None:
-        for g, i in enumerate(plan.token_rows.tolist()):
+        for g, i in enumerate(plan.token_rows_host):
             msg = msgs.get(reqs[i].uid)
             if msg is not None:
                 k = reqs[i].sampling_params.top_logprobs
