@@ -118,3 +118,19 @@ def test_bad_logprobs_settings_are_refused():
         SamplingParams(logprobs=True)
     with pytest.raises(ValueError, match="max_tokens"):
         SamplingParams(max_tokens=0)
+
+
+def test_an_aborted_chunked_prefill_leaves_no_prompt_logprobs_behind():
+    engine = build_llm(max_extend_tokens=4)
+    try:
+        params = SamplingParams(max_tokens=2, prompt_logprobs=True)
+        uid = engine.add_request(PROMPT_TEXTS[0], params)
+        engine.step()
+        engine.step()  # a chunk or two handled: their logprobs wait for the last one
+        engine.abort(uid)
+        engine.run_until_idle()
+        assert engine._prompt_parts == {}
+        out = engine.generate(PROMPT_TEXTS[0], params)[0]  # the next one is whole again
+        _check_prompt(out, engine.encode(PROMPT_TEXTS[0]).tolist(), 0)
+    finally:
+        engine.shutdown()

@@ -36,7 +36,16 @@ def test_first_stop_and_held_back():
 # ---------------------------------------------------------------- stop strings
 
 
-def test_a_stop_string_cuts_the_text_and_finishes_in_the_scheduler(llm):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_stop_string_cuts_the_text_and_finishes_in_the_scheduler(llm, overlap):
+    llm.config.overlap_scheduling = overlap
+    try:
+        _stop_string_run(llm)
+    finally:
+        llm.config.overlap_scheduling = None
+
+
+def _stop_string_run(llm):
     prompt = PROMPT_TEXTS[0]
     full = llm.generate(prompt, greedy(24))[0]
     # a stop string taken from the middle of the greedy continuation
