@@ -127,6 +127,13 @@ def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
     given = [name for name in ("temperature", "top_k", "top_p", "ignore_eos") if name in sent]
     if {"max_tokens", "max_completion_tokens"} & sent and max_tokens_given(req):
         given.append("max_tokens")
+    scoring = logprob_fields(req, max_tokens)
+    if max_tokens == 0 and not scoring.get("prompt_logprobs"):
+        raise ErrorInfo(
+            400,
+            "max_tokens must be >= 1 (0 only with echo: the prompt is scored, nothing generated)",
+            param="max_tokens",
+        )
     try:
         return SamplingParams(
             temperature=req.temperature,
@@ -137,7 +144,7 @@ def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
             stop=req.stop or [],
             stop_token_ids=req.stop_token_ids or [],
             seed=req.seed,
-            **logprob_fields(req, max_tokens),
+            **scoring,
             fields_set=given,
         )
     except (TypeError, ValueError) as e:
