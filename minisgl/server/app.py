@@ -30,6 +30,7 @@ no [DONE]).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import time
 import uuid
@@ -256,7 +257,9 @@ async def completions(req: api.CompletionRequest, request: Request):
 
     def message(prompt):
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
-        return lambda uid, p: TokenizeMsg(uid=uid, sampling_params=p, text=text, input_ids=ids)
+        return lambda uid, p: TokenizeMsg(
+            uid=uid, sampling_params=p, text=text, input_ids=ids, echo=bool(req.echo)
+        )
 
     max_tokens = 16 if req.max_tokens is None else req.max_tokens  # null means the default
     return await unless_stopping(
@@ -320,7 +323,12 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
         params = api.sampling_params(req, 1 if max_tokens is None else max_tokens)
     except ErrorInfo as e:
         return error_response(e)
-    uids = [frontend.submit(lambda u, m=make: m(u, params)) for make in makes for _ in range(n)]
+    # A seeded request's samples differ from each other, and repeat: sample j draws with seed + j.
+    samples = [
+        params if params.seed is None else dataclasses.replace(params, seed=params.seed + j)
+        for j in range(n)
+    ]
+    uids = [frontend.submit(lambda u, m=make, p=p: m(u, p)) for make in makes for p in samples]
     # Wait for the first tokens (or a refusal) before answering, so that an error gets its
     # status code; a client leaving meanwhile aborts the requests.
     gone = asyncio.ensure_future(disconnected(request))

@@ -2,8 +2,10 @@
 them (https://platform.openai.com/docs/api-reference). Pure functions and pydantic models; the HTTP
 side is in app.py.
 
-Extensions, as other OpenAI-compatible servers have them: `top_k` and `ignore_eos` (sampling), and
-`return_token_ids` (each choice, and each streamed chunk, also carries the token ids it adds).
+Extensions, as other OpenAI-compatible servers have them: `top_k`, `ignore_eos` and
+`stop_token_ids` (sampling), and `return_token_ids` (each choice, and each streamed chunk, also
+carries the token ids it adds). `stop`, `seed`, `logprobs` (a completion's k, a chat's true with
+`top_logprobs`) and a completion's `echo` are honoured (SamplingParams, minisgl/core.py).
 
 Nothing a request says is silently ignored. A request is checked in three steps:
 
@@ -15,12 +17,11 @@ Nothing a request says is silently ignored. A request is checked in three steps:
   `repetition_penalty`...) learns that it is not honoured instead of getting a different answer.
 - A field of the OpenAI API that the server knows but cannot honour is a 400 naming it
   (`unsupported()`), unless it holds the value that changes nothing:
-      stop, seed, presence_penalty and frequency_penalty (0 accepted), logit_bias ({} accepted),
-      logprobs and top_logprobs, echo, suffix (empty accepted), best_of (1 accepted); on chat,
-      response_format ({"type": "text"} accepted), tools ([] accepted), tool_choice ("none"
-      accepted), functions, function_call ("none" accepted), audio, prediction,
-      reasoning_effort, web_search_options, modalities (["text"] accepted), store (false
-      accepted).
+      presence_penalty and frequency_penalty (0 accepted), logit_bias ({} accepted), suffix
+      (empty accepted), best_of (1 accepted); on chat, response_format ({"type": "text"}
+      accepted), tools ([] accepted), tool_choice ("none" accepted), functions, function_call
+      ("none" accepted), audio, prediction, reasoning_effort, web_search_options, modalities
+      (["text"] accepted), store (false accepted).
   Accepted because they change no answer: `user` and `metadata` (only labels), `service_tier`
   ("auto" or "default"), `parallel_tool_calls` (no tools are ever called). A chat message may
   carry `refusal`, `tool_calls`, `function_call`, `audio` and `annotations` as null or empty (the
@@ -35,7 +36,7 @@ from typing import Annotated, Any, Dict, List, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
-from minisgl.core import SamplingParams
+from minisgl.core import MAX_LOGPROBS, SamplingParams
 
 
 class ErrorInfo(Exception):
@@ -112,6 +113,7 @@ class _Request(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     ignore_eos: bool | None = None
+    stop_token_ids: List[int] | None = None  # an extension, as vLLM and SGLang have it
     return_token_ids: bool | None = None
     logit_bias: Dict[str, Any] | None = None
     user: str | None = None  # a label for the caller's own records: changes nothing
@@ -119,10 +121,6 @@ class _Request(BaseModel):
     def unsupported(self) -> List[str]:
         """Settings this server cannot honour: refused, never silently ignored."""
         bad = []
-        if self.stop:
-            bad.append("stop")
-        if self.seed is not None:
-            bad.append("seed")
         if self.presence_penalty:
             bad.append("presence_penalty")
         if self.frequency_penalty:
@@ -154,7 +152,7 @@ class CompletionRequest(_Request):
 
     def unsupported(self) -> List[str]:
         bad = super().unsupported()
-        bad += [name for name in ("echo", "logprobs", "suffix") if getattr(self, name)]
+        bad += [name for name in ("suffix",) if getattr(self, name)]
         if self.best_of not in (None, 1):
             bad.append("best_of")
         return bad
@@ -206,7 +204,7 @@ class ChatRequest(_Request):
     max_tokens: int | None = None  # None: as long as the context allows
     max_completion_tokens: int | None = None  # the newer name of max_tokens
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = None  # alternatives per token; needs logprobs, as OpenAI says
     response_format: Dict[str, Any] | None = None
     tools: List[Any] | None = None
     tool_choice: str | Dict[str, Any] | None = None
@@ -224,11 +222,7 @@ class ChatRequest(_Request):
 
     def unsupported(self) -> List[str]:
         bad = super().unsupported()
-        bad += [
-            name
-            for name in ("logprobs", "top_logprobs", "tools", "functions", "store")
-            if getattr(self, name)
-        ]
+        bad += [name for name in ("tools", "functions", "store") if getattr(self, name)]
         bad += [
             name
             for name in ("audio", "prediction", "reasoning_effort", "web_search_options")
@@ -258,6 +252,10 @@ def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
     given = [name for name in ("temperature", "top_k", "top_p", "ignore_eos") if name in sent]
     if {"max_tokens", "max_completion_tokens"} & sent:
         given.append("max_tokens")
+    scoring = logprob_fields(req, max_tokens)
+    if max_tokens == 0 and not scoring.get("prompt_logprobs"):
+        echo = "" if isinstance(req, ChatRequest) else " (0 only with echo: the prompt is scored)"
+        raise ErrorInfo(400, f"max_tokens must be >= 1{echo}", param="max_tokens")
     try:
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -265,6 +263,10 @@ def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
             top_p=1.0 if req.top_p is None else req.top_p,
             max_tokens=max_tokens,
             ignore_eos=bool(req.ignore_eos),
+            stop=req.stop or [],
+            stop_token_ids=req.stop_token_ids or [],
+            seed=req.seed,
+            **scoring,
             fields_set=given,
         )
     except (TypeError, ValueError) as e:
@@ -279,6 +281,26 @@ def error_code(message: str) -> str | None:
     max_tokens longer than the model's context, or than this server's KV pool, is
     "context_length_exceeded", as the OpenAI API names it and its clients test it."""
     return "context_length_exceeded" if any(c in message for c in CONTEXT_TOO_LONG) else None
+
+
+def logprob_fields(req: _Request, max_tokens: int) -> Dict[str, Any]:
+    """SamplingParams' logprobs and prompt_logprobs for a request: a completion's `logprobs: k`
+    (with `echo`, the prompt's too; `echo` with `max_tokens: 0` scores the prompt alone, as
+    lm-eval's loglikelihood asks), a chat's `logprobs: true` with `top_logprobs: k`."""
+    if isinstance(req, ChatRequest):
+        k = req.top_logprobs
+        if k is not None and not req.logprobs:
+            raise ErrorInfo(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if k is not None and not 0 <= k <= MAX_LOGPROBS:
+            raise ErrorInfo(
+                400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {k}", param="top_logprobs"
+            )
+        return {"logprobs": (req.top_logprobs or 0) if req.logprobs else None}
+    echo = bool(getattr(req, "echo", False))
+    return {
+        "logprobs": req.logprobs,
+        "prompt_logprobs": echo and (req.logprobs is not None or max_tokens == 0),
+    }
 
 
 def sse_event(data: Dict[str, Any] | str) -> str:
@@ -333,6 +355,12 @@ def choice(
     if token_ids is not None:
         out["token_ids"] = token_ids
     return out
+
+
+def joined_logprobs(pieces: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One answer's logprobs from its replies' pieces (each in the response's shape, whose values
+    are all lists: a completion's four, a chat's "content"), each list joined in order."""
+    return {key: [v for piece in pieces for v in piece[key]] for key in pieces[0]}
 
 
 def envelope(
