@@ -83,7 +83,8 @@ if want suite; then
   part "whole suite and the judge's self-check on cuda, side by side"
   # Several test processes share the GPU here, as they share a laptop's cores: that load once
   # exposed a stream race that one process alone never hit.
-  timeout ${SUITE_TIMEOUT:-400} $py -m pytest -q -rfE --device cuda --timeout 120 tests --ignore=tests/torture \
+  timeout ${SUITE_TIMEOUT:-400} $py -m pytest -q -rfE --device cuda --timeout 120 -n ${SUITE_WORKERS:-8} -p no:cacheprovider \
+    tests --ignore=tests/torture \
     > "$OUT/suite_full.txt" 2>&1 &
   timeout ${SELFCHECK_TIMEOUT:-400} $py judge.py --selfcheck --device cuda --workers ${SELFCHECK_WORKERS:-6} \
     > "$OUT/selfcheck_full.txt" 2>&1 &

@@ -37,3 +37,20 @@ def check(rule: str, ok: bool, seen: str = "") -> bool:
     """Print `✔ rule`, or `✘ rule: seen` (what was seen instead, in plain words); returns `ok`."""
     print(f"{PASS} {rule}" if ok else f"{FAIL} {rule}" + (f": {seen}" if seen else ""))
     return bool(ok)
+
+
+def client_reads(model, body):
+    """`body` as the openai client's pydantic `model` reads it: (the parsed object, "") or (None,
+    what it refused, in words). A try-out then reports a field the client cannot read as a ✘ line
+    that names the field and what it held, instead of raising pydantic's ValidationError."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(body), ""
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return None, (
+            f"the openai client cannot read this {model.__name__}: at {where!r} it found "
+            f"{first.get('input')!r} ({first['msg']})"
+        )

@@ -62,14 +62,18 @@ def available() -> bool:
 
 def server_for(device: str, modules: List[str], references: bool = True) -> "ForkServer | None":
     """A started server for runs whose targets live in `modules`, or None where each run must be a
-    plain subprocess: no fork here, or a GPU. A CUDA context does not survive a fork, and whether
-    importing the engine (Triton, the kernels) already creates one depends on library versions;
-    on a GPU machine a run's seconds of imports are small next to its tests."""
-    if device != "cpu" or not available():
+    plain subprocess: no fork here, or a GPU that a forked child could not use.
+
+    On a GPU the server forks too: importing torch and the engine costs about 8 s there (the
+    H200), as much as a chapter's tests. A child can use CUDA only if the server never initialised
+    it (a CUDA context does not survive a fork), and whether importing the engine (Triton, the
+    kernels) initialises it depends on library versions, so the server proves it before it says
+    ready: a first child makes a CUDA tensor (`_cuda_usable_after_fork`)."""
+    if not available():
         return None
     from .registry import REPO
 
-    server = ForkServer(str(REPO), preload_for(modules, references))
+    server = ForkServer(str(REPO), preload_for(modules, references), device)
     if not server.ready:
         server.close()
         return None
@@ -87,14 +91,14 @@ class _Run:
 class ForkServer:
     """The client side: one server process; runs may be started from several threads at once."""
 
-    def __init__(self, repo: str, preload: List[str]) -> None:
+    def __init__(self, repo: str, preload: List[str], device: str = "cpu") -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [repo] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         )
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "judge.forkserver", *preload],
+            [sys.executable, "-m", "judge.forkserver", device, *preload],
             cwd=repo,
             env=env,
             stdin=subprocess.PIPE,
@@ -189,7 +193,7 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def serve(preload: List[str]) -> None:
+def serve(device: str, preload: List[str]) -> None:
     # Ctrl-C in the terminal reaches the whole foreground group, this server too; its children
     # (sessions of their own) do not see it. The server must outlive it to kill them when its
     # client closes stdin, so the client alone decides.
@@ -206,6 +210,9 @@ def serve(preload: List[str]) -> None:
 
         apply_thread_policy()
     gc.freeze()  # the preloaded objects: never collected again, and never copied by a child's gc
+    if device != "cpu" and not _cuda_usable_after_fork(device):
+        print("no: a forked child cannot use CUDA here", flush=True)
+        return
     print("ready", flush=True)
     # One thread only (a fork copies no other thread, and no lock one of them might hold): poll
     # stdin for requests and reap ended children in turn. Answers go out with os.write.
@@ -239,6 +246,29 @@ def serve(preload: List[str]) -> None:
         if eof:  # the client has gone: its runs are not wanted any more
             for pid in children:
                 _kill_group(pid)
+
+
+def _cuda_usable_after_fork(device: str) -> bool:
+    """Whether a child forked from here can use the GPU (`device` "cuda", or "auto" where torch sees
+    one). Asked of a child, since asking here (even `torch.cuda.is_available()`) initialises CUDA
+    in this process and so breaks every later child."""
+    if "torch" not in sys.modules:
+        return True  # nothing imported that could have initialised CUDA: children start clean
+    if sys.modules["torch"].cuda.is_initialized():
+        return False
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            import torch
+
+            if device == "cuda" or torch.cuda.is_available():
+                torch.ones(1, device="cuda").sum().item()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def _answer(msg: Dict) -> None:
@@ -288,4 +318,4 @@ def _child(request: Dict) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1:])
+    serve(sys.argv[1], sys.argv[2:])

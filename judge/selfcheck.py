@@ -97,7 +97,7 @@ def selfcheck(
             style="bold",
         )
     )
-    # One server forks every run (several at once); None on a GPU: plain subprocesses there.
+    # One server forks every run (several at once), on a GPU too where its children can use it.
     server = forkserver.server_for(
         device, sorted({e.module for c in chapters for e in c.exercises})
     )

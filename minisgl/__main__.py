@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from minisgl.env import API_KEY
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minisgl")
@@ -25,6 +27,12 @@ def main(argv=None) -> int:
         "--served-model-name",
         default=None,
         help="the model name clients use (default: the directory's name)",
+    )
+    s.add_argument(
+        "--api-key",
+        default=API_KEY.read() or None,
+        help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
+        "(default: $MINISGL_API_KEY; unset: no key)",
     )
     s.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:1, ...")
     s.add_argument(
@@ -88,7 +96,11 @@ def main(argv=None) -> int:
         if getattr(args, name) is not None
     }
     server_args = ServerArgs(
-        host=args.host, port=args.port, served_model_name=args.served_model_name, engine=engine
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        engine=engine,
+        api_key=args.api_key,
     )
     if args.model is not None:
         if not args.model.is_dir():

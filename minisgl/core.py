@@ -21,12 +21,36 @@ from typing import Any, Iterable, Iterator, List, Literal
 import torch
 
 _UNSET: Any = object()  # a SamplingParams argument the caller did not give
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "max_tokens", "ignore_eos")
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "max_tokens",
+    "ignore_eos",
+    "stop",
+    "stop_token_ids",
+    "seed",
+    "logprobs",
+    "prompt_logprobs",
+)
+MAX_LOGPROBS = 20  # the most alternatives a request may ask for at each position (OpenAI's limit)
 
 
 @dataclass(init=False)
 class SamplingParams:
     """How to pick each next token. `temperature == 0` (or `top_k == 1`) means greedy.
+
+    Beyond the draw itself:
+      stop            strings that end the request; the text returned ends before the first one
+                      (a single string is taken as a list of one)
+      stop_token_ids  token ids that end the request as EOS does (the token is not in the text)
+      seed            this request's own random draws: the same seed gives the same tokens whatever
+                      else is in the batch; None draws from the engine's generator
+      logprobs        None, or k in [0, 20]: each generated token's log-probability and its top-k
+                      alternatives (log_softmax of the raw logits, before temperature, in float32)
+      prompt_logprobs the same for every prompt token after the first; the prompt skips the prefix
+                      cache (a cached prefix has no logits). With it, `max_tokens` may be 0: the
+                      prompt is scored and nothing is generated
 
     `fields_set` names the fields the caller gave the constructor; the others hold the defaults
     below, which a model's generation_config.json may replace when the request is taken in
@@ -37,6 +61,11 @@ class SamplingParams:
     top_p: float = 1.0
     max_tokens: int = 16
     ignore_eos: bool = False
+    stop: List[str] = field(default_factory=list)
+    stop_token_ids: List[int] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: int | None = None
+    prompt_logprobs: bool = False
     # a list, not a set: it travels in messages as plain JSON (minisgl/message/wire.py)
     fields_set: List[str] = field(default_factory=list, compare=False, repr=False)
 
@@ -47,14 +76,26 @@ class SamplingParams:
         top_p: float = _UNSET,
         max_tokens: int = _UNSET,
         ignore_eos: bool = _UNSET,
+        stop: str | List[str] = _UNSET,
+        stop_token_ids: List[int] = _UNSET,
+        seed: int | None = _UNSET,
+        logprobs: int | None = _UNSET,
+        prompt_logprobs: bool = _UNSET,
         fields_set: Iterable[str] | None = None,
     ) -> None:
         """`fields_set`: which fields count as given, when the values come with defaults of their
         own (the OpenAI API's: a field the client did not send) or from a message (wire.py)."""
-        given = dict(zip(SAMPLING_FIELDS, (temperature, top_k, top_p, max_tokens, ignore_eos)))
+        values = (temperature, top_k, top_p, max_tokens, ignore_eos)
+        values += (stop, stop_token_ids, seed, logprobs, prompt_logprobs)
+        given = dict(zip(SAMPLING_FIELDS, values))
         given = {name: value for name, value in given.items() if value is not _UNSET}
+        if isinstance(given.get("stop"), str):
+            given["stop"] = [given["stop"]]
         for name in SAMPLING_FIELDS:
-            setattr(self, name, given.get(name, getattr(SamplingParams, name)))
+            default = [] if name in ("stop", "stop_token_ids") else getattr(SamplingParams, name)
+            value = given.get(name, default)
+            # lists are copied: a caller's list changed later must not change this request
+            setattr(self, name, list(value) if isinstance(value, (list, tuple)) else value)
         names = sorted(given) if fields_set is None else sorted(set(fields_set))
         unknown = [n for n in names if n not in SAMPLING_FIELDS]
         if unknown:
@@ -85,14 +126,44 @@ class SamplingParams:
                 raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        self._validate_extras()
+        if self.max_tokens < 0 or (self.max_tokens == 0 and not self.prompt_logprobs):
+            raise ValueError(
+                f"max_tokens must be an integer >= 1 (0 only with prompt_logprobs), "
+                f"got {self.max_tokens!r}"
+            )
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off) or an integer >= 1, got {self.top_k!r}")
+
+    def _validate_extras(self) -> None:
+        """The fields beyond the draw: stops, seed, logprobs (validate's TypeError/ValueError)."""
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise TypeError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if any(s == "" for s in self.stop):
+            raise ValueError("stop must not hold an empty string (it would end every request)")
+        ids = self.stop_token_ids
+        if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+            raise TypeError(f"stop_token_ids must be a list of integers, got {ids!r}")
+        if any(i < 0 for i in ids):
+            raise ValueError(f"stop_token_ids must be token ids >= 0, got {ids!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise TypeError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.logprobs is not None:
+            if not _is_int(self.logprobs):
+                raise TypeError(f"logprobs must be an integer or None, got {self.logprobs!r}")
+            if not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if not isinstance(self.prompt_logprobs, bool):
+            raise TypeError(f"prompt_logprobs must be True or False, got {self.prompt_logprobs!r}")
+
+    @property
+    def top_logprobs(self) -> int:
+        """How many alternatives each scored position reports (0 when only the token's own)."""
+        return self.logprobs or 0
 
     @property
     def is_greedy(self) -> bool:
@@ -105,6 +176,10 @@ class SamplingParams:
         Checked: greedy detection over temperature, top_k and top_p combinations.
         """
         return self.temperature == 0.0 or self.top_k == 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(eq=False)
@@ -206,6 +281,10 @@ class Batch:
     out_loc: torch.Tensor | None = None  # KV-cache slot of every token processed
     # minisgl/attention/metadata.py's AttentionMetadata (not imported: attention builds on core)
     attn_metadata: Any = None
+    # Which hidden rows the LM head turns into logits at prefill: None means each request's last
+    # (attn_metadata.last_indices); a batch with a request asking for prompt logprobs lists more
+    # (minisgl/engine/request_sampling.py)
+    logit_rows: torch.Tensor | None = None
     step: int = 0  # a running number, for the event log
 
     @property

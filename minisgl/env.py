@@ -136,6 +136,12 @@ TP_TIMEOUT = Setting(
     count=True,
 )
 
+API_KEY = Setting(
+    "MINISGL_API_KEY",
+    "the key `python -m minisgl serve` requires as `Authorization: Bearer KEY` on /v1/*, /tokenize "
+    "and /detokenize (`--api-key` overrides it; unset: no key)",
+)
+
 # ---------------------------------------------------------------------- the tests' settings
 
 TEST_DEVICE = Setting(
@@ -162,7 +168,7 @@ ENGINE_SETTINGS = (
     PROGRESS,
     THREADS,
 )
-SETTINGS = ENGINE_SETTINGS + (SERVER_INIT, TP_TIMEOUT, TEST_DEVICE, TEST_MODEL, CACHE_DIR)
+SETTINGS = ENGINE_SETTINGS + (SERVER_INIT, TP_TIMEOUT, API_KEY, TEST_DEVICE, TEST_MODEL, CACHE_DIR)
 
 
 @dataclass

@@ -301,6 +301,26 @@ def test_a_new_leaf_counts_as_just_used():
     )
 
 
+def test_a_match_stamps_every_node_it_passes_not_only_the_last():
+    cache = RadixPrefixCache(1, CPU)
+    cache.insert_prefix(ids(1, 2, 3, 4), locs(10, 4))
+    cache.insert_prefix(ids(1, 2, 5, 6), locs(20, 4))  # [1,2] is now shared by [3,4] and [5,6]
+    cache.insert_prefix(ids(7, 8), locs(30, 2))
+    held, _ = cache.match_prefix(ids(7, 8))
+    cache.lock_handle(held)  # [7,8] cannot be evicted while the next match happens
+    match(cache, 1, 2, 5, 6)  # used after [7,8]: the shared [1,2] and its branch [5,6]
+    assert _evicted(cache, 2) == [12, 13], "[3,4], not matched since it was inserted, goes first"
+    assert _evicted(cache, 2) == [22, 23], "then [5,6], the only unlocked leaf"
+    cache.lock_handle(held, unlock=True)
+    got = _evicted(cache, 2)
+    assert got == [30, 31], (
+        "[1,2], now a leaf, was passed by the match of [1,2,5,6], after [7,8] was last used: "
+        f"[7,8] (locations 30, 31) is the least recently used, but evict took locations {got}; "
+        "a walk stamps every node it passes with the new time, not only the one it ends on"
+    )
+    cache.check_integrity()
+
+
 def test_the_lower_half_of_a_split_keeps_its_time_of_last_use():
     cache = RadixPrefixCache(1, CPU)
     cache.insert_prefix(ids(1, 2, 3, 4), locs(10, 4))

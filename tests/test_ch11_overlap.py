@@ -62,8 +62,15 @@ def assert_idle_and_clean(llm) -> None:
             "_free_req_resources"
         ) from None
     free = llm.table_manager.available_size
+    parked = len(getattr(llm, "_deferred_slots", []))
     assert free == llm.config.max_running_req, (
         f"{llm.config.max_running_req - free} request slot(s) not returned after all requests ended"
+        + (
+            f" ({parked} still parked in _deferred_slots with nothing in flight: once the last "
+            "batch in flight is handled, nothing can write them, and no later turn may come)"
+            if parked
+            else ""
+        )
     )
     # a request whose end was handled is no longer live: an abort arriving for it later must find
     # nothing to free (live_requests: the requests that hold a slot and KV right now)
@@ -72,6 +79,21 @@ def assert_idle_and_clean(llm) -> None:
 
 
 # ---------------------------------------------------------------- the checks
+
+
+def assert_flags_on_last_token(sent: Dict[int, List[Tuple[int, bool]]], max_tokens: int) -> None:
+    """Rule 1 on a run of requests that ignore EOS: max_tokens messages each, only the last one
+    finished."""
+    want = [False] * (max_tokens - 1) + [True]
+    for uid, msgs in sorted(sent.items()):
+        flags = [f for _, f in msgs]
+        first = flags.index(True) + 1 if True in flags else None
+        assert flags == want, (
+            f"request {uid}, max_tokens={max_tokens}, EOS ignored: {len(flags)} message(s), the "
+            f"first finished flag on message {first} (finished flags {flags}); only message "
+            f"{max_tokens}, the last, may say finished. Decide it from the tokens the CPU has "
+            "received: under overlap, can_decode already describes the step in flight"
+        )
 
 
 def check_overlap_equals_normal_and_hf(llm_class, cache, chunk, page_size, streams=None) -> None:
@@ -84,7 +106,11 @@ def check_overlap_equals_normal_and_hf(llm_class, cache, chunk, page_size, strea
         llm = build(
             llm_class=llm_class, cache_type=cache, max_extend_tokens=chunk, page_size=page_size
         )
+        sent = record_messages(llm)
         got = [o["token_ids"] for o in llm.generate(prompts, greedy(10))]
+        # the finished flags first: a flag one token early cuts every output short by one, and
+        # "got 9 tokens" says less than where the flag came
+        assert_flags_on_last_token(sent, 10)
         assert_tokens_equal(got, want, f"{'overlap' if overlap else 'normal'} loop vs Hugging Face")
         # and again: the second round hits the prefix cache
         got = [o["token_ids"] for o in llm.generate(prompts, greedy(10))]
@@ -324,6 +350,47 @@ def test_the_overlap_loop_never_waits_for_the_step_it_just_launched():
 @pytest.mark.parametrize("max_tokens", [8, 1])
 def test_abort_while_prefill_in_flight(max_tokens):
     check_abort_while_prefill_in_flight(LLM, max_tokens)
+
+
+def check_abort_meets_the_last_step_in_flight(llm_class) -> None:
+    """Rule 4 at the end of a decode: a client that leaves as its answer completes. The abort is
+    taken in at the start of the turn that handles the request's last step: the request has left
+    the decode manager (it cannot decode further) but is still launched, in `_live`. The abort must
+    find it there ("running"), and the last step's token must not reach the client that left."""
+    set_overlap(True)
+    llm = build_llm(llm_class=llm_class, cache_type="radix")
+    log = llm.events.record()
+    prompt = prompt_ids()[0]
+    n = 4
+    uid = llm.add_request(prompt, greedy(n))
+
+    def abort_at_last_launch(ev):
+        # the prefill gives token 1, decode steps 2..n: launch n is the request's last step
+        if ev.kind == "launch" and ev["step"] == n and uid in ev["uids"]:
+            llm.abort(uid)  # taken in at the next turn, with step n in flight
+
+    llm.events.subscribe(abort_at_last_launch)
+    llm.run_until_idle()
+    aborts = [(i, e["state"]) for i, e in enumerate(log) if e.kind == "abort" and e["uid"] == uid]
+    assert len(aborts) == 1, f"{len(aborts)} abort event(s) for one abort"
+    at, state = aborts[0]
+    assert state == "running", (
+        f"the abort found the request {state!r}: its last step was in flight, so it was still "
+        "launched (in _live), though no longer in the decode manager"
+    )
+    late = [
+        (m.next_token, m.finished)
+        for e in log[at:]
+        if e.kind == "send"
+        for m in e["msgs"]
+        if m.uid == uid
+    ]
+    assert not late, f"the aborted request was sent {late} after its abort"
+    assert_idle_and_clean(llm)
+
+
+def test_an_abort_that_meets_the_requests_last_step_in_flight_still_aborts_it():
+    check_abort_meets_the_last_step_in_flight(LLM)
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -90,3 +90,24 @@ def test_all_four_bugs_together_are_caught(variant, check, says):
         says = "the request that ends at EOS"
     with pytest.raises(AssertionError, match=says):
         on_cpu_streams(check)(variant_llm("ch11_upstream"))
+
+
+# Mistakes of a learner's own (not upstream's), each caught by the check written for its rule.
+OWN_CASES = [
+    (
+        "ch11_release_after_freeing",
+        ch11.check_slot_not_reused_in_flight,
+        r"slot \d+ given to request \d+ while step",
+    ),
+    (
+        "ch11_abort_misses_last_step",
+        ch11.check_abort_meets_the_last_step_in_flight,
+        "the abort found the request 'not running'",
+    ),
+]
+
+
+@pytest.mark.parametrize("variant,check,says", OWN_CASES, ids=[v for v, _, _ in OWN_CASES])
+def test_own_mistake_is_caught(variant, check, says):
+    with pytest.raises(AssertionError, match=says):
+        check(variant_llm(variant))

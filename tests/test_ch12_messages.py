@@ -77,6 +77,11 @@ def test_sampling_params_travel_as_their_fields():
             "top_p": 0.9,
             "max_tokens": 4,
             "ignore_eos": True,
+            "stop": [],
+            "stop_token_ids": [],
+            "seed": None,
+            "logprobs": None,
+            "prompt_logprobs": False,
             # which fields the client gave: the scheduler fills the others from the model's
             # generation_config.json, so it must know them after the trip too
             "fields_set": ["ignore_eos", "max_tokens", "temperature", "top_k", "top_p"],
@@ -96,6 +101,12 @@ def test_sampling_params_keep_which_fields_were_given_across_the_wire():
             ]
         )
     )
+    assert isinstance(msg.sampling_params, SamplingParams), (
+        "a UserMsg's sampling parameters should arrive as SamplingParams, got "
+        f"{type(msg.sampling_params).__name__} {msg.sampling_params!r}: encode them as "
+        "{'__sampling__': fields} (dataclasses.asdict on the whole message drops that tag) and "
+        "revive that tag"
+    )
     got = msg.sampling_params.fields_set
     assert got == ["max_tokens", "temperature"], (
         f"a request that set temperature and max_tokens should arrive with those two set (the "
@@ -105,7 +116,14 @@ def test_sampling_params_keep_which_fields_were_given_across_the_wire():
 
 def test_a_message_is_its_fields_and_its_name():
     got = encode_value(DetokenizeMsg(uid=3, next_token=9, finished=True))
-    want = {"__msg__": "DetokenizeMsg", "uid": 3, "next_token": 9, "finished": True, "error": None}
+    want = {
+        "__msg__": "DetokenizeMsg",
+        "uid": 3,
+        "next_token": 9,
+        "finished": True,
+        "error": None,
+        "logprobs": None,
+    }
     assert got == want, f"a DetokenizeMsg should encode as {want}, got {got}"
     user = encode_value(MESSAGES[0])
     assert user.get("input_ids") == {
@@ -128,7 +146,14 @@ def test_lists_tuples_and_dicts_are_encoded_item_by_item():
     ]
     got = encode_value(value)
     want = [
-        {"__msg__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": False, "error": None},
+        {
+            "__msg__": "DetokenizeMsg",
+            "uid": 1,
+            "next_token": 2,
+            "finished": False,
+            "error": None,
+            "logprobs": None,
+        },
         {"ids": {"__tensor__": [4], "dtype": "int32"}},
         [1, 2],
     ]

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
 import zmq
 
+from classroom.loop_check import LoopCheck, Proc
 from minisgl.core import SamplingParams
 from minisgl.message import AbortBackendMsg, DetokenizeMsg, StatsQuery, StatsReply, UserMsg
 from minisgl.message.wire import encode_batch
@@ -187,6 +187,14 @@ def run_watch(procs, frontend, stopping, kill_after: int | None):
     """Run the watchdog; after `kill_after` of its waits, the scheduler dies with exit code -9."""
 
     async def scenario():
+        loop = procs[0].loop = LoopCheck()
+        ticker = asyncio.ensure_future(loop.tick())
+        try:
+            return await watched()
+        finally:
+            ticker.cancel()
+
+    async def watched():
         task = asyncio.ensure_future(launcher.watch(procs, frontend, stopping))
         for _ in range(kill_after if kill_after is not None else 5):
             await asyncio.sleep(launcher.WATCH_S)
@@ -204,10 +212,7 @@ def run_watch(procs, frontend, stopping, kill_after: int | None):
 
 
 def procs():
-    return [
-        SimpleNamespace(name="minisgl-scheduler", exitcode=None),
-        SimpleNamespace(name="minisgl-tokenizer", exitcode=None),
-    ]
+    return [Proc("minisgl-scheduler"), Proc("minisgl-tokenizer")]
 
 
 def test_a_dead_worker_fails_the_frontend_naming_it(capsys):
@@ -255,9 +260,15 @@ def test_the_watchdog_waits_a_moment_before_calling_a_death_a_failure():
     frontend = SignalledFrontend(workers)
 
     async def scenario():
-        await asyncio.wait_for(
-            launcher.watch(workers, frontend, lambda: frontend.stopping), 20 * launcher.WATCH_S + 5
-        )
+        loop = workers[0].loop = LoopCheck()
+        ticker = asyncio.ensure_future(loop.tick())
+        try:
+            await asyncio.wait_for(
+                launcher.watch(workers, frontend, lambda: frontend.stopping),
+                20 * launcher.WATCH_S + 5,
+            )
+        finally:
+            ticker.cancel()
 
     asyncio.run(scenario())
     assert not frontend.reasons, (

@@ -356,3 +356,33 @@ def test_a_forked_run_sees_the_engine_switches_of_its_own_environment(tmp_path):
         )
     finally:
         server.close()
+
+
+def test_a_fork_server_for_a_gpu_is_refused_where_a_forked_child_cannot_use_one():
+    """On a GPU the judge forks its runs too, but only once a forked child has made a CUDA tensor;
+    without a usable GPU the server for "cuda" is refused (plain subprocesses then), and one for
+    "auto" forks as on a CPU."""
+    from judge import forkserver
+    from judge.registry import REPO
+
+    if not forkserver.available():
+        pytest.skip("no fork on this platform")
+    import torch
+
+    gpu = torch.cuda.is_available()
+    for device, want in (("cuda", gpu), ("auto", True)):
+        server = forkserver.ForkServer(str(REPO), ["pytest", "torch"], device)
+        try:
+            assert server.ready == want, f"fork server for {device!r} (GPU here: {gpu})"
+        finally:
+            server.close()
+
+
+def test_auto_takes_the_gpus_budgets_only_where_there_is_one(monkeypatch):
+    from judge import budgets
+
+    data = {"times": {"cpu": {"t.py::a": 1.0}, "cuda": {"t.py::a": 2.0}}}
+    for gpu, want in ((False, "cpu"), (True, "cuda")):
+        monkeypatch.setattr(budgets, "_has_nvidia_gpu", lambda gpu=gpu: gpu)
+        got = budgets.Budgets(data, "auto", 120.0).measured
+        assert got == data["times"][want], f"auto with a GPU {gpu}: the times {got}, want {want}'s"

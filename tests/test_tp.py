@@ -117,6 +117,29 @@ def test_sampled_tokens_equal_tp1_with_the_same_seed(tp_llm):
     assert_tokens_equal(got, want, f"TP={tp_llm.tp_size} sampled, seed 0")
 
 
+def test_per_request_seeds_stops_and_logprobs_equal_tp1(tp_llm):
+    """A request's own seed draws the same tokens on every rank (else the ranks' next inputs would
+    differ and the output would be garbage), as TP=1 draws them; stops end it on every rank; the
+    logprobs come from the gathered logits."""
+    from minisgl import SamplingParams
+
+    seeded = SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=1234, ignore_eos=True)
+    scored = SamplingParams(max_tokens=2, prompt_logprobs=True, logprobs=2, ignore_eos=True)
+    one = build_llm(device=rank_device(tp_llm.tp_size))
+    prompts = prompt_ids()
+    want = one.generate(prompts[:2], [seeded, scored])
+    stop = one.decode(want[0]["token_ids"])[4:6]
+    want_stop = one.generate(prompts[0], SamplingParams(max_tokens=NEW_TOKENS, stop=stop))
+    one.shutdown()
+    got = tp_llm.generate(prompts[:2], [seeded, scored])
+    assert got[0]["token_ids"] == want[0]["token_ids"], f"TP={tp_llm.tp_size} seeded"
+    for a, b in zip(got[1]["prompt_logprobs"][1:], want[1]["prompt_logprobs"][1:]):
+        assert abs(a["logprob"] - b["logprob"]) < 1e-4
+        assert [i for i, _ in a["top_logprobs"]] == [i for i, _ in b["top_logprobs"]]
+    got_stop = tp_llm.generate(prompts[0], SamplingParams(max_tokens=NEW_TOKENS, stop=stop))
+    assert got_stop == want_stop
+
+
 @pytest.mark.parametrize("name", ["qwen3-head32-kv1-bias", "qwen3-vocab257-untied"])
 def test_checkpoint_rows_with_fewer_kv_heads_than_ranks_or_an_odd_vocabulary(name):
     close_shared()

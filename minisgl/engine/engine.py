@@ -28,7 +28,8 @@ from minisgl.utils.threads import apply_thread_policy, matmul_params
 
 from .config import EngineConfig
 from .context import plan_pool
-from .sampler import BatchSamplingArgs, Sampler
+from .request_sampling import RequestSampler
+from .sampler import BatchSamplingArgs
 
 Index2D = Tuple[torch.Tensor, torch.Tensor]  # (rows, columns) into the token pool
 
@@ -149,7 +150,7 @@ class Engine:
             fused_kernels(self.backend_name == "triton" and want_fused),
         )
         set_global_ctx(self.ctx)
-        self.sampler = Sampler(self.device, config.seed)
+        self.sampler = RequestSampler(self.device, config.seed)
         self.stream = self.kit.new_stream()
         self.graph_runner = self._build_graph_runner() if self.use_cuda_graph else None
 

@@ -8,7 +8,7 @@ of tokens whose probability adds up to top-p, and draw from what is left.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import Any, List, Tuple
 
 import torch
 
@@ -22,6 +22,12 @@ class BatchSamplingArgs:
     temperatures: torch.Tensor | None  # [B] float32, 0 for greedy rows
     top_k: torch.Tensor | None  # [B] int64, vocab size where off
     top_p: torch.Tensor | None  # [B] float32
+    # What single requests ask beyond the batched draw (minisgl/engine/request_sampling.py), set
+    # by the scheduler after the batch is prepared: (row, generator seed) of each seeded sampled
+    # row, and which rows' logprobs to compute; `logprobs_out` is filled in by the step.
+    seeds: List[Tuple[int, int]] | None = None
+    logprob_plan: Any = None
+    logprobs_out: Any = None
 
     @classmethod
     def from_params(

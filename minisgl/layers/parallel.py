@@ -83,8 +83,9 @@ class ParallelLMHead(LMHead):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch = get_global_ctx().batch
-        if batch.is_prefill:
-            x = x[batch.attn_metadata.last_indices]
+        if batch.is_prefill:  # each request's last row, or the rows a logprobs request asks for
+            rows = batch.logit_rows
+            x = x[batch.attn_metadata.last_indices if rows is None else rows]
         weight = self._tied_to.weight if self._tied_to is not None else self.weight
         local = F.linear(x, weight)  # [B, rows]
         return self._comm.all_gather(local, dim=-1)[:, : self._vocab_size]

@@ -22,7 +22,7 @@ from minisgl.models import BUNDLED_MODEL
 from minisgl.models.tokenizer import load_tokenizer
 from minisgl.scheduler import QueueIO, Scheduler, SchedulerConfig
 
-from . import inputs, recover
+from . import inputs, recover, stops
 from .progress_bar import generation_progress
 
 Prompt = str | Sequence[int]
@@ -35,6 +35,14 @@ class RequestResult:
     finished: bool = False
     aborted: bool = False
     error: str | None = None
+    logprobs: List = field(default_factory=list)  # [logprob, top] per token, when asked
+    prompt_logprobs: List | None = None  # [logprob, top] per prompt token after the first
+    prompt_ids: List[int] = field(default_factory=list)
+
+
+def _logprob_entry(token_id: int, entry: List) -> Dict:
+    """{"token_id", "logprob", "top_logprobs": [[id, logprob], ...]} from a message's entry."""
+    return {"token_id": token_id, "logprob": entry[0], "top_logprobs": entry[1]}
 
 
 def model_directory(model: object) -> Path:
@@ -99,7 +107,7 @@ class LLM(Scheduler):
         takes it in again: cheap, and the same for every message whatever it came from)."""
         uid = self._next_uid
         self._next_uid += 1
-        self.results[uid] = RequestResult(uid)
+        self.results[uid] = RequestResult(uid, prompt_ids=ids.tolist())
         self._queue.put(UserMsg(uid=uid, input_ids=ids, sampling_params=params))
         return uid
 
@@ -123,6 +131,11 @@ class LLM(Scheduler):
                 continue
             result.token_ids.append(msg.next_token)
             result.finished = msg.finished
+            if msg.logprobs is not None:
+                if "token" in msg.logprobs:
+                    result.logprobs.append(msg.logprobs["token"])
+                if "prompt" in msg.logprobs:
+                    result.prompt_logprobs = msg.logprobs["prompt"]
 
     # ------------------------------------------------------------------ running
 
@@ -153,8 +166,9 @@ class LLM(Scheduler):
         sampling_params: SamplingParams | List[SamplingParams] | None = None,
         progress: bool | None = None,
     ) -> List[Dict]:
-        """Run every prompt to completion; returns [{"text", "token_ids"}] in prompt order (plus
-        "error" for a request the scheduler refused or whose step failed). `progress`: a bar
+        """Run every prompt to completion; returns [{"text", "token_ids", "finish_reason"}] in
+        prompt order (plus "error" for a request the scheduler refused or whose step failed; the
+        text ends before a stop string, finish_reason is "stop" or "length"). `progress`: a bar
         counting tokens, True to show it, False never; None (default) shows it for runs longer than
         two seconds in a notebook or a terminal, never under pytest or CI
         (minisgl/llm/progress_bar.py, MINISGL_PROGRESS).
@@ -196,13 +210,32 @@ class LLM(Scheduler):
             self._reset_to_idle(uids, e)
             raise
         outputs = []
-        for uid in uids:
+        for uid, p in zip(uids, params):
             r = self.results.pop(uid)
-            out = {"text": self.decode(r.token_ids), "token_ids": r.token_ids}
+            out = self._output(r, p)
             if r.error is not None:
                 out["error"] = r.error
             outputs.append(out)
         return outputs
+
+    def _output(self, r: RequestResult, params: SamplingParams) -> Dict:
+        """{"text", "token_ids", "finish_reason"}: the text ends before the first stop string, and
+        shows no stop token id; max_tokens 0 returns no token."""
+        ids = [] if params.max_tokens == 0 else r.token_ids
+        text = self.decode(stops.visible_ids(ids, params))
+        cut = stops.first_stop(text, params.stop)
+        if cut is not None:
+            text = text[:cut]
+        reason = stops.finish_reason(ids, params, self.eos_token_ids, cut is not None)
+        out = {"text": text, "token_ids": ids, "finish_reason": reason}
+        if params.logprobs is not None:  # one entry per returned token
+            out["logprobs"] = [_logprob_entry(t, e) for t, e in zip(ids, r.logprobs)]
+        if params.prompt_logprobs and r.prompt_logprobs is not None:
+            prompt = r.prompt_ids
+            out["prompt_logprobs"] = [None] + [
+                _logprob_entry(t, e) for t, e in zip(prompt[1:], r.prompt_logprobs)
+            ]
+        return out
 
     def _reset_to_idle(self, uids: List[int], error: BaseException) -> None:
         recover.reset_to_idle(self, self._queue, self.results, uids, error)

@@ -7,6 +7,7 @@ in `api_server.py`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Dict
 
 import torch
 
@@ -38,6 +39,10 @@ class DetokenizeMsg:
     next_token: int
     finished: bool
     error: str | None = None
+    # Only for a request that asked (SamplingParams.logprobs / prompt_logprobs): "token": [its
+    # logprob, [[id, logprob], ...] top alternatives]; on its first message, "prompt": one such
+    # entry for each prompt token after the first.
+    logprobs: Dict[str, Any] | None = None
 
 
 BackendMsg = UserMsg | AbortBackendMsg

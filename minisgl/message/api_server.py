@@ -11,7 +11,7 @@ the scheduler knows token ids. Each hop has its own messages:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Any, Dict, List
 
 from minisgl.core import SamplingParams
 
@@ -22,7 +22,7 @@ class TokenizeMsg:
     set: a completion's prompt as text or as token ids, or a chat's messages (rendered with the
     model's chat template). `fill_context`: max_tokens is whatever the context has left after the
     prompt
-    (a chat request that sets no max_tokens)."""
+    (a chat request that sets no max_tokens). `echo`: the answer starts with the prompt's text."""
 
     uid: int
     sampling_params: SamplingParams
@@ -30,6 +30,7 @@ class TokenizeMsg:
     input_ids: List[int] | None = None
     messages: List[Dict[str, str]] | None = None
     fill_context: bool = False
+    echo: bool = False  # a completion that returns its prompt before the generated text
 
 
 @dataclass
@@ -67,6 +68,10 @@ class UserReply:
     prompt_tokens: int = 0
     error: str | None = None
     status: int = 200
+    # the logprobs of this reply's tokens, in the response's own shape (a completion's
+    # {"tokens", "token_logprobs", "top_logprobs", "text_offset"}, a chat's {"content": [...]});
+    # None unless the request asked (minisgl/server/reply_shaper.py)
+    logprobs: Dict[str, Any] | None = None
 
 
 __all__ = ["TokenizeMsg", "AbortMsg", "StatsQuery", "StatsReply", "UserReply"]

@@ -10,6 +10,7 @@ token; its pages are allocated as its length grows, a page at a time.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Iterator, List, Tuple
 
@@ -40,6 +41,8 @@ class CacheManager:
         self.free_pages = torch.arange(num_pages, dtype=torch.int32, device=self.device)
         self._events = events or EventLog()
         self._lazy: List[torch.Tensor] | None = None
+        # id -> prompt tensor of the requests that must compute their whole prompt (match_req)
+        self._never_match: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     # ------------------------------------------------------------------ sizes
 
@@ -56,8 +59,18 @@ class CacheManager:
 
     def match_req(self, input_ids: torch.Tensor) -> Tuple[CacheHandle, torch.Tensor]:
         """The cached prefix a new request can reuse. The last prompt token is never matched: the
-        model must run on at least one token to produce the first output's logits."""
+        model must run on at least one token to produce the first output's logits. A prompt
+        registered with `never_match` (one that asks for prompt logprobs: a cached prefix has no
+        logits) reuses nothing."""
+        if self._never_match.get(id(input_ids)) is input_ids:
+            return self.prefix_cache.match_prefix(input_ids[:0])
         return self.prefix_cache.match_prefix(input_ids[: len(input_ids) - 1])
+
+    def never_match(self, input_ids: torch.Tensor) -> None:
+        """Make `match_req(input_ids)` match nothing for this very tensor (the prompt a pending
+        request holds and the prefill adder passes): held weakly, so it is forgotten with the
+        request."""
+        self._never_match[id(input_ids)] = input_ids
 
     def lock(self, handle: CacheHandle) -> None:
         self.prefix_cache.lock_handle(handle)

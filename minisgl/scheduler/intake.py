@@ -52,7 +52,10 @@ class Intake:
                 params = params.with_defaults(self.limits.sampling_defaults)
         except (TypeError, ValueError) as e:
             raise RequestRefused(f"bad sampling parameters: {e}") from None
-        reason = self.validate_request(input_ids, params.max_tokens)
+        reason = self.stops.refusal(params) or self.validate_request(input_ids, params.max_tokens)
+        bad_stop = [i for i in params.stop_token_ids if i >= self.vocab_size]
+        if reason is None and bad_stop:
+            reason = f"stop token id {bad_stop[0]} is outside the vocabulary [0, {self.vocab_size})"
         if reason is not None:
             raise RequestRefused(reason)
         return params
@@ -67,6 +70,8 @@ class Intake:
             bad = lo if lo < 0 else hi
             return f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
         limit = self.limits.context_len
+        # max_tokens 0 (prompt scoring) still samples one token, written after the prompt
+        max_tokens = max(max_tokens, 1)
         if n + max_tokens > limit:
             return (
                 f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the context "

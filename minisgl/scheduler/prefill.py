@@ -170,6 +170,8 @@ class PrefillManager:
         self.pending: List[PendingReq] = []
 
     def add_one_req(self, uid: int, input_ids: torch.Tensor, params: SamplingParams) -> None:
+        if params.prompt_logprobs:  # its prompt needs logits everywhere: a cached prefix has none
+            self.cache_manager.never_match(input_ids)
         self.pending.append(PendingReq(uid, input_ids, params))
 
     def get(self, uid: int) -> PendingReq | None:

@@ -20,7 +20,9 @@ batch: each gets an error reply and gives back its slot and pages, and the loop 
 
 Scheduler is put together from one module per job: this one holds its state, the policy (what
 runs next) and the two loops; intake.py takes requests in (checks, model defaults); lifecycle.py
-handles results, aborts, failed steps and freeing; batch_inputs.py builds a batch's device inputs.
+handles results, aborts, failed steps and freeing; batch_inputs.py builds a batch's device inputs;
+extras.py (with stops.py) adds what single requests ask beyond the workbook's engine: stops, seeds,
+logprobs.
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ import torch
 from minisgl.core import Req
 from minisgl.engine import Engine, ForwardInput, ForwardOutput
 from minisgl.env import ENV
+from minisgl.models.tokenizer import load_tokenizer
 from minisgl.utils import EventLog
 
 from .batch_inputs import BatchInputs
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .extras import RequestExtras, plan_extras
 from .intake import Intake
 from .io import SchedulerIO
 from .lifecycle import RequestLifecycle
@@ -45,12 +49,13 @@ from .lifecycle import RequestLifecycle
 # The engine asks `req.is_chunk`; ChunkedReq stays in this namespace because the judge runs a
 # learner's methods here, and `isinstance(req, ChunkedReq)` is as right an answer.
 from .prefill import ChunkedReq, PrefillManager  # noqa: F401
+from .stops import StopChecker
 from .table import TableManager
 
 ForwardData = Tuple[ForwardInput, ForwardOutput]
 
 
-class Scheduler(Intake, RequestLifecycle, BatchInputs):
+class Scheduler(RequestExtras, Intake, RequestLifecycle, BatchInputs):
     def __init__(self, config: SchedulerConfig, io: SchedulerIO) -> None:
         self.config = config
         self.io = io
@@ -63,6 +68,8 @@ class Scheduler(Intake, RequestLifecycle, BatchInputs):
         self.limits = engine.limits
         self.eos_token_ids = self.limits.end_token_ids
         self.vocab_size = self.limits.vocab_size
+        # stop strings are text: the scheduler decodes each stopping request's last tokens
+        self.stops = StopChecker(load_tokenizer(config.model_path))
         self.token_pool, self.page_table = engine.token_pool, engine.page_table
         self.table_manager = TableManager(config.max_running_req, self.events)
         self.cache_manager = CacheManager(
@@ -83,6 +90,7 @@ class Scheduler(Intake, RequestLifecycle, BatchInputs):
         self._defer_slot_free = False
         self._deferred_slots: List[Tuple[int, int]] = []  # (table_idx, uid)
         self._step = 0
+        self._prompt_parts: Dict[int, list] = {}  # uid -> prompt logprobs of its chunks so far
 
     # ------------------------------------------------------------------ scheduling
 
@@ -93,7 +101,9 @@ class Scheduler(Intake, RequestLifecycle, BatchInputs):
         batch = batch or self.decode_manager.schedule_next_batch()
         if batch is None:
             return None
-        return self._prepare_batch(batch)
+        forward_input = self._prepare_batch(batch)
+        plan_extras(self, forward_input)  # seeds and logprobs, for requests that ask (extras.py)
+        return forward_input
 
     def _forward(self, forward_input: ForwardInput) -> ForwardOutput:
         batch = forward_input.batch

@@ -1,60 +1,123 @@
 """The HTTP front end: an OpenAI-compatible API on FastAPI.
 
-    GET  /health                 200 {"status": "ok", "workers": {name: pid}};
+    GET  /health                 200 {"status": "ok", "workers": {name: pid}} (HEAD too);
                                  503 once a worker died
-    GET  /v1/models              the one model served
-    POST /v1/completions         a prompt (text or token ids); streamed with "stream": true
+    GET  /v1/models              the one model served; /v1/models/{id} it alone (404 for another)
+    POST /v1/completions         a prompt: text, token ids, or a list of either (one choice each);
+                                 streamed with "stream": true
     POST /v1/chat/completions    messages, rendered with the model's chat template
+    POST /tokenize               {"prompt": text or ids} or {"messages": [...]} -> {"tokens",
+                                 "count", "max_model_len"}, the ids a request's prompt would have
+    POST /detokenize             {"tokens": [...]} -> {"prompt": text}
+    GET  /metrics                Prometheus metrics (metrics.py)
     GET  /debug/scheduler        the scheduler's slots and pages (tests check nothing leaks)
+
+What a request may hold, and what is refused rather than ignored, is in openai_api.py. `n` and a
+list of prompts give several choices, each a request of its own in the engine (choices.py).
+Response ids are random (`cmpl-<uuid4 hex>`), unique across restarts; the engine's uids stay
+inside. With `--api-key` (or MINISGL_API_KEY), /v1/*, /tokenize and /detokenize need
+`Authorization: Bearer <key>` (else a 401 with code "invalid_api_key"); /health, /metrics and
+/debug stay open, for probes and scrapers.
 
 Errors have the OpenAI API's body, {"error": {"message", "type", "param", "code"}}: 400 for a
 request that is wrong (bad JSON too: the OpenAI API answers 400, and its clients expect it, where
-FastAPI would say 422), 404 for an unknown model or path, 500 when the server failed, 503 after.
+FastAPI would say 422; a prompt too long for the context has code "context_length_exceeded"), 401
+without the key, 404 for an unknown model or path, 500 when the server failed, 503 after, and 503
+for an answer cut short because the server is stopping (a stream gets it as its last event, with
+no [DONE]).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import time
+import uuid
 from contextlib import asynccontextmanager
 from typing import Any, Callable, Dict, List
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from minisgl.message import TokenizeMsg
 
+from . import choices
 from . import openai_api as api
+from .auth import RequireApiKey
 from .frontend import Frontend
+from .metrics import CountRequests, ServerMetrics
 from .openai_api import ErrorInfo
 from .responses import Answer, collect, disconnected, error_response, first_of, stream_events
+from .token_routes import PromptTokenizer, detokenize, tokenize
 
 
 class AbortOnDisconnect(StreamingResponse):
     """A stream that notices its client leaving even while no token is coming, and then closes its
     body generator at once, whose `finally` aborts the request. (Starlette's own response, under
-    ASGI 2.4, notices only when a send fails, and leaves the generator to the garbage collector.)"""
+    ASGI 2.4, notices only when a send fails, and leaves the generator to the garbage collector.)
+
+    When the server begins to stop (`stopping` set), the stream ends the same way, after one
+    error event saying so (no [DONE]: the answer is cut short) and one line in the log, rather
+    than being cancelled by uvicorn two seconds later with a traceback."""
+
+    def __init__(self, content, stopping: asyncio.Event | None = None, rid: str = "", **kw):
+        super().__init__(content, **kw)
+        self.stopping, self.rid = stopping, rid
 
     async def __call__(self, scope, receive, send) -> None:
+        started, ended, cut = False, False, False
+
+        async def sending(message) -> None:
+            nonlocal started, ended
+            started = started or message["type"] == "http.response.start"
+            ended = ended or (
+                message["type"] == "http.response.body" and not message.get("more_body", False)
+            )
+            await send(message)
+
         try:
             async with anyio.create_task_group() as group:
 
                 async def stream() -> None:
                     try:
-                        await self.stream_response(send)
+                        await self.stream_response(sending)
                     except OSError:
                         pass  # the client is gone
                     group.cancel_scope.cancel()
 
+                async def shutdown() -> None:
+                    nonlocal cut
+                    await self.stopping.wait()
+                    cut = True
+                    group.cancel_scope.cancel()
+
                 group.start_soon(stream)
+                if self.stopping is not None:
+                    group.start_soon(shutdown)
                 await self.listen_for_disconnect(receive)
                 group.cancel_scope.cancel()
         finally:
             await self.body_iterator.aclose()
+        if cut and not ended:  # (a stream that ended as the server began to stop is whole)
+            await self.end_cut(sending, started)
+
+    async def end_cut(self, send, started: bool) -> None:
+        error = ErrorInfo(503, "the server is shutting down: this answer was cut short")
+        print(f"minisgl: stream {self.rid} cut by the server's shutdown", flush=True)
+        try:
+            if not started:
+                await send(
+                    {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+                )
+            body = api.sse_event(error.body()).encode()
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        except OSError:
+            pass  # the client is gone too
 
 
 def create_app(
@@ -62,14 +125,22 @@ def create_app(
     model_name: str,
     on_startup: Callable[[], List[Any]] | None = None,
     workers: Dict[str, int] | None = None,
+    *,
+    api_key: str | None = None,
+    tokenizer: PromptTokenizer | None = None,
+    stopping: Callable[[], bool] | None = None,
 ) -> FastAPI:
     """The app; `on_startup()` returns the tasks to run beside it (the reply listener, a watchdog);
-    `workers`, the worker processes' pids by name, is shown by /health. The routes below read what
-    they serve from `app.state`."""
+    `workers`, the worker processes' pids by name, is shown by /health; `api_key`: if set, the
+    key every /v1/ request must bring; `tokenizer`: what /tokenize and /detokenize use (None: they
+    answer 503); `stopping()`: True once the server has begun to stop (streams open then are ended
+    with an error event). The routes below read what they serve from `app.state`."""
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI):
+    async def lifespan(app: FastAPI):
         tasks = [asyncio.create_task(c) for c in (on_startup() if on_startup else [])]
+        if stopping is not None:
+            tasks.append(asyncio.create_task(watch_stopping(stopping, app.state.stopping)))
         yield
         for t in tasks:
             t.cancel()
@@ -77,14 +148,30 @@ def create_app(
     app = FastAPI(title="minisgl", lifespan=lifespan)
     app.state.frontend, app.state.model_name = frontend, model_name
     app.state.workers, app.state.created = workers or {}, int(time.time())
+    app.state.tokenizer, app.state.stopping = tokenizer, asyncio.Event()
+    app.state.metrics = frontend.metrics = ServerMetrics()
     app.add_exception_handler(RequestValidationError, bad_request)
     app.add_exception_handler(HTTPException, http_error)
-    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET", "HEAD"])
+    app.add_api_route("/metrics", metrics, methods=["GET"])
     app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", model, methods=["GET"])
     app.add_api_route("/debug/scheduler", debug_scheduler, methods=["GET"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_api_route("/tokenize", tokenize, methods=["POST"])
+    app.add_api_route("/detokenize", detokenize, methods=["POST"])
+    if api_key:
+        app.add_middleware(RequireApiKey, key=api_key)
+    app.add_middleware(CountRequests, metrics=app.state.metrics)  # outermost: counts the 401s
     return app
+
+
+async def watch_stopping(stopping: Callable[[], bool], event: asyncio.Event) -> None:
+    """Set `event` once `stopping()` (uvicorn's should_exit, set by its signal handler)."""
+    while not stopping():
+        await asyncio.sleep(0.1)
+    event.set()
 
 
 # ---------------------------------------------------------------------- errors
@@ -99,6 +186,10 @@ async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
             ErrorInfo(400, f"the request body is not valid JSON: {err.get('msg')}")
         )
     where = ".".join(loc) or "body"
+    if err.get("type") == "extra_forbidden":  # the OpenAI API's words for a field it does not know
+        return error_response(
+            ErrorInfo(400, f"Unrecognized request argument supplied: {where}", param=where)
+        )
     return error_response(
         ErrorInfo(400, f"{where}: {err.get('msg')}", param=loc[0] if loc else None)
     )
@@ -121,19 +212,34 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok", "workers": state.workers})
 
 
-async def models(request: Request) -> Dict[str, Any]:
-    state = request.app.state
+def model_card(state) -> Dict[str, Any]:
     return {
-        "object": "list",
-        "data": [
-            {
-                "id": state.model_name,
-                "object": "model",
-                "created": state.created,
-                "owned_by": "minisgl",
-            }
-        ],
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "minisgl",
     }
+
+
+async def models(request: Request) -> Dict[str, Any]:
+    return {"object": "list", "data": [model_card(request.app.state)]}
+
+
+async def model(model_id: str, request: Request):
+    state = request.app.state
+    if model_id != state.model_name:
+        return error_response(api.unknown_model(model_id, state.model_name))
+    return model_card(state)
+
+
+async def metrics(request: Request) -> Response:
+    state = request.app.state
+    if state.frontend.failure is None:
+        try:
+            state.metrics.scheduler_stats(await state.frontend.stats(timeout=5.0))
+        except (asyncio.TimeoutError, RuntimeError):
+            pass  # the scheduler did not answer: its gauges keep their last values
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 async def debug_scheduler(request: Request) -> JSONResponse:
@@ -144,16 +250,21 @@ async def debug_scheduler(request: Request) -> JSONResponse:
 
 
 async def completions(req: api.CompletionRequest, request: Request):
-    if isinstance(req.prompt, list) and not req.prompt:
+    prompts = req.prompts()
+    # (an empty text may still be a prompt: a tokenizer that adds BOS gives it one token)
+    if not prompts or any(isinstance(p, list) and not p for p in prompts):
         return error_response(ErrorInfo(400, "prompt is empty", param="prompt"))
-    text, ids = (req.prompt, None) if isinstance(req.prompt, str) else (None, req.prompt)
+
+    def message(prompt):
+        text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+        return lambda uid, p: TokenizeMsg(
+            uid=uid, sampling_params=p, text=text, input_ids=ids, echo=bool(req.echo)
+        )
+
     max_tokens = 16 if req.max_tokens is None else req.max_tokens  # null means the default
-    return await serve(
-        req,
+    return await unless_stopping(
+        serve(req, request, chat=False, max_tokens=max_tokens, makes=[message(p) for p in prompts]),
         request,
-        chat=False,
-        max_tokens=max_tokens,
-        make=lambda uid, p: TokenizeMsg(uid=uid, sampling_params=p, text=text, input_ids=ids),
     )
 
 
@@ -165,54 +276,93 @@ async def chat_completions(req: api.ChatRequest, request: Request):
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
     fill = max_tokens is None
-    return await serve(
-        req,
-        request,
-        chat=True,
-        max_tokens=max_tokens,
-        make=lambda uid, p: TokenizeMsg(
-            uid=uid, sampling_params=p, messages=messages, fill_context=fill
-        ),
+    make = lambda uid, p: TokenizeMsg(  # noqa: E731
+        uid=uid, sampling_params=p, messages=messages, fill_context=fill
+    )
+    return await unless_stopping(
+        serve(req, request, chat=True, max_tokens=max_tokens, makes=[make]), request
     )
 
 
-async def serve(req, request: Request, chat: bool, max_tokens: int | None, make):
-    """Hand a request to the tokenizer worker and answer it: an error, a stream or one body."""
+async def unless_stopping(answering, request: Request):
+    """The answer of coroutine `answering`, unless the server begins to stop first: then a 503 (and
+    one line in the log), its requests aborted, rather than uvicorn cancelling it two seconds
+    later with a traceback and a bare 500. (A stream, once answering, is AbortOnDisconnect's.)"""
+    task = asyncio.ensure_future(answering)
+    stop = asyncio.ensure_future(request.app.state.stopping.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()  # its `finally`s release its requests, with an abort
+    await asyncio.gather(task, return_exceptions=True)
+    print(f"minisgl: a request to {request.url.path} cut by the server's shutdown", flush=True)
+    return error_response(ErrorInfo(503, "the server is shutting down: this answer was cut short"))
+
+
+MAX_N = 128  # the OpenAI API's limit on `n`
+
+
+async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes):
+    """Hand a request to the tokenizer worker and answer it: an error, a stream or one body.
+    `makes`: for each prompt, `make(uid, params)` gives its TokenizeMsg; each prompt is sampled
+    `req.n` times, each sample a request of its own (choices.py joins them)."""
     frontend, model_name = request.app.state.frontend, request.app.state.model_name
+    stopping = request.app.state.stopping
     try:
         if req.model != model_name:
-            raise ErrorInfo(
-                404,
-                f"The model `{req.model}` does not exist (this server serves `{model_name}`)",
-                param="model",
-                code="model_not_found",
-            )
+            raise api.unknown_model(req.model, model_name)
         bad = req.unsupported()
         if bad:
             raise ErrorInfo(400, f"{bad[0]}: not supported by this server", param=bad[0])
+        n = req.n_choices
+        if not 1 <= n <= MAX_N:
+            raise ErrorInfo(400, f"n must be between 1 and {MAX_N}, got {n}", param="n")
         params = api.sampling_params(req, 1 if max_tokens is None else max_tokens)
     except ErrorInfo as e:
         return error_response(e)
-    uid = frontend.submit(lambda u: make(u, params))
-    # Wait for the first token (or the refusal) before answering, so that an error gets its
-    # status code; a client leaving meanwhile aborts the request.
+    # A seeded request's samples differ from each other, and repeat: sample j draws with seed + j.
+    samples = [
+        params if params.seed is None else dataclasses.replace(params, seed=params.seed + j)
+        for j in range(n)
+    ]
+    uids = [frontend.submit(lambda u, m=make, p=p: m(u, p)) for make in makes for p in samples]
+    # Wait for the first tokens (or a refusal) before answering, so that an error gets its
+    # status code; a client leaving meanwhile aborts the requests.
     gone = asyncio.ensure_future(disconnected(request))
-    first = await first_of(frontend.next_reply(uid), gone)
-    gone.cancel()
-    if first is None:
-        frontend.release(uid, abort=True)
+    firsts = None
+    try:
+        firsts = await first_of(asyncio.gather(*(frontend.next_reply(u) for u in uids)), gone)
+    finally:  # also when cancelled: the server stops (unless_stopping)
+        gone.cancel()
+        if firsts is None:
+            for uid in uids:
+                frontend.release(uid, abort=True)
+    if firsts is None:
         return JSONResponse({}, status_code=499)  # nobody is listening
-    if first.error is not None:
-        frontend.release(uid, abort=False)
-        return error_response(ErrorInfo(first.status, first.error))
+    refused = next((f for f in firsts if f.error is not None), None)
+    if refused is not None:
+        for uid, first in zip(uids, firsts):
+            frontend.release(uid, abort=first.error is None)
+        return error_response(
+            ErrorInfo(refused.status, refused.error, code=api.error_code(refused.error))
+        )
     answer = Answer(
         chat,
-        f"{'chatcmpl' if chat else 'cmpl'}-{uid}",
+        f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",  # unique across restarts too
         model_name,
-        req.return_token_ids,
-        bool((req.stream_options or {}).get("include_usage")),
+        bool(req.return_token_ids),
+        req.include_usage,
     )
-    if req.stream:
+    if len(uids) > 1:
+        if req.streams:
+            events = choices.stream_choices(frontend, uids, firsts, answer, n)
+            return AbortOnDisconnect(events, stopping, answer.rid, media_type="text/event-stream")
+        return await choices.collect_choices(frontend, uids, firsts, answer, request, n)
+    uid, first = uids[0], firsts[0]
+    if req.streams:
         events = stream_events(frontend, uid, first, answer)
         if inspect.iscoroutine(events):  # an `async def` that never yields (a stub, a slip)
             try:  # its own error, raised here, says more than starlette's TypeError
@@ -220,5 +370,5 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, make)
                 raise TypeError("stream_events must yield its events (an async generator)")
             finally:
                 frontend.release(uid, abort=True)
-        return AbortOnDisconnect(events, media_type="text/event-stream")
+        return AbortOnDisconnect(events, stopping, answer.rid, media_type="text/event-stream")
     return await collect(frontend, uid, first, answer, request)

@@ -17,6 +17,7 @@ class ServerArgs:
     served_model_name: str | None = (
         None  # the `model` clients ask for; default: the directory's name
     )
+    api_key: str | None = None  # if set, every /v1/ request must send it as a Bearer token
     # SchedulerConfig options (max_running_req, ...)
     engine: Dict[str, Any] = field(default_factory=dict)
     ipc_dir: str = ""  # where the processes' sockets live; the launcher makes a temporary one

@@ -35,6 +35,7 @@ class Frontend:
         self._uids = itertools.count()
         self._queues: Dict[int, asyncio.Queue] = {}
         self.failure: str | None = None  # why the server cannot serve any more (a worker died)
+        self.metrics = None  # a ServerMetrics (metrics.py), told of every request and reply
 
     @property
     def pending(self) -> int:
@@ -44,6 +45,8 @@ class Frontend:
         """Send the message `make_msg(uid)` for a new request; returns the uid."""
         uid = next(self._uids)
         self._queues[uid] = asyncio.Queue()
+        if self.metrics is not None:
+            self.metrics.submitted(uid)
         if self.failure is not None:
             self._queues[uid].put_nowait(self._failed_reply(uid))
         else:
@@ -55,6 +58,8 @@ class Frontend:
 
     def release(self, uid: int, abort: bool) -> None:
         """Forget request `uid`; `abort`: it has not finished, so the scheduler must stop it."""
+        if self.metrics is not None:
+            self.metrics.released(uid)
         if self._queues.pop(uid, None) is not None and abort and self.failure is None:
             self._outbox.send(encode_batch([AbortMsg(uid=uid)]))
 
@@ -76,6 +81,8 @@ class Frontend:
                 queue = self._queues.get(reply.uid)
                 if queue is not None:  # else released: its client is gone
                     queue.put_nowait(reply)
+                    if self.metrics is not None and isinstance(reply, UserReply):
+                        self.metrics.replied(reply.uid, reply)
 
     def fail(self, reason: str) -> None:
         """A worker process died: answer every request in flight, and every later one, with a

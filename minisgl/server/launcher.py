@@ -21,17 +21,20 @@ import signal
 import socket
 import sys
 import tempfile
-from typing import Callable, List
+from typing import TYPE_CHECKING, Callable, List, Tuple
 
 from .args import ServerArgs
+
+if TYPE_CHECKING:
+    from minisgl.models.limits import ModelLimits
 
 READY_TIMEOUT_S = 600  # loading a large checkpoint onto a GPU can take minutes
 WATCH_S = 0.2
 
 
-def start_workers(args: ServerArgs) -> List[mp.Process]:
-    """Spawn the scheduler and the tokenizer worker; return once both are ready, or raise
-    RuntimeError saying which could not start and why (and stop the other)."""
+def start_workers(args: ServerArgs) -> Tuple[List[mp.Process], "ModelLimits"]:
+    """Spawn the scheduler and the tokenizer worker; return them and the model's limits once both
+    are ready, or raise RuntimeError saying which could not start and why (and stop the other)."""
     from minisgl.models.limits import ModelLimits
 
     from . import processes
@@ -80,7 +83,7 @@ def start_workers(args: ServerArgs) -> List[mp.Process]:
     except BaseException:
         stop_workers(procs)
         raise
-    return procs
+    return procs, limits
 
 
 def stop_workers(procs: List[mp.Process], timeout: float = 5.0) -> None:
@@ -140,11 +143,12 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(args: ServerArgs, log_level: str = "warning") -> int:
     try:  # the server's own packages (pyproject.toml); the offline engine needs none of them
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn
         import zmq  # noqa: F401
     except ImportError as e:
         print(
-            f"minisgl: the server needs fastapi, uvicorn and pyzmq ({e}); "
+            f"minisgl: the server needs fastapi, uvicorn, pyzmq and prometheus_client ({e}); "
             "pip install -e . installs them",
             file=sys.stderr,
             flush=True,
@@ -160,6 +164,7 @@ def serve(args: ServerArgs, log_level: str = "warning") -> int:
         return 1
     from .app import create_app
     from .frontend import Frontend
+    from .token_routes import PromptTokenizer
 
     try:
         sock = bind(args.host, args.port)  # first: a port in use fails before any model is loaded
@@ -174,7 +179,7 @@ def serve(args: ServerArgs, log_level: str = "warning") -> int:
     procs: List[mp.Process] = []
     try:
         try:
-            procs = start_workers(args)
+            procs, limits = start_workers(args)
         except RuntimeError as e:
             print(f"minisgl: {e}", file=sys.stderr, flush=True)
             return 1
@@ -185,7 +190,15 @@ def serve(args: ServerArgs, log_level: str = "warning") -> int:
             return [frontend.listen(), watch(procs, frontend, lambda: server.should_exit)]
 
         workers = {p.name.removeprefix("minisgl-"): p.pid for p in procs}
-        app = create_app(frontend, args.model_name, background_tasks, workers)
+        app = create_app(
+            frontend,
+            args.model_name,
+            background_tasks,
+            workers,
+            api_key=args.api_key,
+            tokenizer=PromptTokenizer(args.model, limits.context_len),
+            stopping=lambda: server.should_exit,
+        )
         server = uvicorn.Server(
             uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2)
         )

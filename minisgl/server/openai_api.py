@@ -2,18 +2,41 @@
 them (https://platform.openai.com/docs/api-reference). Pure functions and pydantic models; the HTTP
 side is in app.py.
 
-Extensions, as other OpenAI-compatible servers have them: `top_k` and `ignore_eos` (sampling), and
-`return_token_ids` (each choice, and each streamed chunk, also carries the token ids it adds).
+Extensions, as other OpenAI-compatible servers have them: `top_k`, `ignore_eos` and
+`stop_token_ids` (sampling), and `return_token_ids` (each choice, and each streamed chunk, also
+carries the token ids it adds). `stop`, `seed`, `logprobs` (a completion's k, a chat's true with
+`top_logprobs`) and a completion's `echo` are honoured (SamplingParams, minisgl/core.py).
+
+Nothing a request says is silently ignored. A request is checked in three steps:
+
+- JSON types are strict (pydantic's strict mode): `"max_tokens": "5"`, `"max_tokens": true`,
+  `"stream": "yes"` and `"temperature": "0"` are 400s naming the field (an int is a float, as
+  in JSON). `null` means the field's default wherever the OpenAI API allows null.
+- A field this server does not know at all is a 400 "Unrecognized request argument supplied",
+  as the OpenAI API answers it: a client that sends another server's option (`min_p`,
+  `repetition_penalty`...) learns that it is not honoured instead of getting a different answer.
+- A field of the OpenAI API that the server knows but cannot honour is a 400 naming it
+  (`unsupported()`), unless it holds the value that changes nothing:
+      presence_penalty and frequency_penalty (0 accepted), logit_bias ({} accepted), suffix
+      (empty accepted), best_of (1 accepted); on chat, response_format ({"type": "text"}
+      accepted), tools ([] accepted), tool_choice ("none" accepted), functions, function_call
+      ("none" accepted), audio, prediction, reasoning_effort, web_search_options, modalities
+      (["text"] accepted), store (false accepted).
+  Accepted because they change no answer: `user` and `metadata` (only labels), `service_tier`
+  ("auto" or "default"), `parallel_tool_calls` (no tools are ever called). A chat message may
+  carry `refusal`, `tool_calls`, `function_call`, `audio` and `annotations` as null or empty (the
+  openai client sends them back with a message it received); `name` and other values are refused.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Literal
+from typing import Annotated, Any, Dict, List, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError, WrapValidator
+from pydantic_core import PydanticCustomError
 
-from minisgl.core import SamplingParams
+from minisgl.core import MAX_LOGPROBS, SamplingParams
 
 
 class ErrorInfo(Exception):
@@ -40,65 +63,134 @@ class ErrorInfo(Exception):
         }
 
 
+def unknown_model(asked: str, served: str) -> ErrorInfo:
+    return ErrorInfo(
+        404,
+        f"The model `{asked}` does not exist (this server serves `{served}`)",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def one_of(what: str) -> WrapValidator:
+    """A union's type error as one sentence naming what the field may be (pydantic's own error
+    lists one complaint per member of the union)."""
+
+    def check(value, handler):
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("type_error", f"must be {what}") from None
+
+    return WrapValidator(check)
+
+
+Prompt = Annotated[
+    str | List[str] | List[int] | List[List[int]],
+    one_of("a string, a list of strings, a list of token ids or a list of token-id lists"),
+]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool | None = None
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(
-        extra="ignore"
-    )  # fields we do not know are ignored, as OpenAI's clients expect
+    # strict: no "5" for 5 or true for 1; forbid: a field we do not know is a 400, not ignored
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
-    temperature: float = 1.0  # the OpenAI API's default (the offline LLM's is greedy)
-    top_p: float = 1.0
-    top_k: int = -1
-    n: int = 1
-    stream: bool = False
-    stream_options: Dict[str, Any] | None = None
+    temperature: float | None = None  # None: the OpenAI API's 1.0 (the offline LLM's is greedy)
+    top_p: float | None = None  # None: 1.0
+    top_k: int | None = None  # None: -1, every token
+    n: int | None = None  # None: 1
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
     stop: str | List[str] | None = None
     seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    ignore_eos: bool = False
-    return_token_ids: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: List[int] | None = None  # an extension, as vLLM and SGLang have it
+    return_token_ids: bool | None = None
+    logit_bias: Dict[str, Any] | None = None
+    user: str | None = None  # a label for the caller's own records: changes nothing
 
     def unsupported(self) -> List[str]:
         """Settings this server cannot honour: refused, never silently ignored."""
         bad = []
-        if self.n != 1:
-            bad.append("n")
-        if self.stop:
-            bad.append("stop")
-        if self.seed is not None:
-            bad.append("seed")
         if self.presence_penalty:
             bad.append("presence_penalty")
         if self.frequency_penalty:
             bad.append("frequency_penalty")
+        if self.logit_bias:
+            bad.append("logit_bias")
         return bad
+
+    @property
+    def n_choices(self) -> int:
+        return 1 if self.n is None else self.n
+
+    @property
+    def streams(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 class CompletionRequest(_Request):
-    prompt: str | List[int]
+    prompt: Prompt
     max_tokens: int | None = 16  # the OpenAI API's default for completions
-    echo: bool = False
+    echo: bool | None = None
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
 
     def unsupported(self) -> List[str]:
         bad = super().unsupported()
-        bad += [name for name in ("echo", "logprobs", "suffix") if getattr(self, name)]
+        bad += [name for name in ("suffix",) if getattr(self, name)]
         if self.best_of not in (None, 1):
             bad.append("best_of")
         return bad
 
+    def prompts(self) -> List[str | List[int]]:
+        """The prompts: one text or one list of ids each (a list of ints is one prompt)."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
 
 class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | List[ContentPart]
+    content: Annotated[
+        str | List[ContentPart],
+        one_of('a string or a list of {"type": "text", "text": ...} parts (only text is served)'),
+    ]
+    # what the openai client sends back with an assistant message it received: only as nothing
+    name: str | None = None
+    refusal: str | None = None
+    tool_calls: List[Any] | None = None
+    function_call: Dict[str, Any] | None = None
+    audio: Dict[str, Any] | None = None
+    annotations: List[Any] | None = None
+
+    def unsupported(self) -> List[str]:
+        fields = ("name", "refusal", "tool_calls", "function_call", "audio", "annotations")
+        return [name for name in fields if getattr(self, name)]
 
     def as_dict(self) -> Dict[str, str]:
         text = (
@@ -111,10 +203,42 @@ class ChatRequest(_Request):
     messages: List[ChatMessage]
     max_tokens: int | None = None  # None: as long as the context allows
     max_completion_tokens: int | None = None  # the newer name of max_tokens
-    logprobs: bool = False
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # alternatives per token; needs logprobs, as OpenAI says
+    response_format: Dict[str, Any] | None = None
+    tools: List[Any] | None = None
+    tool_choice: str | Dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # no tool is ever called: changes nothing
+    functions: List[Any] | None = None
+    function_call: str | Dict[str, Any] | None = None
+    audio: Dict[str, Any] | None = None
+    prediction: Dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    web_search_options: Dict[str, Any] | None = None
+    modalities: List[str] | None = None
+    store: bool | None = None
+    metadata: Dict[str, str] | None = None  # labels for stored completions: changes nothing
+    service_tier: Literal["auto", "default"] | None = None  # one tier here: changes nothing
 
     def unsupported(self) -> List[str]:
-        return super().unsupported() + (["logprobs"] if self.logprobs else [])
+        bad = super().unsupported()
+        bad += [name for name in ("tools", "functions", "store") if getattr(self, name)]
+        bad += [
+            name
+            for name in ("audio", "prediction", "reasoning_effort", "web_search_options")
+            if getattr(self, name) is not None
+        ]
+        if self.response_format not in (None, {"type": "text"}):
+            bad.append("response_format")
+        if self.tool_choice not in (None, "none"):
+            bad.append("tool_choice")
+        if self.function_call not in (None, "none"):
+            bad.append("function_call")
+        if self.modalities not in (None, ["text"]):
+            bad.append("modalities")
+        for i, m in enumerate(self.messages):
+            bad += [f"messages[{i}].{name}" for name in m.unsupported()]
+        return bad
 
 
 def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
@@ -123,26 +247,60 @@ def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
     Only the fields the client sent count as set (`fields_set`); the others hold the API's
     defaults until the scheduler's intake gives them the model's generation_config.json defaults
     where it has some, as the offline LLM's requests get them."""
-    sent = req.model_fields_set
+    # null counts as not sent: the field keeps its default
+    sent = {name for name in req.model_fields_set if getattr(req, name) is not None}
     given = [name for name in ("temperature", "top_k", "top_p", "ignore_eos") if name in sent]
-    if {"max_tokens", "max_completion_tokens"} & sent and max_tokens_given(req):
+    if {"max_tokens", "max_completion_tokens"} & sent:
         given.append("max_tokens")
+    scoring = logprob_fields(req, max_tokens)
+    if max_tokens == 0 and not scoring.get("prompt_logprobs"):
+        echo = "" if isinstance(req, ChatRequest) else " (0 only with echo: the prompt is scored)"
+        raise ErrorInfo(400, f"max_tokens must be >= 1{echo}", param="max_tokens")
     try:
         return SamplingParams(
-            temperature=req.temperature,
-            top_k=req.top_k,
-            top_p=req.top_p,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_k=-1 if req.top_k is None else req.top_k,
+            top_p=1.0 if req.top_p is None else req.top_p,
             max_tokens=max_tokens,
-            ignore_eos=req.ignore_eos,
+            ignore_eos=bool(req.ignore_eos),
+            stop=req.stop or [],
+            stop_token_ids=req.stop_token_ids or [],
+            seed=req.seed,
+            **scoring,
             fields_set=given,
         )
     except (TypeError, ValueError) as e:
         raise ErrorInfo(400, str(e), param=str(e).split()[0]) from None
 
 
-def max_tokens_given(req: _Request) -> bool:
-    """Whether the client asked for a length (null counts as not asking)."""
-    return any(getattr(req, n, None) is not None for n in ("max_tokens", "max_completion_tokens"))
+CONTEXT_TOO_LONG = ("exceeds the context length", "KV pages but the pool has only")
+
+
+def error_code(message: str) -> str | None:
+    """The OpenAI API's `code` for a refusal, from the scheduler's words (intake.py): a prompt and
+    max_tokens longer than the model's context, or than this server's KV pool, is
+    "context_length_exceeded", as the OpenAI API names it and its clients test it."""
+    return "context_length_exceeded" if any(c in message for c in CONTEXT_TOO_LONG) else None
+
+
+def logprob_fields(req: _Request, max_tokens: int) -> Dict[str, Any]:
+    """SamplingParams' logprobs and prompt_logprobs for a request: a completion's `logprobs: k`
+    (with `echo`, the prompt's too; `echo` with `max_tokens: 0` scores the prompt alone, as
+    lm-eval's loglikelihood asks), a chat's `logprobs: true` with `top_logprobs: k`."""
+    if isinstance(req, ChatRequest):
+        k = req.top_logprobs
+        if k is not None and not req.logprobs:
+            raise ErrorInfo(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if k is not None and not 0 <= k <= MAX_LOGPROBS:
+            raise ErrorInfo(
+                400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {k}", param="top_logprobs"
+            )
+        return {"logprobs": (req.top_logprobs or 0) if req.logprobs else None}
+    echo = bool(getattr(req, "echo", False))
+    return {
+        "logprobs": req.logprobs,
+        "prompt_logprobs": echo and (req.logprobs is not None or max_tokens == 0),
+    }
 
 
 def sse_event(data: Dict[str, Any] | str) -> str:
@@ -197,6 +355,12 @@ def choice(
     if token_ids is not None:
         out["token_ids"] = token_ids
     return out
+
+
+def joined_logprobs(pieces: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One answer's logprobs from its replies' pieces (each in the response's shape, whose values
+    are all lists: a completion's four, a chat's "content"), each list joined in order."""
+    return {key: [v for piece in pieces for v in piece[key]] for key in pieces[0]}
 
 
 def envelope(

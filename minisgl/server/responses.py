@@ -47,7 +47,8 @@ async def stream_events(
         first reply (no error: a refusal was answered before streaming began); `answer`, the shape
         of the chunks.
     Returns: an async generator of str, each one event (`api.sse_event`): one chunk per reply that
-        has text, or token ids to return, or finishes (a chat's first chunk names the role); after
+        has text, or token ids to return, or logprobs, or finishes (a chat's first chunk names the
+        role; a reply's `logprobs`, when the request asked, is its chunk's choice's); after
         the finishing chunk, a usage chunk if asked for, then `api.SSE_DONE`. A reply with an error
         (the server failed) gives one error event (`ErrorInfo.body()`) and ends the stream, no
         [DONE].
@@ -69,7 +70,7 @@ async def stream_events(
                 yield api.sse_event(ErrorInfo(reply.status, reply.error).body())
                 return
             n_tokens += len(reply.token_ids)
-            if reply.text or reply.finished or answer.return_token_ids:
+            if reply.text or reply.finished or answer.return_token_ids or reply.logprobs:
                 choice = api.choice(
                     answer.chat,
                     True,
@@ -78,6 +79,8 @@ async def stream_events(
                     reply.token_ids if answer.return_token_ids else None,
                     first=is_first,
                 )
+                if reply.logprobs is not None:  # the request asked (reply_shaper.py)
+                    choice["logprobs"] = reply.logprobs
                 yield api.sse_event(
                     api.envelope(
                         answer.chat, True, answer.rid, answer.created, answer.model, [choice]
@@ -106,21 +109,23 @@ async def collect(
         `first`, its first reply (no error), `answer`, the shape; `request`, the HTTP request,
         whose `receive()` returns {"type": "http.disconnect"} once its client has left.
     Returns: a JSONResponse: the envelope (`api.envelope`) with one choice (`api.choice`) holding
-        every reply's text joined, the last reply's finish_reason and, if asked, every token id,
-        and "usage" (the prompt's and the answer's tokens); or, for a reply with an error, the
-        error body (`ErrorInfo(reply.status, reply.error).body()`) with that status; or, if the
-        client left first, an empty 499.
+        every reply's text joined, the last reply's finish_reason and, if asked, every token id
+        and the replies' logprobs joined (`api.joined_logprobs`), and "usage" (the prompt's and
+        the answer's tokens); or, for a reply with an error, the error body
+        (`ErrorInfo(reply.status, reply.error).body()`) with that status; or, if the client left
+        first, an empty 499.
     Leaves: the request released (`frontend.release`): with `abort=True` if its client left
         before it finished, else `abort=False`; the disconnect watcher cancelled.
     Uses: `disconnected(request)`, `first_of(awaitable, gone)` (None when `gone` finished first),
         `frontend.next_reply`, `frontend.release`, `api.choice`, `api.envelope`, `api.usage`,
-        `error_response`.
+        `api.joined_logprobs`, `error_response`.
     Checked: text, ids, finish reason and usage of the whole answer; a failed request answers with
         its error and status; a client that leaves aborts its request; the live server's plain
         completions equal the offline engine's.
     """
     gone = asyncio.ensure_future(disconnected(request))
     texts, ids, reply, done = [], [], first, False
+    logprobs = []  # each reply's piece, for a request that asked
     try:
         while True:
             if reply.error is not None:
@@ -128,6 +133,8 @@ async def collect(
                 return error_response(ErrorInfo(reply.status, reply.error))
             texts.append(reply.text)
             ids.extend(reply.token_ids)
+            if reply.logprobs is not None:
+                logprobs.append(reply.logprobs)
             if reply.finished:
                 done = True
                 break
@@ -144,6 +151,8 @@ async def collect(
         reply.finish_reason,
         ids if answer.return_token_ids else None,
     )
+    if logprobs:
+        choice["logprobs"] = api.joined_logprobs(logprobs)
     body = api.envelope(answer.chat, False, answer.rid, answer.created, answer.model, [choice])
     body["usage"] = api.usage(first.prompt_tokens, len(ids))
     return JSONResponse(body)

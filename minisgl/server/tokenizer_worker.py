@@ -2,7 +2,8 @@
 the scheduler's tokens back out as text.
 
 It keeps one `RequestInfo` per request from its TokenizeMsg to its last reply (or its abort), so it
-can say why a request finished and how long its prompt was.
+can say why a request finished and how long its prompt was; and, for a request that asks for
+stops, echo or logprobs, a `ReplyShaper` (reply_shaper.py) that rewrites its replies.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from minisgl.message import (
 
 from .chat import ChatTemplate, ChatTemplateError
 from .detokenizer import DecodeState, next_text
+from .reply_shaper import ReplyShaper, needs_shaping
 
 
 @dataclass
@@ -48,6 +50,8 @@ class TokenizerWorker:
         self.eos_token_ids = frozenset(eos_token_ids)  # any of them ends a request (empty: none)
         self.context_len = context_len
         self.requests: Dict[int, RequestInfo] = {}
+        # uid -> what its replies need beyond text (stops, echo, logprobs: reply_shaper.py)
+        self.shapers: Dict[int, ReplyShaper] = {}
 
     def handle(self, msgs: List[Any]) -> Tuple[List[Any], List[Any]]:
         """Messages for the scheduler and messages for the API server, in arrival order."""
@@ -57,13 +61,30 @@ class TokenizerWorker:
             if isinstance(msg, TokenizeMsg):
                 out = self.tokenize(msg)
                 (to_scheduler if isinstance(out, UserMsg) else to_api).append(out)
+                if isinstance(out, UserMsg) and needs_shaping(out.sampling_params, msg.echo):
+                    self.shapers[msg.uid] = ReplyShaper(
+                        self.tokenizer,
+                        out.sampling_params,
+                        chat=msg.messages is not None,
+                        prompt_ids=out.input_ids.tolist(),
+                        echo=msg.echo,
+                        prompt_text=msg.text,
+                    )
             elif isinstance(msg, AbortMsg):
+                self.shapers.pop(msg.uid, None)
                 if self.requests.pop(msg.uid, None) is not None:
                     to_scheduler.append(AbortBackendMsg(uid=msg.uid))
             elif isinstance(msg, StatsQuery):
                 to_scheduler.append(msg)
             elif isinstance(msg, DetokenizeMsg):
                 reply = self.detokenize(msg)
+                shaper = self.shapers.get(msg.uid)
+                if reply is not None and shaper is not None and reply.error is None:
+                    if shaper.shape(reply, msg):  # a stop the scheduler did not see: end it here
+                        self.requests.pop(msg.uid, None)
+                        to_scheduler.append(AbortBackendMsg(uid=msg.uid))
+                if reply is None or reply.finished:
+                    self.shapers.pop(msg.uid, None)
                 if reply is not None:
                     to_api.append(reply)
             elif isinstance(msg, StatsReply):

@@ -54,7 +54,7 @@ def selectors(chapter: Chapter, ex: Exercise) -> List[str]:
 
 
 class Pool:
-    """`workers` runs at a time, forked from one server on a CPU (plain subprocesses on a GPU)."""
+    """`workers` runs at a time, forked from one server (subprocesses where it cannot fork)."""
 
     def __init__(self, chapters: Sequence[Chapter], device: str, workers: int) -> None:
         self.device = device

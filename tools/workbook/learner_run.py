@@ -55,6 +55,17 @@ def _marks(text: str) -> str:
     return "; ".join(lines) or "no ✔ line"
 
 
+def _first_fail(outputs) -> str:
+    """The try-out's first ✘ line, cut short (or the error it raised): what a learner sees."""
+    from classroom.tryout import FAIL
+
+    line = next((ln for ln in _text(outputs).splitlines() if FAIL in ln), None)
+    if line is not None:
+        return line.strip()[:160]
+    error = next(o for o in outputs if o.get("output_type") == "error")
+    return f"an error: {error.get('ename', '')}: {error.get('evalue', '')}"[:160]
+
+
 def _variants_by_exercise(ch: Chapter) -> Dict[str, List[Tuple[str, str, str, str]]]:
     """{exercise id: [(variant name, the function's name, its def, its imports)]} from
     judge/variants/."""
@@ -109,7 +120,7 @@ def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str
                     outputs = aside(i, with_variant(reference, attr, variant_def, imports))
                     text = _text(outputs)
                     if FAIL in text or _raised(outputs):
-                        oks.append(f"{name} / {ex_id}: its try-out shows ✘")
+                        oks.append(f"{name} / {ex_id}: its try-out shows {_first_fail(outputs)}")
                     else:
                         last = text.strip().splitlines()[-1][:120] if text.strip() else "no output"
                         problems.append(

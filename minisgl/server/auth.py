@@ -1,0 +1,36 @@
+"""An optional API key (`serve --api-key KEY`, or MINISGL_API_KEY): the OpenAI API's own scheme,
+`Authorization: Bearer KEY`, so that the official clients' `api_key=` sends it."""
+
+from __future__ import annotations
+
+import hmac
+
+from .openai_api import ErrorInfo
+from .responses import error_response
+
+PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health, /metrics and /debug stay open
+
+
+class RequireApiKey:
+    """ASGI middleware: a request to a protected path without `Authorization: Bearer <key>` gets the
+    OpenAI API's 401 (the key compared in constant time: its letters do not leak through timing)."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(PROTECTED):
+            headers = dict(scope["headers"])
+            scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+            given = given.strip() if scheme.lower() == b"bearer" else b""
+            if not hmac.compare_digest(given, self.key):
+                said = "no API key was given" if not given else "the API key is not this server's"
+                error = ErrorInfo(
+                    401,
+                    f"{said}: send the header Authorization: Bearer <key> "
+                    "(the key given to `serve --api-key` or MINISGL_API_KEY)",
+                    code="invalid_api_key",
+                )
+                await error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
