@@ -178,7 +178,10 @@ def test_streamed_logprobs_come_with_their_chunks(client):
     streamed = [
         v for c in chunks if c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs
     ]
-    assert streamed == plain.choices[0].logprobs.token_logprobs
+    # Equal up to float rounding: on a GPU the two requests may share steps with other tests'
+    # requests, and a batch of another size runs kernels whose last bits differ (seen: 2e-7).
+    assert streamed == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=1e-5)
+    assert len(streamed) == 5
 
 
 @pytest.mark.parametrize(

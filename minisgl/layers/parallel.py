@@ -34,6 +34,20 @@ class RowParallelLinear(Linear):
         self._comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole layer's output from this rank's columns: every rank returns the same y.
+
+        Receives: `x` [tokens, in / ranks], this rank's part of the input (the column-parallel
+            layer before it left each rank its own part).
+        Returns: [tokens, out], x W^T summed over the ranks, plus the bias if the layer has one:
+            the same tensor on every rank.
+        Leaves: nothing changed but the collectives' counts (one all-reduce).
+        Uses: `local_product(x, self.weight)` (this rank's x_r W_r^T, no bias),
+            `self._comm.all_reduce` (the sum over the ranks, in place), `self.bias` and
+            `self._has_bias`.
+        Checked: equals one whole nn.Linear on 2 and 4 ranks, with and without a bias and for
+            one row; a bias added once, after the sum (added on every rank it counts `ranks`
+            times); TP=2 greedy tokens equal transformers' on checkpoints with random biases.
+        """
         y = self._comm.all_reduce(local_product(x, self.weight))
         return y + self.bias if self._has_bias else y
 
@@ -61,10 +75,23 @@ class VocabParallelEmbedding(VocabEmbedding):
 
 
 def lookup_own_rows(ids: torch.Tensor, weight: torch.Tensor, start: int) -> torch.Tensor:
-    """This rank's part of the embedding of `ids` ([T] -> [T, hidden]): `weight` holds rows
-    [start, start + len(weight)) of the vocabulary. An id in that range gets its row; any other id
-    gets zeros, so that the sum over the ranks is the whole embedding. (Looking such an id up
-    anyway would read another token's row, or past the end of `weight`.)"""
+    """This rank's part of the embedding of `ids`: its own rows, zeros for every other id.
+
+    `weight` holds rows [start, start + len(weight)) of the vocabulary. An id in that range gets
+    its row; any other id gets zeros, so that the sum over the ranks is the whole embedding.
+    (Looking such an id up anyway would read another token's row, or past the end of `weight`.)
+
+    Receives: `ids`, int64 token ids of any shape [...], each in the whole (padded) vocabulary;
+        `weight` [rows, hidden], this rank's rows; `start`, the vocabulary id of `weight`'s row 0.
+    Returns: [..., hidden] in `weight`'s dtype: the entry for an id is `weight[id - start]` if
+        this rank owns the id, else zeros.
+    Leaves: nothing changed (a pure function; `ids` is not modified).
+    Uses: only torch: `F.embedding`, `torch.where`; a mask of the ids this rank owns.
+    Checked: the ranks' lookups add up to the whole embedding on 2 and 4 ranks, with a vocabulary
+        padded to a multiple of the ranks; an id another rank owns looks up zeros (the ids just
+        outside the range too); the weight's dtype and the ids' shape kept; runs in every rank
+        of a real group.
+    """
     rows = weight.shape[0]
     local = ids - start
     mine = (local >= 0) & (local < rows)
