@@ -55,3 +55,24 @@ def normal_loop():
     """Chapters 7-10 predate overlap scheduling: their modules use this fixture for every test
     (`pytestmark = pytest.mark.usefixtures("normal_loop")`)."""
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # _restore_env puts the old value back afterwards
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The three-process server on the bundled model (server_fixtures.SERVER_ARGS), started once
+    for the test module that asks for it; a module that needs other settings defines its own."""
+    from minisgl.server.background import BackgroundServer
+    from server_fixtures import SERVER_ARGS, SERVER_ENV
+
+    srv = BackgroundServer(*SERVER_ARGS, env=SERVER_ENV)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official openai client of `server`, without retries (a test sees the first answer)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)

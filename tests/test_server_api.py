@@ -9,16 +9,13 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import openai
 import pytest
 
 from helpers import MODEL, PROMPT_TEXTS, assert_tokens_equal, build_llm
 from helpers import test_device as device_under_test
 from minisgl import SamplingParams
-from minisgl.server.background import BackgroundServer, wait_gone
+from minisgl.server.background import wait_gone
 from server_fixtures import (
-    SERVER_ARGS,
-    SERVER_ENV,
     assert_all_back,
     idle,
     scheduler_stats,
@@ -27,19 +24,6 @@ from server_fixtures import (
 
 NAME = MODEL.name
 IDS = {"return_token_ids": True}
-
-
-@pytest.fixture(scope="module")
-def server():
-    srv = BackgroundServer(*SERVER_ARGS, env=SERVER_ENV)
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")

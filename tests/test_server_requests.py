@@ -13,10 +13,7 @@ import pytest
 
 from helpers import MODEL, PROMPT_TEXTS, assert_tokens_equal, build_llm
 from minisgl import SamplingParams
-from minisgl.server.background import BackgroundServer
 from server_fixtures import (
-    SERVER_ARGS,
-    SERVER_ENV,
     assert_all_back,
     idle,
     scheduler_stats,
@@ -25,19 +22,6 @@ from server_fixtures import (
 
 NAME = MODEL.name
 CHAT = [{"role": "user", "content": "Who is there?"}]
-
-
-@pytest.fixture(scope="module")
-def server():
-    srv = BackgroundServer(*SERVER_ARGS, env=SERVER_ENV)
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,12 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import openai
 import pytest
 import torch
 
 from helpers import MODEL, PROMPT_TEXTS, build_llm, hf_logits
 from minisgl import SamplingParams
-from minisgl.server.background import BackgroundServer
 from server_fixtures import (
-    SERVER_ARGS,
-    SERVER_ENV,
     assert_all_back,
     idle,
     scheduler_stats,
@@ -26,19 +22,6 @@ from server_fixtures import (
 NAME = MODEL.name
 PROMPT = PROMPT_TEXTS[0]
 TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def server():
-    srv = BackgroundServer(*SERVER_ARGS, env=SERVER_ENV)
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")

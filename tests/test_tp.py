@@ -86,11 +86,16 @@ def tp1_tokens():
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, ended but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True  # no /proc (macOS): the signal said it exists
 
 
 # ---------------------------------------------------------------- the same tokens
@@ -268,6 +273,65 @@ def test_every_rank_runs_the_server_init_hook_first(monkeypatch):
     monkeypatch.setenv("MINISGL_SERVER_INIT", "json:loads")
     with pytest.raises(RankFailure, match=r"rank 1 raised TypeError: .*loads\(\) missing"):
         build_llm(tp_size=2, device=rank_device(2))
+
+
+CTRL_C_SCRIPT = """
+import sys, time
+sys.path[:0] = {paths!r}
+from helpers import build_llm, greedy, prompt_ids
+llm = build_llm(tp_size=2, device={device!r})
+print("ranks", *llm.rank_pids, flush=True)
+try:
+    while True:  # the interrupt comes while a generate runs
+        llm.generate(prompt_ids()[:2], greedy(64))
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+try:
+    llm.generate(prompt_ids()[:1], greedy(2))
+except RuntimeError as e:
+    print("then:", e, flush=True)
+"""
+
+
+@pytest.mark.parametrize("to", ["the terminal's group", "rank 0 alone"])
+def test_ctrl_c_stops_every_rank_and_the_llm_says_so(to, tmp_path):
+    """Ctrl-C in a terminal reaches the whole foreground group (the ranks too, which ignore it:
+    rank 0 decides); a notebook's interrupt reaches the kernel alone. Either way the generate
+    raises KeyboardInterrupt, every rank ends, and the LLM says it is stopped."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(
+        CTRL_C_SCRIPT.format(paths=[here, os.path.dirname(here)], device=rank_device(2))
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own group, as a terminal gives a command
+    )
+    try:
+        first = proc.stdout.readline().split()
+        assert first[:1] == ["ranks"], f"the script did not start its ranks: {first}"
+        pids = [int(p) for p in first[1:]]
+        time.sleep(1.0)  # generating now
+        if to == "rank 0 alone":
+            os.kill(proc.pid, signal.SIGINT)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{out[-2000:]}"
+    assert "interrupted" in out and "stopped by KeyboardInterrupt" in out, out[-2000:]
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), "a rank outlived the interrupt"
 
 
 def test_shutdown_ends_every_rank_and_a_new_group_can_start():
