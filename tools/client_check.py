@@ -1,9 +1,11 @@
-"""Run a real client against `python -m minisgl serve` (not a test, not in CI): lm-eval's
-`local-completions`, on the bundled model, with a generate_until and a loglikelihood task made
-here from a few lines of Shakespeare (no download), and print what lm-eval reports.
+"""Run real clients against `python -m minisgl serve` (not a test, not in CI), on the bundled model,
+and print what they got: lm-eval's `local-completions` with a generate_until and a loglikelihood
+task made here from a few lines of Shakespeare (no download); LangChain's `ChatOpenAI` and
+`OpenAI` (invoke, batch, stream); litellm's `completion` and `text_completion` (plain and
+streamed). A client that is not installed is skipped with the install command.
 
-    pip install lm-eval        # not a dependency of this project: install it where you run this
-    python tools/client_check.py [--limit 8] [--server-arg ...]
+    pip install lm-eval langchain-openai litellm   # not dependencies of this project
+    python tools/client_check.py [--limit 8] [--only lm-eval,langchain,litellm] [--server-arg ...]
 
 lm-eval's local-completions sends what a real evaluation does: `stop` and `seed` on every request,
 and for loglikelihood `echo: true`, `logprobs: 1`, `max_tokens: 0` (or 1 in older releases), with
@@ -69,20 +71,12 @@ def write_tasks(folder: Path) -> None:
         (folder / f"{name}.yaml").write_text(json.dumps(task, indent=2))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", type=int, default=len(LINES))
-    parser.add_argument("--server-arg", action="append", default=[], help="passed to serve")
-    args = parser.parse_args()
-    try:
-        import lm_eval
-        from lm_eval.tasks import TaskManager
-    except ImportError:
-        print("lm-eval is not installed here: pip install lm-eval", file=sys.stderr)
-        return 2
+def check_lm_eval(url: str, limit: int) -> None:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
     model_dir = Path(BUNDLED_MODEL)
-    server_args = ["--device", "cpu", "--dtype", "float32", *args.server_arg]
-    with tempfile.TemporaryDirectory() as tmp, BackgroundServer(*server_args) as url:
+    with tempfile.TemporaryDirectory() as tmp:
         write_tasks(Path(tmp))
         model_args = ",".join(
             [
@@ -99,7 +93,7 @@ def main() -> int:
             model_args=model_args,
             tasks=list(TASKS),
             task_manager=TaskManager(include_path=tmp),
-            limit=args.limit,
+            limit=limit,
             log_samples=True,
         )
     for name, samples in results["samples"].items():
@@ -110,7 +104,63 @@ def main() -> int:
     for name, metrics in results["results"].items():
         shown = {k: v for k, v in metrics.items() if not k.endswith("stderr,none") and k != "alias"}
         print(f"{name}: {json.dumps(shown)}")
-    return 0
+
+
+CHAT = [("user", "Who is there?")]
+
+
+def check_langchain(url: str, limit: int) -> None:
+    from langchain_openai import ChatOpenAI, OpenAI
+
+    common = dict(model=MODEL_NAME, base_url=url + "/v1", api_key="none", max_retries=0)
+    chat = ChatOpenAI(**common, max_tokens=12, temperature=0)
+    print("ChatOpenAI.invoke:", repr(chat.invoke(CHAT).content))
+    print("ChatOpenAI.stream:", repr("".join(c.content for c in chat.stream(CHAT))))
+    text = OpenAI(**common, max_tokens=12, temperature=0)
+    prompts = [c for c, _ in LINES[: max(1, min(limit, 3))]]
+    print("OpenAI.invoke:", repr(text.invoke(prompts[0])))
+    print("OpenAI.batch:", [repr(t) for t in text.batch(prompts)])
+    print("OpenAI.stream:", repr("".join(text.stream(prompts[0]))))
+
+
+def check_litellm(url: str, limit: int) -> None:
+    import litellm
+
+    common = dict(model="openai/" + MODEL_NAME, api_base=url + "/v1", api_key="none")
+    messages = [{"role": role, "content": text} for role, text in CHAT]
+    r = litellm.completion(**common, messages=messages, max_tokens=12, temperature=0)
+    print("completion:", repr(r.choices[0].message.content), r.usage.total_tokens, "tokens")
+    parts = litellm.completion(**common, messages=messages, max_tokens=12, stream=True)
+    print("completion, streamed:", repr("".join(p.choices[0].delta.content or "" for p in parts)))
+    r = litellm.text_completion(**common, prompt=LINES[0][0], max_tokens=12, temperature=0)
+    print("text_completion:", repr(r.choices[0].text))
+
+
+MODEL_NAME = Path(BUNDLED_MODEL).name
+CHECKS = {"lm-eval": check_lm_eval, "langchain": check_langchain, "litellm": check_litellm}
+INSTALL = {"lm-eval": "lm-eval", "langchain": "langchain-openai", "litellm": "litellm"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=len(LINES))
+    parser.add_argument("--only", default=",".join(CHECKS), help="comma-separated clients")
+    parser.add_argument("--server-arg", action="append", default=[], help="passed to serve")
+    args = parser.parse_args()
+    failed = []
+    server_args = ["--device", "cpu", "--dtype", "float32", *args.server_arg]
+    with BackgroundServer(*server_args) as url:
+        for name in args.only.split(","):
+            print(f"== {name}", flush=True)
+            try:
+                CHECKS[name](url, args.limit)
+            except ImportError as e:
+                print(f"not installed here ({e.name}): pip install {INSTALL[name]}")
+            except Exception as e:  # noqa: BLE001 - a client's refusal is what this looks for
+                print(f"FAILED: {type(e).__name__}: {e}")
+                failed.append(name)
+    print("failed:", ", ".join(failed) if failed else "none")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
