@@ -253,6 +253,28 @@ def test_the_stream_carries_the_text_and_only_the_last_chunk_a_finish_reason():
     )
 
 
+def with_logprobs(rs: List[UserReply]) -> List[UserReply]:
+    """The replies of a request that asked for logprobs: each carries its tokens' piece (in a
+    completion's shape, as the tokenizer worker builds it); the second has no text."""
+    for i, r in enumerate(rs):
+        r.logprobs = {"tokens": [f"t{i}"], "token_logprobs": [-0.5 - i], "top_logprobs": [None]}
+    return rs
+
+
+def test_each_chunk_carries_its_replys_logprobs():
+    front = FakeFrontend(with_logprobs(replies(["Why", "", " then"], reason="stop")))
+    chunks = data(run_stream(front, answer()))
+    got = [c["choices"][0]["logprobs"] for c in chunks]
+    want = [
+        {"tokens": [f"t{i}"], "token_logprobs": [-0.5 - i], "top_logprobs": [None]}
+        for i in (0, 1, 2)
+    ]
+    assert got == want, (
+        "a reply's logprobs go in its own chunk's choice, a reply with logprobs but no text "
+        f"still sends its chunk: got {got}"
+    )
+
+
 def test_the_last_reply_is_sent_even_with_no_text():
     chunks = data(run_stream(FakeFrontend(replies(["Why", ""], reason="stop")), answer()))
     assert chunks and chunks[-1]["choices"][0]["finish_reason"] == "stop", (
@@ -394,6 +416,18 @@ def test_a_plain_answer_joins_the_text_and_counts_the_tokens():
     assert request.watching_after == 0, (
         "once answered, nothing may go on waiting for the client's disconnect"
     )
+
+
+def test_a_plain_answer_joins_its_replies_logprobs():
+    front = FakeFrontend(with_logprobs(replies(["Why", ",", " then"], reason="stop")))
+    body = json.loads(run_collect(front, answer(), FakeRequest()).body)
+    assert body["choices"][0]["logprobs"] == {
+        "tokens": ["t0", "t1", "t2"],
+        "token_logprobs": [-0.5, -1.5, -2.5],
+        "top_logprobs": [None, None, None],
+    }, f"each list of the replies' pieces joined in order: {body['choices'][0]['logprobs']}"
+    plain = json.loads(run_collect(FakeFrontend(replies(["Why"])), answer(), FakeRequest()).body)
+    assert plain["choices"][0]["logprobs"] is None, "no logprobs asked: the field stays null"
 
 
 def test_a_plain_chat_answer_is_a_chat_completion():
