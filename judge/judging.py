@@ -299,10 +299,13 @@ def _blame(
 
     def cleared(ex: ExerciseVerdict, instead: str) -> None:
         ex.status = PASSING
-        failed = sum(not t.ok for t in ex.tests)
+        failed, total = sum(not t.ok for t in ex.tests), len(ex.tests)
+        # Two measurements, each named: this run (all the learner's exercises in) and the rerun
+        # (the reference in place of the others); the row's count is the rerun's.
         ex.note = (
-            f"correct on its own: its {failed} failed test(s) pass with the reference in "
-            f"place of {instead}"
+            f"correct on its own: {failed} of its {total} tests failed in this run, where they "
+            f"also go through {instead}; rerun with the reference in place of {instead}, they "
+            f"pass, so all {total} pass on its own"
         )
 
     if known and len(rerun) > 1 and passes(rerun, stop=True):
