@@ -52,7 +52,7 @@ CASES = [
     (
         "ch11_upstream_slot",
         ch11.check_slot_race_gives_right_tokens_deferred,
-        "took over the freed slot",
+        "the request that waits for the freed slot continues another text",
     ),
     (
         "ch11_upstream_abort",
@@ -111,3 +111,17 @@ OWN_CASES = [
 def test_own_mistake_is_caught(variant, check, says):
     with pytest.raises(AssertionError, match=says):
         check(variant_llm(variant))
+
+
+@pytest.mark.parametrize(
+    "check",
+    [ch11.check_slot_not_reused_in_flight, ch11.check_slot_race_gives_right_tokens_deferred],
+    ids=["in_flight", "deferred"],
+)
+def test_an_early_finish_is_named_by_the_slot_checks(check):
+    # upstream's finished flag (`not req.can_decode`) ends the request that got the slot one token
+    # early: the slot checks must say so, not blame the slot
+    with pytest.raises(
+        AssertionError, match="the request that waits for the freed slot finished early"
+    ):
+        on_cpu_streams(check)(variant_llm("ch11_upstream_finished"))

@@ -116,11 +116,13 @@ class RequestLifecycle:
         Receives: `req`, a request (or chunk) holding a slot (`req.table_idx`) and a locked prefix
             (`req.cache_handle`); `self._defer_slot_free`, True while the overlap loop runs.
         Returns: nothing.
-        Leaves: the slot free in the table manager, or, when deferring, `(table_idx, uid)` appended
-            to `self._deferred_slots` (the loop frees them later); the computed prefix in the prefix
-            cache, the request's other pages free, its lock dropped.
-        Uses: `self.table_manager.free` (ch04); `self.cache_manager.cache_req(req, finished=True)`
-            (ch08).
+        Leaves: the slot out of reach of any new request until no batch in flight can write it:
+            while `self._defer_slot_free`, parked in `self._deferred_slots` as `(table_idx, uid)`
+            for the loop to give back later (`_release_deferred_slots`); otherwise free in the table
+            manager at once. The request's KV settled as for any finished request (ch08): its
+            computed prefix kept by the prefix cache, its other pages free, its lock dropped.
+        Uses: `self.table_manager.free` (ch04); `self.cache_manager.cache_req` (ch08, as it is
+            called for any finished request).
         Checked: no slot is handed out while a step that holds it is in flight, and the request that
             gets it computes Hugging Face's tokens; the slot is back once that step is handled;
             every slot and page is back once all requests end.
