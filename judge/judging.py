@@ -303,7 +303,7 @@ def _blame(
         # Two measurements, each named: this run (all the learner's exercises in) and the rerun
         # (the reference in place of the others); the row's count is the rerun's.
         ex.note = (
-            f"correct on its own: {failed} of its {total} tests failed in this run, where they "
+            f"correct on its own: {failed} of its {total} tests failed in this run, as they "
             f"also go through {instead}; rerun with the reference in place of {instead}, they "
             f"pass, so all {total} pass on its own"
         )

@@ -246,9 +246,7 @@ def test_an_exercise_correct_on_its_own_counts_every_test_it_passes(project, cap
     assert "passing on its own" in row and row.rstrip().endswith("3/3"), f"run's row: {row!r}"
     # the note under it names both measurements, so "3/3" and the failures do not contradict
     note = " ".join(out.split("✔ run:", 1)[1].split("\n\n", 1)[0].split())
-    assert re.search(r"\d of its 3 tests failed in this run, where they also go through", note), (
-        note
-    )
+    assert re.search(r"\d of its 3 tests failed in this run, as they also go through", note), note
     assert "rerun with the reference in place of" in note and "all 3 pass on its own" in note, note
     # the rows count each exercise's own tests, 6 for a run of 3: the report says why
     assert "counts in each of their rows" in out, "the table does not say that tests are shared"
