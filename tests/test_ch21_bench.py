@@ -117,8 +117,10 @@ def test_throughput_of_nothing_or_of_no_time_is_an_error():
         output_throughput([(0.0, 1.0, 5)], warmup=1)
     with pytest.raises(ValueError, match="no request"):
         output_throughput([])
-    with pytest.raises(ValueError, match="spans"):
+    with pytest.raises(ValueError, match=r"spans 0\.0 s"):
         output_throughput([(2.0, 2.0, 5)])
+    with pytest.raises(ValueError, match=r"spans -0\.5 s"):  # a last token before its send
+        output_throughput([(2.0, 1.5, 5)])
     with pytest.raises(ValueError, match="warmup"):
         output_throughput([(0.0, 1.0, 5)], warmup=-1)
     assert math.isfinite(output_throughput([(0.0, 0.001, 1)]))
