@@ -22,7 +22,7 @@ def percentile(values: Sequence[float], p: float) -> float:
     Receives: `values`, a non-empty sequence of finite numbers in any order; `p` in [0, 100].
     Returns: a float between min(values) and max(values).
     Leaves: `values` unchanged (a sorted copy is used).
-    Uses: only Python (sorted); no numpy.
+    Uses: only Python: `sorted` and `math.floor`; no numpy.
     Checked: equals numpy.percentile on known lists; p50 of an even count is the mean of the two
         middle values; p99 of one sample is that sample; an empty list or p outside [0, 100]
         raises ValueError.
@@ -53,7 +53,7 @@ def stream_latencies(sent: float, chunks: Sequence[Tuple[float, int]]) -> Tuple[
     Returns: (ttft, itls): ttft a float in seconds; itls one float per content chunk after the
         first, in order (empty when the tokens came in one chunk).
     Leaves: `chunks` unchanged.
-    Uses: only Python.
+    Uses: only Python: a list of the arrivals and `zip` for the gaps.
     Checked: TTFT skips a role-only first chunk; ITLs exclude the wait for the first token and the
         chunks without tokens; a stream without any token raises ValueError.
     """
@@ -77,7 +77,7 @@ def output_throughput(requests: Sequence[Tuple[float, float, int]], warmup: int 
     Returns: output tokens / (latest last token - earliest sent), a float, among the counted
         requests.
     Leaves: `requests` unchanged.
-    Uses: only Python.
+    Uses: only Python: `min`, `max` and `sum` over the counted requests.
     Checked: overlapping requests give tokens over the wall span, not over the summed durations;
         warm-up requests change neither tokens nor span; no counted request, or a span of zero,
         raises ValueError.
