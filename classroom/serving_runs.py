@@ -59,15 +59,16 @@ def show_runs(runs: List[ServingRun]) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
     for run, colour in zip(runs, ("#1f77b4", "#d62728", "#2ca02c")):
+        label = run.name.replace("-bench-serve", "")  # the date and the machine
         finite = [r for r in run.rates if math.isfinite(r)]
         top = max(finite) * 4 if finite else 1.0
         xs = [r if math.isfinite(r) else top for r in run.rates]
         for ax, pairs, what in ((axes[0], run.ttft_ms, "TTFT"), (axes[1], run.itl_ms, "ITL")):
-            ax.plot(xs, [p for p, _ in pairs], "o-", color=colour, label=f"{run.name} p50")
-            ax.plot(xs, [p for _, p in pairs], "s--", color=colour, label=f"{run.name} p99")
+            ax.plot(xs, [p for p, _ in pairs], "o-", color=colour, label=f"{label} p50")
+            ax.plot(xs, [p for _, p in pairs], "s--", color=colour, label=f"{label} p99")
             ax.set_yscale("log")
             ax.set_ylabel(f"{what} (ms)")
-        axes[2].plot(xs, run.tok_s, "o-", color=colour, label=run.name)
+        axes[2].plot(xs, run.tok_s, "o-", color=colour, label=label)
         axes[2].axhline(run.offline_tok_s, color=colour, linestyle=":", linewidth=1)
     axes[2].set_ylabel("output tok/s (dotted: offline)")
     for ax in axes:
