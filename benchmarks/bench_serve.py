@@ -11,8 +11,10 @@ Requests are random token ids (no tokenizer needed) with input and output length
 [--min-len, --max-len] (fixed seed), greedy, ignore_eos, so the offline run and every rate do the
 same work. At rate r, requests arrive as a Poisson process of r per second (inf: all at once); each
 is a streamed /v1/completions call (httpx, in this process) with `return_token_ids`, so every token
-is timed as it arrives. TTFT: request sent to first token; ITL: between one token and the next of
-the same request; throughput: output tokens over the span from first request sent to last token.
+is timed as it arrives. The figures come from minisgl/bench/stats.py (chapter 21): TTFT,
+request sent to the first chunk with a token; ITL, between one such chunk and the next of the
+same request (a chunk of several tokens counts once); throughput, output tokens over the span
+from first request sent to last token; p50 and p99 by linear interpolation, as numpy's default.
 The offline figure is output tokens over the wall time of one `generate` of all requests.
 --dummy-qwen3-0.6b writes random bf16 weights of Qwen3-0.6B's shape (benchmarks/overlap_ablation.py;
 needs a GPU).
@@ -30,10 +32,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from minisgl.bench.stats import output_throughput, percentile, stream_latencies  # noqa: E402
 
 
 def workload(n: int, lo: int, hi: int, vocab: int, seed: int = 0):
@@ -83,7 +87,7 @@ async def one_request(
         "return_token_ids": True,
     }
     sent = time.perf_counter()
-    stamps: List[float] = []
+    chunks: List[Tuple[float, int]] = []  # (arrival, tokens in the chunk)
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"the server answered {r.status_code}: {(await r.aread())[:200]!r}")
@@ -93,11 +97,11 @@ async def one_request(
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise RuntimeError(f"the server failed mid-stream: {chunk['error']['message']}")
-            now = time.perf_counter()
-            stamps += [now] * len(chunk["choices"][0].get("token_ids", []))
-    if len(stamps) != max_tokens:
-        raise RuntimeError(f"expected {max_tokens} tokens, got {len(stamps)}")
-    return {"sent": sent, "stamps": stamps}
+            chunks.append((time.perf_counter(), len(chunk["choices"][0].get("token_ids", []))))
+    got = sum(n for _, n in chunks)
+    if got != max_tokens:
+        raise RuntimeError(f"expected {max_tokens} tokens, got {got}")
+    return {"sent": sent, "chunks": chunks}
 
 
 async def run_rate(url: str, model: str, prompts, outputs, rate: float, seed: int = 1) -> Dict:
@@ -114,26 +118,18 @@ async def run_rate(url: str, model: str, prompts, outputs, rate: float, seed: in
         results = await asyncio.gather(
             *[one_request(client, url, model, p, m, d) for p, m, d in zip(prompts, outputs, delays)]
         )
-    ttft = [r["stamps"][0] - r["sent"] for r in results]
-    itl = [b - a for r in results for a, b in zip(r["stamps"], r["stamps"][1:])]
-    span = max(r["stamps"][-1] for r in results) - min(r["sent"] for r in results)
+    latencies = [stream_latencies(r["sent"], r["chunks"]) for r in results]
+    ttft = [first for first, _ in latencies]
+    itl = [gap for _, gaps in latencies for gap in gaps]
+    spans = [(r["sent"], r["chunks"][-1][0], m) for r, m in zip(results, outputs)]
     return {
         "rate": rate,
-        "throughput": sum(outputs) / span,
-        "ttft_p50": pct(ttft, 50),
-        "ttft_p99": pct(ttft, 99),
-        "itl_p50": pct(itl, 50),
-        "itl_p99": pct(itl, 99),
+        "throughput": output_throughput(spans),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p99": percentile(ttft, 99),
+        "itl_p50": percentile(itl, 50) if itl else math.nan,
+        "itl_p99": percentile(itl, 99) if itl else math.nan,
     }
-
-
-def pct(values: List[float], p: float) -> float:
-    ordered = sorted(values)
-    return (
-        ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
-        if ordered
-        else float("nan")
-    )
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""What a benchmark measures: percentiles, per-stream latencies and throughput (chapter 21)."""
