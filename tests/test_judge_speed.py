@@ -390,16 +390,20 @@ def test_auto_takes_the_gpus_budgets_only_where_there_is_one(monkeypatch):
 
 def test_the_test_process_starts_the_device_before_its_first_test(tmp_path):
     """The GPU's one-off start-up (judge/device_warmup.py) is done before the first test's clock
-    starts, with the run's device, so no test's budget pays for it."""
+    starts, with the run's device, so no test's measured time or budget holds it."""
     from judge.runner import RunOptions, run_pytest
 
     log = tmp_path / "log.txt"
     # Loaded before the judge's plugin configures: records the warm-up instead of doing it.
     (tmp_path / "conftest.py").write_text(
         "import pathlib\nfrom judge import device_warmup\n\n"
+        "import time\n\n"
         "def record(device):\n"
         f"    with open({str(log)!r}, 'a') as f:\n"
         "        f.write(f'warm-up {device}\\n')\n"
+        "    end = time.process_time() + 0.5  # CPU time, as a CUDA context costs\n"
+        "    while time.process_time() < end:\n"
+        "        pass\n"
         "    return False\n\n"
         "device_warmup.warm_up = record\n"
     )
@@ -413,6 +417,9 @@ def test_the_test_process_starts_the_device_before_its_first_test(tmp_path):
     lines = log.read_text().splitlines() if log.exists() else []
     assert lines == ["warm-up cpu", "first test"], (
         f"the test process's log {lines}: the device's warm-up comes once, before the first test"
+    )
+    assert run.tests[0].cpu is not None and run.tests[0].cpu < 0.3, (
+        f"the first test's CPU time {run.tests[0].cpu} s holds the warm-up's 0.5 s: its budget pays"
     )
 
 
