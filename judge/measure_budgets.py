@@ -23,6 +23,15 @@ from .registry import load_registry
 from .runner import RunOptions
 
 
+def save(file, data: dict, key: str, times: Dict[str, float]) -> None:
+    data["about"] = (
+        "Each test's CPU time on the reference, in seconds, per device: the base of its time "
+        "budget (judge/budgets.py). Written by `python -m judge.measure_budgets`."
+    )
+    data.setdefault("times", {})[key] = dict(sorted(times.items()))
+    file.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
 def measure(chapter_keys: List[str], device: str, repeat: int) -> int:
     registry = load_registry()
     chapters = (
@@ -66,12 +75,8 @@ def measure(chapter_keys: List[str], device: str, repeat: int) -> int:
             # drop removed tests
             times = {k: v for k, v in times.items() if k.split("::")[0] not in files}
             times.update({k: round(v, 3) for k, v in best.items()})
-    data["about"] = (
-        "Each test's CPU time on the reference, in seconds, per device: the base of its time "
-        "budget (judge/budgets.py). Written by `python -m judge.measure_budgets`."
-    )
-    data.setdefault("times", {})[key] = dict(sorted(times.items()))
-    file.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+            # written after each chapter: a long measurement cut short keeps what it measured
+            save(file, data, key, times)
     print(f"wrote {file} ({len(times)} tests on {key})")
     return 1 if failed else 0
 
