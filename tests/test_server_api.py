@@ -267,6 +267,7 @@ MALFORMED = [  # (path, body, status, what the message must name)
     ("completions", {"model": NAME, "prompt": [5, 2**40]}, 400, "vocabulary"),
     ("completions", {"model": NAME, "prompt": []}, 400, "prompt"),
     ("completions", {"model": NAME, "prompt": "hi", "n": 0}, 400, "n"),
+    ("completions", {"model": NAME, "prompt": ["hi"] * 1025, "n": 2}, 400, "2048 choices"),
     ("completions", {"model": NAME, "prompt": "hi", "stop": [3]}, 400, "stop"),
     ("chat/completions", {"model": NAME, "messages": []}, 400, "messages"),
     (

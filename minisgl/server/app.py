@@ -303,6 +303,8 @@ async def unless_stopping(answering, request: Request):
 
 
 MAX_N = 128  # the OpenAI API's limit on `n`
+# every choice is an engine request: one body may not queue more than this many (prompts x n)
+MAX_CHOICES = 2048
 
 
 async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes):
@@ -320,6 +322,13 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
         n = req.n_choices
         if not 1 <= n <= MAX_N:
             raise ErrorInfo(400, f"n must be between 1 and {MAX_N}, got {n}", param="n")
+        if len(makes) * n > MAX_CHOICES:
+            raise ErrorInfo(
+                400,
+                f"one request may ask for at most {MAX_CHOICES} choices (prompts x n), "
+                f"got {len(makes)} prompts x n={n}",
+                param="prompt",
+            )
         params = api.sampling_params(req, 1 if max_tokens is None else max_tokens)
     except ErrorInfo as e:
         return error_response(e)
