@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Tuple
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, Tuple
 
 import torch
 
@@ -30,6 +31,7 @@ class RotaryEmbedding:
         if scaling is not None:
             inv_freq = llama3_scaled(inv_freq, scaling)
         self._inv_freq = inv_freq
+        self._step_rows: Tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.resize(max_position, device)
 
     @property
@@ -48,9 +50,28 @@ class RotaryEmbedding:
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        cos = self._cos[positions].to(q.dtype)
-        sin = self._sin[positions].to(q.dtype)
+        held = self._step_rows
+        if held is not None and held[0] is positions and held[1].dtype == q.dtype:
+            cos, sin = held[1], held[2]
+        else:
+            cos = self._cos[positions].to(q.dtype)
+            sin = self._sin[positions].to(q.dtype)
         return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
+
+    @contextmanager
+    def rows_held(self, positions: torch.Tensor, dtype: torch.dtype) -> Iterator[None]:
+        """Look up the cos and sin rows of `positions` once, for every layer of one forward.
+        Each op costs Python and dispatch time, which on a CPU is most of a small model's step:
+        six layers need not index the table six times. Released when the forward ends."""
+        self._step_rows = (
+            positions,
+            self._cos[positions].to(dtype),
+            self._sin[positions].to(dtype),
+        )
+        try:
+            yield
+        finally:
+            self._step_rows = None
 
 
 def llama3_scaled(inv_freq: torch.Tensor, s: "RopeScaling") -> torch.Tensor:

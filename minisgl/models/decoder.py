@@ -6,6 +6,9 @@ router and experts in place of the dense MLP (moe.py)."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import ContextManager
+
 import torch
 
 from minisgl.core import get_global_ctx
@@ -101,10 +104,18 @@ class DecoderBody(BaseOP):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
 
+    def _rows_for_step(self, x: torch.Tensor) -> ContextManager[None]:
+        """On a CPU, RoPE's rows looked up once for all layers. A GPU's fused kernel reads the
+        table itself (and a CUDA graph must not reuse a tensor made outside it)."""
+        if x.is_cuda:
+            return nullcontext()
+        return self._rotary.rows_held(get_global_ctx().batch.positions, x.dtype)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens.forward(input_ids), None
-        for layer in self.layers:
-            x, residual = layer.forward(x, residual)
+        with self._rows_for_step(x):
+            for layer in self.layers:
+                x, residual = layer.forward(x, residual)
         x, _ = self.norm.forward_fused(x, residual)
         return x
 
