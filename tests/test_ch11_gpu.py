@@ -23,8 +23,10 @@ from test_ch11_variants import variant_llm
 
 pytestmark = pytest.mark.gpu
 
-# ~50 ms at the H200's ~2 GHz: far longer than the CPU needs to schedule the next step
-SLEEP_CYCLES = 100_000_000
+# ~200 ms at the H200's ~2 GHz: far longer than the CPU needs to schedule the next step. 50 ms
+# was not, once a step's handling grew (stops, seeds, logprobs): measured on the H200, upstream's
+# slot reuse then gave right tokens at 100 M cycles and wrong ones at 400 M; the fix right at both.
+SLEEP_CYCLES = 400_000_000
 
 
 def slow_engine(base: type) -> type:
