@@ -35,8 +35,7 @@ from .settings import REGISTRY
 
 # Used where the file does not say otherwise (the file may set "floor", "factor", "default").
 # seconds: even a test the reference runs in 20 ms gets this much. The same on a GPU: its measured
-# times hold a test's own warm-up (graph capture), compiling kernels is not counted, and the
-# process's CUDA context starts before its first test (device_warmup.py), in no test's time.
+# times hold its warm-up (a CUDA context, graph capture), and compiling kernels is not counted.
 FLOOR = {
     "cpu": 5.0,
     "cuda": 5.0,
