@@ -52,6 +52,6 @@ def test_rope_rows_held_are_looked_up_once_and_released():
 def test_the_cpu_engine_runs_on_column_major_weights():
     from minisgl import LLM
 
-    llm = LLM(max_running_req=2)
+    llm = LLM(max_running_req=2, device="cpu")  # the CPU engine, whatever the test device
     w = llm.engine.model.model.layers[0].self_attn.qkv_proj.weight
     assert w.t().is_contiguous() and not w.is_contiguous()
