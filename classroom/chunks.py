@@ -13,9 +13,20 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Dict, List, Sequence, Tuple
 
+from minisgl.scheduler.cache import pages_for
+
 from . import svg
 from .controls import with_range
 from .display import show
+
+
+def pages_still_owed(piece, total_tokens: int, page_size: int) -> int:
+    """The KV pages a chunked request may still need once `piece` is in the batch: pages for all of
+    its tokens (prompt and new tokens) less the pages its cached part already holds. The try-out
+    compares an adder's reservation with this, so the cell the learner reads states the rule, not
+    the formula."""
+    return pages_for(total_tokens, page_size) - pages_for(piece.cached_len, page_size)
+
 
 PALETTE = ["#6baed6", "#fd8d3c", "#74c476", "#9e9ac8", "#e377c2", "#bcbd22", "#17becf", "#d6616b"]
 
