@@ -77,9 +77,9 @@ def random_weights():
     """The engine's load_model replaced: the model built from config.json with random weights
     drawn on the device (matrices N(0, 0.02), norms 1), no checkpoint read."""
 
-    def load_model(model_dir, dtype, device):
+    def load_model(model_dir, dtype, device, max_positions=None, comm=None):  # load_model's own
         cfg = ModelConfig.from_dir(model_dir)
-        model = create_model(cfg, dtype, torch.device("meta"))
+        model = create_model(cfg, dtype, torch.device("meta"), max_positions)
         gen = torch.Generator(device=device).manual_seed(0)
         state = {}
         for key, t in model.named_tensors():
