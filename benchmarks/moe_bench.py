@@ -25,6 +25,7 @@ What it prints:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -211,6 +212,11 @@ def main() -> None:
                 )
             runs[name] = run
             release(llm)
+            # release() cannot drop this frame's reference: without it the next build met the
+            # 57 GiB of this one still held (out of memory on the H200, 2026-12-03)
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
     results["runs"] = runs
     if args.out:
         args.out.write_text(json.dumps(results, indent=1, default=str))
