@@ -33,7 +33,7 @@ class EngineConfig:
     # (default on)
     fused_kernels: bool | None = None
     use_cuda_graph: bool | None = (
-        None  # None: on when the device and the backend allow it (CUDA + triton)
+        None  # None: on with CUDA + triton; True on a CPU: emulated graphs (chapter 18)
     )
     cuda_graph_max_bs: int = (
         64  # largest decode batch replayed from a graph; larger ones run eagerly

@@ -158,11 +158,16 @@ class Engine:
         self.graph_runner = self._build_graph_runner() if self.use_cuda_graph else None
 
     def _want_cuda_graph(self) -> bool:
+        """On a GPU with the triton backend graphs are on unless turned off. On a CPU they are off
+        unless asked for: then the runner captures emulated graphs (graph_emulation.py), slower
+        than eager, there so that a graph's rules can be seen at work on a laptop."""
         asked = self.config.use_cuda_graph
-        possible = self.kit.is_cuda and self.backend_name == "triton"
+        if not self.kit.is_cuda:
+            return bool(asked)
+        possible = self.backend_name == "triton"
         if asked and not possible:
             raise ValueError(
-                "CUDA graphs need a CUDA device and the triton attention backend "
+                "CUDA graphs on a GPU need the triton attention backend "
                 f"(device {self.device}, backend {self.backend_name})"
             )
         return possible if asked is None else bool(asked)
@@ -177,19 +182,21 @@ class Engine:
             return GraphRunner(
                 self.model,
                 self.ctx,
-                self.stream.raw,
+                self.stream,
                 max_bs,
                 self.dummy_row,
                 scratch_loc,
                 self.max_seq_len,
                 self.page_table,
+                reads_rows=self.backend_name == "triton",
             )
 
     def run_model(self, batch: Batch) -> torch.Tensor:
         """Logits of `batch` (its input ids gathered): a CUDA graph's replay when one fits, else
         eager."""
-        if self.graph_runner is not None and self.graph_runner.can_run(batch):
-            return self.graph_runner.replay(batch)
+        size = self.graph_runner.graph_size(batch) if self.graph_runner is not None else None
+        if size is not None:
+            return self.graph_runner.replay(batch, size)
         with self.ctx.forward_batch(batch):
             return self.model.forward()
 

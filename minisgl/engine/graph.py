@@ -8,9 +8,15 @@ replays them with one call. A graph replays fixed shapes and fixed addresses, so
   runs the graph of 8, padded with 3 dummy requests;
 * the inputs live in static buffers, copied in before each replay; a dummy request reads and writes
   only the engine's scratch row and a scratch KV location nobody else uses;
-* the attention kernel reads lengths from the device and has a fixed launch shape (Triton backend).
+* the attention kernel reads lengths from the device and has a fixed launch shape (Triton backend);
+  the torch backend, which reads a gathered page table, gets it gathered inside the graph from the
+  static `rows`, as wide as the context length.
 
 Batches above the largest size, prefill batches, and metadata without `rows` run eagerly.
+
+On a CPU the same runner captures `EmulatedGraph`s (graph_emulation.py): a replay re-runs only
+the captured operators on the static buffers, so a buffer not refreshed before a replay gives
+wrong tokens on a laptop as on a GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ import torch
 from minisgl.attention import AttentionMetadata
 from minisgl.core import Batch, Context
 from minisgl.models import CausalLM
+from minisgl.utils import Stream
+
+from .graph_emulation import EmulatedGraph, capture
 
 
 def graph_batch_sizes(max_bs: int) -> List[int]:
@@ -39,14 +48,18 @@ class GraphRunner:
         self,
         model: CausalLM,
         ctx: Context,
-        stream: torch.cuda.Stream,
+        stream: Stream,
         max_bs: int,
         dummy_row: int,
         scratch_loc: int,
         max_seq_len: int,
         page_table: torch.Tensor,
+        reads_rows: bool = True,
     ) -> None:
         self.model, self.ctx, self.stream = model, ctx, stream
+        # whether the attention backend finds each request's KV locations through `rows` (Triton)
+        # or needs the page table's rows gathered for it (torch)
+        self.reads_rows = reads_rows
         self.sizes = graph_batch_sizes(max_bs)
         self.max_bs = max_bs
         dev = page_table.device
@@ -60,7 +73,9 @@ class GraphRunner:
         self.seqlens = torch.ones(max_bs, dtype=torch.int32, device=dev)
         self._page_table = page_table
         self._max_seq_len = max_seq_len
-        self.graphs: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.is_cuda = dev.type == "cuda"
+        self.graphs: Dict[int, Tuple[torch.cuda.CUDAGraph | EmulatedGraph, torch.Tensor]] = {}
+        self.captured: List[int] = []  # batch sizes in the order they were captured
         self.replays = 0  # how many steps ran from a graph (tests check that graphs are used)
         self._capture_all()
 
@@ -85,7 +100,24 @@ class GraphRunner:
 
     def _run(self, batch: Batch) -> torch.Tensor:
         with self.ctx.forward_batch(batch):
+            if not self.reads_rows:  # inside the graph: gathered again from `rows` at every replay
+                meta = batch.attn_metadata
+                meta.page_table = self._page_table.index_select(0, meta.rows)
             return self.model.forward()
+
+    def _new_graph(self):
+        return torch.cuda.CUDAGraph() if self.is_cuda else EmulatedGraph()
+
+    def _capturing(self, graph, pool):
+        if self.is_cuda:
+            return torch.cuda.graph(graph, pool=pool, stream=self.stream.raw)
+        return capture(graph, pool)
+
+    def _synchronize(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize()
+        else:
+            self.stream.synchronize()
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -99,40 +131,71 @@ class GraphRunner:
             gc.enable()
 
     def _capture_sizes(self) -> None:
-        torch.cuda.synchronize()
+        self._synchronize()
         pool = None
         for bs in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory
             batch = self._static_batch(bs)
-            with torch.cuda.stream(self.stream):
+            with self.stream.context():
                 self._run(batch)  # warm-up: compiles kernels, settles cuBLAS workspaces
             self.stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=self.stream):
+            graph = self._new_graph()
+            with self._capturing(graph, pool):
                 logits = self._run(batch)
             if pool is None:
                 pool = graph.pool()
             self.graphs[bs] = (graph, logits)
-        torch.cuda.synchronize()
+            self.captured.append(bs)
+        self._synchronize()
 
-    def can_run(self, batch: Batch) -> bool:
+    def graph_size(self, batch: Batch) -> int | None:
+        """The captured batch size `batch` replays from, or None when it must run eagerly.
+
+        A graph holds one decode step of a fixed batch size whose attention finds each request's
+        KV through `rows`. A batch runs from the smallest captured size that holds it; the slots
+        it leaves free are padded with dummy requests by `replay`.
+
+        Receives: `batch`, a Batch about to run (its phase, its requests, `attn_metadata`, which
+            may be None or have `rows` None).
+        Returns: an int from `self.sizes`, the smallest one >= `batch.size`; None for a prefill
+            batch, a batch larger than `self.max_bs`, or one without metadata or without `rows`.
+        Leaves: nothing changed.
+        Uses: `self.sizes` (rising), `self.max_bs`, `batch.is_decode`, `batch.size` (ch01).
+        Checked: every size from 1 to max_bs + 1 gets the smallest size that holds it or None;
+            prefill and row-less batches get None; the engine's prefill steps and oversized batches
+            never replay, and greedy tokens through the graphs equal eager ones.
+        """
         meta = batch.attn_metadata
-        return (
-            batch.is_decode
-            and batch.size <= self.max_bs
-            and meta is not None
-            and meta.rows is not None
-        )
-
-    def padded_size(self, bs: int) -> int:
-        return next(s for s in self.sizes if s >= bs)
+        if not batch.is_decode or meta is None or meta.rows is None:
+            return None
+        if batch.size > self.max_bs:
+            return None
+        return next(s for s in self.sizes if s >= batch.size)
 
     # the static buffers are inference tensors: callers outside it may replay too
     @torch.inference_mode()
-    def replay(self, batch: Batch) -> torch.Tensor:
-        """Run `batch` (decode, input_ids already gathered) through its graph; logits [bs, vocab].
-        Call on the engine stream."""
+    def replay(self, batch: Batch, padded: int) -> torch.Tensor:
+        """Run the decode `batch` through the graph captured for `padded` requests; its logits.
+
+        A replay re-runs the captured work on the static buffers and nothing else: every input
+        the step reads must be in them first. The first `batch.size` slots hold the batch's own
+        inputs; the slots up to `padded` hold dummy requests (`self._dummy`: token 0, position 0,
+        the scratch row and the scratch KV location, length 1), since an earlier, larger batch
+        may have left a real request's values there, and a padding slot writes KV where its
+        `out_loc` points.
+
+        Receives: `batch`, a decode Batch with `input_ids`, `positions`, `out_loc` [B] and
+            `attn_metadata` (`rows`, `cache_seqlens` [B]); `padded`, `graph_size(batch)`.
+        Returns: the logits of the batch's requests, [B, vocab], a view of the graph's output.
+        Leaves: the static buffers `input_ids`, `positions`, `out_loc`, `rows`, `seqlens` filled
+            (slots 0..B-1 from the batch, B..padded-1 with the dummy's values); the graph of
+            `padded` replayed once; `self.replays` one higher.
+        Uses: `self.graphs[padded]` (the graph and its logits), `self._dummy`, the five static
+            buffers, `Tensor.copy_` / `fill_`.
+        Checked: logits equal eager logits after another batch left every buffer different;
+            greedy tokens equal eager ones for batches of 1 to max_bs + 1; a padding slot writes
+            only the scratch location; prefill steps never replay.
+        """
         bs = batch.size
-        padded = self.padded_size(bs)
         meta = batch.attn_metadata
         self.input_ids[:bs].copy_(batch.input_ids)
         self.positions[:bs].copy_(batch.positions)
