@@ -52,7 +52,9 @@ class _Op:
     func: Any
     args: Tuple[Any, ...]
     kwargs: Dict[str, Any]
-    fresh: List[Tuple[int, torch.Tensor]]  # results that own new memory, by position
+    # results that own new memory: position, tensor, shape at capture (an `_unsafe_view` of a
+    # temporary may later reshape the very tensor object, as matmul does with mm's result)
+    fresh: List[Tuple[int, torch.Tensor, torch.Size]]
 
 
 class EmulatedPool:
@@ -81,7 +83,7 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def _fresh_results(func, out) -> List[Tuple[int, torch.Tensor]]:
+def _fresh_results(func, out) -> List[Tuple[int, torch.Tensor, torch.Size]]:
     """The results that are new tensors, not views of an argument or the argument an in-place
     operator wrote (those already hold the value once the operator has run again)."""
     flat, _ = tree_flatten(out)
@@ -90,7 +92,7 @@ def _fresh_results(func, out) -> List[Tuple[int, torch.Tensor]]:
     for i, t in enumerate(flat):
         aliased = i < len(returns) and returns[i].alias_info is not None
         if isinstance(t, torch.Tensor) and not aliased:
-            fresh.append((i, t))
+            fresh.append((i, t, t.shape))
     return fresh
 
 
@@ -138,14 +140,14 @@ class EmulatedGraph:
             raise RuntimeError("replay of a graph that captured nothing")
         for op in self._ops:
             flat, _ = tree_flatten(op.func(*op.args, **op.kwargs))
-            for i, kept in op.fresh:
+            for i, kept, shape in op.fresh:
                 new = flat[i]
-                if new.shape != kept.shape:
+                if new.shape != shape:
                     raise RuntimeError(
                         f"{op.func} gave shape {tuple(new.shape)} at replay, "
-                        f"{tuple(kept.shape)} at capture: a graph's shapes are fixed"
+                        f"{tuple(shape)} at capture: a graph's shapes are fixed"
                     )
-                kept.copy_(new)
+                kept.view(shape).copy_(new) if kept.shape != shape else kept.copy_(new)
         self.replays += 1
 
 

@@ -1,0 +1,246 @@
+"""Chapter 18: CUDA graphs for decode (minisgl/engine/graph.py).
+
+On a CPU the engine asked for graphs (`use_cuda_graph=True`) captures emulated ones
+(minisgl/engine/graph_emulation.py): a replay re-runs the captured operators on the static buffers
+and nothing else, so a buffer not refreshed before a replay gives wrong logits and tokens here as on
+a GPU. With `--device cuda` the same tests run real CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import assert_tokens_equal, build_llm, greedy, prompt_ids
+from minisgl.attention import AttentionMetadata
+from minisgl.core import Batch
+from minisgl.engine.graph import graph_batch_sizes
+from minisgl.engine.graph_emulation import EmulatedGraph, capture
+
+MAX_BS = 4  # graphs of 1, 2 and 4 requests
+STEPS = 10  # tokens per request in the generation tests: 1 from prefill, 9 decode steps
+
+
+@pytest.fixture(scope="module")
+def graph_llm():
+    return build_llm(use_cuda_graph=True, cuda_graph_max_bs=MAX_BS)
+
+
+@pytest.fixture(scope="module")
+def eager_llm():
+    return build_llm(use_cuda_graph=False)
+
+
+@pytest.fixture
+def graph_engine():
+    """An engine of its own: the tests below fill its KV cache with noise."""
+    engine = build_llm(use_cuda_graph=True, cuda_graph_max_bs=MAX_BS).engine
+    torch.manual_seed(0)
+    engine.kv_cache.buffer.normal_()
+    return engine
+
+
+def fake_batch(rows, lens=None, phase="decode", meta=True, with_rows=True) -> Batch:
+    """A batch of len(rows) requests for graph_size: only its phase, size and metadata matter."""
+    batch = Batch(reqs=[None] * len(rows), phase=phase)
+    if meta:
+        n = len(rows)
+        batch.attn_metadata = AttentionMetadata(
+            cu_seqlens_q=torch.arange(n + 1, dtype=torch.int32),
+            cache_seqlens=torch.tensor(lens or [1] * n, dtype=torch.int32),
+            page_table=torch.zeros(n, 1, dtype=torch.int32),
+            last_indices=torch.arange(n),
+            max_seqlen_q=1,
+            max_seqlen_k=1,
+            rows=torch.tensor(rows) if with_rows else None,
+        )
+    return batch
+
+
+def decode_batch(engine, rows, lens, seed: int) -> Batch:
+    """A real decode batch on `engine`: request i owns table row rows[i], holds lens[i] keys at
+    locations rows[i] * 64 + 0..lens[i]-1, and computes its token at position lens[i] - 1."""
+    dev, g = engine.device, torch.Generator().manual_seed(seed)
+    for r, n in zip(rows, lens):
+        engine.page_table[r, :n] = torch.arange(n, dtype=torch.int32, device=dev) + r * 64
+    n = len(rows)
+    rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
+    batch = Batch(reqs=[None] * n, phase="decode")
+    batch.input_ids = torch.randint(0, 300, (n,), generator=g, dtype=torch.int32).to(dev)
+    batch.positions = torch.tensor([x - 1 for x in lens], dtype=torch.int64, device=dev)
+    batch.out_loc = torch.tensor([r * 64 + x - 1 for r, x in zip(rows, lens)], device=dev)
+    batch.attn_metadata = AttentionMetadata(
+        cu_seqlens_q=torch.arange(n + 1, dtype=torch.int32, device=dev),
+        cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=dev),
+        page_table=engine.page_table[rows_t, : max(lens)],
+        last_indices=torch.arange(n, device=dev),
+        max_seqlen_q=1,
+        max_seqlen_k=max(lens),
+        rows=rows_t,
+        cu_seqlens_q_host=list(range(n + 1)),
+        cache_seqlens_host=list(lens),
+    )
+    return batch
+
+
+def captured_size(engine, n: int) -> int:
+    return next(s for s in engine.graph_runner.sizes if s >= n)
+
+
+@torch.inference_mode()
+def replayed(engine, batch: Batch) -> torch.Tensor:
+    logits = engine.graph_runner.replay(batch, captured_size(engine, batch.size)).clone()
+    engine.synchronize()
+    if engine.kit.is_cuda:
+        torch.cuda.synchronize()
+    return logits
+
+
+@torch.inference_mode()
+def eager(engine, batch: Batch) -> torch.Tensor:
+    with engine.ctx.forward_batch(batch):
+        return engine.model.forward().clone()
+
+
+# A step of four requests, then one of three (padded to four) that differs in every input: rows,
+# lengths, positions, tokens and KV locations.
+STEP_A = dict(rows=[4, 5, 6, 7], lens=[30, 41, 17, 25], seed=1)
+STEP_B = dict(rows=[1, 0, 3], lens=[12, 50, 33], seed=2)
+
+
+# ---------------------------------------------------------------- the emulated graph
+
+
+def test_an_emulated_graph_replays_its_captured_work_on_the_static_buffers():
+    x, w = torch.ones(3), torch.randn(3, 3)
+    cache, loc = torch.zeros(5, 3), torch.tensor([1, 2, 3])
+    graph = EmulatedGraph()
+    with capture(graph):
+        y = (x @ w).relu()
+        cache[loc] = y.expand(3, 3)
+    x.copy_(torch.tensor([1.0, -2.0, 3.0]))
+    loc.copy_(torch.tensor([0, 2, 4]))
+    graph.replay()
+    torch.testing.assert_close(y, (x @ w).relu())  # the same tensor, recomputed in place
+    torch.testing.assert_close(cache[[0, 2, 4]], y.expand(3, 3))  # written where loc says now
+
+
+def test_a_new_tensor_or_a_changed_host_value_never_reaches_a_replay():
+    x, scale = torch.ones(2), 3.0
+    graph = EmulatedGraph()
+    with capture(graph):
+        y = x * scale
+    x = torch.full((2,), 5.0)  # a new tensor under the old name: the graph still reads the old one
+    scale = 10.0  # noqa: F841 (a host value, frozen at capture)
+    graph.replay()
+    assert y.tolist() == [3.0, 3.0]
+
+
+def test_capture_refuses_a_host_read_and_replay_refuses_a_new_shape():
+    graph = EmulatedGraph()
+    with pytest.raises(RuntimeError, match="host"):
+        with capture(graph):
+            torch.ones(2).sum().item()
+    mask, graph = torch.tensor([True, False]), EmulatedGraph()
+    with capture(graph):
+        torch.arange(2)[mask]  # boolean indexing: its shape depends on the mask's values
+    mask.fill_(True)
+    with pytest.raises(RuntimeError, match="shapes are fixed"):
+        graph.replay()
+
+
+def test_a_cpu_engine_has_no_graphs_unless_asked():
+    assert build_llm(device="cpu").engine.graph_runner is None
+
+
+# ---------------------------------------------------------------- capture (reference code)
+
+
+def test_graphs_of_doubling_sizes_captured_largest_first_in_one_pool(graph_llm):
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(5) == [1, 2, 4, 5]
+    runner = graph_llm.engine.graph_runner
+    assert runner.sizes == [1, 2, 4]
+    assert runner.captured == [4, 2, 1]
+    pools = {
+        id(g.pool()) if isinstance(g, EmulatedGraph) else g.pool()
+        for g, _ in runner.graphs.values()
+    }
+    assert len(pools) == 1, "every graph shares the first (largest) graph's memory pool"
+
+
+# ---------------------------------------------------------------- graph_size
+
+
+def test_a_batch_replays_from_the_smallest_captured_size_that_holds_it(graph_llm):
+    runner = graph_llm.engine.graph_runner
+    want = {1: 1, 2: 2, 3: 4, 4: 4, 5: None}
+    got = {n: runner.graph_size(fake_batch(list(range(n)))) for n in want}
+    assert got == want, f"graph size by batch size: expected {want}, got {got}"
+
+
+def test_prefill_and_batches_without_rows_get_no_graph(graph_llm):
+    runner = graph_llm.engine.graph_runner
+    cases = {
+        "a prefill batch": fake_batch([0], phase="prefill"),
+        "a batch without metadata": fake_batch([0], meta=False),
+        "metadata without rows": fake_batch([0, 1], with_rows=False),
+    }
+    for what, batch in cases.items():
+        size = runner.graph_size(batch)
+        assert size is None, f"{what} must run eagerly, got graph size {size}"
+
+
+@pytest.mark.parametrize("n", range(1, MAX_BS + 2))
+def test_prefill_steps_and_oversized_batches_never_replay(graph_llm, n):
+    runner = graph_llm.engine.graph_runner
+    before = runner.replays
+    graph_llm.generate((prompt_ids() * 2)[:n], greedy(STEPS))
+    want = STEPS - 1 if n <= MAX_BS else 0  # one replay per decode step, none for prefill
+    assert runner.replays - before == want, (
+        f"{n} requests, {STEPS} tokens each: expected {want} replays, got {runner.replays - before}"
+    )
+
+
+# ---------------------------------------------------------------- replay
+
+
+@pytest.mark.parametrize("n", range(1, MAX_BS + 2))
+def test_greedy_tokens_through_graphs_equal_eager_tokens(graph_llm, eager_llm, n):
+    prompts = (prompt_ids() * 2)[:n]
+    got = [o["token_ids"] for o in graph_llm.generate(prompts, greedy(STEPS))]
+    want = [o["token_ids"] for o in eager_llm.generate(prompts, greedy(STEPS))]
+    assert_tokens_equal(got, want, f"{n} requests through graphs")
+
+
+def test_replay_equals_eager_after_another_batch_left_every_buffer_different(graph_engine):
+    engine, flat = graph_engine, graph_engine.kv_cache._flat
+    scratch = engine.graph_runner._dummy["out_loc"]
+    noise = engine.kv_cache.buffer.clone()
+    replayed(engine, decode_batch(engine, **STEP_A))
+    engine.kv_cache.buffer.copy_(noise)
+    batch = decode_batch(engine, **STEP_B)
+    got = replayed(engine, batch)
+    kv_graph = flat[:, :, :scratch].clone()
+    engine.kv_cache.buffer.copy_(noise)
+    want = eager(engine, batch)
+    assert got.shape == want.shape, f"logits of shape {tuple(got.shape)}, want {tuple(want.shape)}"
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg="logits after a replay")
+    torch.testing.assert_close(
+        kv_graph, flat[:, :, :scratch], rtol=1e-4, atol=1e-4, msg="KV written by the replay"
+    )
+
+
+def test_a_padding_slot_writes_only_the_scratch_location(graph_engine):
+    engine, flat = graph_engine, graph_engine.kv_cache._flat
+    scratch = engine.graph_runner._dummy["out_loc"]
+    replayed(engine, decode_batch(engine, **STEP_A))
+    # Request 4 of step A is gone; its last location now belongs to someone else.
+    gone = STEP_A["rows"][3] * 64 + STEP_A["lens"][3] - 1
+    flat[:, :, gone] = 7.0
+    flat[:, :, scratch] = 7.0
+    replayed(engine, decode_batch(engine, **STEP_B))  # three requests in the graph of four
+    assert bool((flat[:, :, gone] == 7.0).all()), (
+        "the padding slot wrote KV at a location of a request of the previous step"
+    )
+    assert not bool((flat[:, :, scratch] == 7.0).all()), "the padding slot never wrote the scratch"
