@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import List, Sequence
 
 from . import settings
-from .registry import REPO, Chapter, RegistryError, UnknownChapter, load_registry, variant_files
+from .registry import (
+    REPO,
+    Chapter,
+    MissingPackage,
+    RegistryError,
+    UnknownChapter,
+    check_requirements,
+    load_registry,
+    variant_files,
+)
 from .settings import SettingError
 
 NOTEBOOKS_ENV = settings.NOTEBOOKS.name
@@ -155,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         debug = settings.DEBUG.read()  # read first: a bad value is the user's mistake, said as such
         return _main(args, console)
-    except (UsageError, UnknownChapter, RegistryError, SettingError) as e:
+    except (UsageError, UnknownChapter, RegistryError, SettingError, MissingPackage) as e:
         if args.json:
             print(json.dumps({"passed": False, "error": str(e)}))
         else:
@@ -204,6 +213,7 @@ def _main(args: argparse.Namespace, console) -> int:
         if args.exercise:
             chapter.exercise(args.exercise)  # an unknown name is a usage error
         return _hints(chapters, chapter, hint_level, args, console)
+    check_requirements(chapters)  # before reading the learner's code: the fix is an install
     if args.variant:
         return _variants(chapter, chapters, args, console)
 

@@ -53,7 +53,14 @@ def preload_for(modules: List[str], references: bool = True) -> List[str]:
         if any(m.split(".")[0] == "minisgl" for m in modules)
         else []
     )
-    return BASE + heavy + [m for m in modules if m not in heavy]
+    # A Triton kernel module is imported in the child, never here: each @triton.jit reads
+    # TRITON_INTERPRET when its module is imported, and whether a run interprets (CPU tensors) or
+    # compiles is the child's to decide (tests/conftest.py). triton itself, the slow import, is
+    # shared.
+    kernels = [m for m in modules if m.rsplit(".", 1)[-1].startswith("triton_")]
+    if kernels:
+        heavy = heavy + ["triton"]
+    return BASE + heavy + [m for m in modules if m not in heavy and m not in kernels]
 
 
 def available() -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 from .protocol import ExerciseSpec, SnippetSpec, UnitSpec
-from .registry import Chapter, Exercise
+from .registry import Chapter, Exercise, check_requirements
 from .runner import RunOptions, RunResult, TestResult, run_pytest
 from .sources import LearnerCode
 
@@ -166,6 +166,7 @@ def judge(
 ) -> Verdict:
     """Run the tests of `chapters` (or only `selectors`, 'file::test' ids) with `codes[chapter]`
     swapped in (None: the reference stays)."""
+    check_requirements(chapters)
     filtered = selectors is not None or bool(options.keyword)
     start = time.monotonic()
     units = [spec_unit(codes[c.key], c) for c in chapters if codes.get(c.key) is not None]

@@ -15,7 +15,7 @@ import sys
 import types
 from typing import Any, Dict, List, Set
 
-from .registry import Chapter, load_registry
+from .registry import Chapter, MissingPackage, check_requirements, load_registry
 from .sources import from_sources
 
 
@@ -41,6 +41,11 @@ def check(
         namespace = frame.f_globals
     registry = load_registry()
     target = registry.chapter(chapter)
+    try:
+        check_requirements([target])
+    except MissingPackage as e:  # one line, not a traceback: the fix is an install
+        print(f"judge: {e}")
+        return None
     sources = collect_sources(target, namespace)
     code = from_sources(
         target,

@@ -6,6 +6,7 @@ kernel and the notebook generator all read the registry without importing torch 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,11 @@ REGISTRY_ENV, VARIANTS_ENV = settings.REGISTRY.name, settings.VARIANTS.name
 
 class RegistryError(ValueError):
     """The registry file is missing a field or has a malformed one (the message says which)."""
+
+
+class MissingPackage(Exception):
+    """A chapter's `requires` names a package this Python cannot import (the message says how to
+    install it)."""
 
 
 class UnknownChapter(KeyError):
@@ -83,6 +89,10 @@ class Chapter:
     title: str
     test_files: Tuple[Path, ...]  # absolute
     exercises: Tuple[Exercise, ...]
+    # Packages the chapter's code imports beyond the default install (e.g. "triton"), each the
+    # name of an extra of the same name in pyproject.toml: the judge names the install command
+    # instead of failing every test with an ImportError.
+    requires: Tuple[str, ...] = ()
 
     def exercise(self, name: str) -> Exercise:
         for ex in self.exercises:
@@ -107,6 +117,19 @@ class Registry:
     def up_to(self, name: str | int) -> List[Chapter]:
         last = self.chapter(name).number
         return [c for c in self.chapters.values() if c.number <= last]
+
+
+def check_requirements(chapters) -> None:
+    """Raise MissingPackage, naming the install command, when a chapter's `requires` is not
+    importable here (looked up without importing it: triton takes seconds to import)."""
+    for c in chapters:
+        missing = [m for m in c.requires if importlib.util.find_spec(m) is None]
+        if missing:
+            extras = ",".join(missing)
+            raise MissingPackage(
+                f"{c.key} ({c.title}) needs {' and '.join(missing)}, which is not installed here: "
+                f'pip install -e ".[{extras}]"'
+            )
 
 
 def chapter_key(name: str | int) -> str | None:
@@ -156,8 +179,18 @@ def load_registry(path: str | Path | None = None) -> Registry:
             title=str(table.get("title", key)),
             test_files=tuple((root / f).resolve() for f in table.get("test_files", [])),
             exercises=exercises,
+            requires=_requires(path, key, table.get("requires", [])),
         )
     return Registry(path, dict(sorted(chapters.items())))
+
+
+def _requires(path: Path, chapter: str, value: object) -> Tuple[str, ...]:
+    names = isinstance(value, list) and all(isinstance(m, str) and m.isidentifier() for m in value)
+    if not names:
+        raise RegistryError(
+            f'{path}: [{chapter}] `requires` must be a list of package names like ["triton"]'
+        )
+    return tuple(value)
 
 
 def _exercise(path: Path, chapter: str, i: int, e: object) -> Exercise:

@@ -274,6 +274,8 @@ def _build(
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     env[SPEC_ENV] = str(spec_path)
     env.setdefault("MINISGL_TEST_DEVICE", options.device)
+    if options.device == "cpu":  # Triton kernels on CPU tensors run only in its interpreter
+        env.setdefault("TRITON_INTERPRET", "1")
     if options.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(options.threads)
     return _Launch(cmd, env, results_path, tmp / f"output{attempt}.txt")

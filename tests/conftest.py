@@ -31,6 +31,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
     os.environ[env.TEST_DEVICE.name] = dev
+    if dev == "cpu":
+        # Triton kernels (chapters 17 and 19, the fused MoE) run on CPU tensors only in Triton's
+        # interpreter, which each @triton.jit reads when its module is imported: before any test.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:

@@ -211,7 +211,7 @@ def test_a_slot_freed_in_the_normal_loop_is_reused_at_once_even_after_overlap_st
         f"after the first request {ending}, the second waited for its slot (got {len(got)} of "
         "2 tokens)"
     )
-    assert_tokens_equal([got], hf_greedy([p[1]], 2), "the request that took over the slot")
+    assert_tokens_equal([got], hf_greedy([p[1]], 2), "the request that waited for the freed slot")
     if ending == "finishes":
         assert_tokens_equal(
             [llm.results[first].token_ids], hf_greedy([p[0]], 2), "the first request"

@@ -314,9 +314,18 @@ def test_ctrl_c_stops_every_rank_and_the_llm_says_so(to, tmp_path):
         start_new_session=True,  # its own group, as a terminal gives a command
     )
     try:
-        first = proc.stdout.readline().split()
-        assert first[:1] == ["ranks"], f"the script did not start its ranks: {first}"
-        pids = [int(p) for p in first[1:]]
+        before = []  # what came first: a warning, or the error that kept the ranks from starting
+        for line in proc.stdout:
+            if line.startswith("ranks "):
+                break
+            before.append(line)
+        else:
+            proc.wait(timeout=30)
+            raise AssertionError(
+                f"the script did not start its ranks (exit {proc.returncode}):\n"
+                + "".join(before)[-3000:]
+            )
+        pids = [int(p) for p in line.split()[1:]]
         time.sleep(1.0)  # generating now
         if to == "rank 0 alone":
             os.kill(proc.pid, signal.SIGINT)
