@@ -2,8 +2,9 @@
 
 The lines after an exercise's function run it inside the engine. While the function is still the
 stub, that raises its `NotImplementedError("chNN.name: ...")`; `attempt` turns exactly that into a
-short note, so "Run All" in JupyterLab goes on to the end of the notebook. Any other error, such
-as one in the learner's own code, is raised as usual.
+short note, so "Run All" in JupyterLab goes on to the end of the notebook (also when something
+re-raised it: Triton's interpreter wraps a kernel's exception in its own, the stub's as its cause).
+Any other error, such as one in the learner's own code, is raised as usual.
 
 Once it is written, the try-out checks it with `check`: one line per rule the judge's tests also
 check, `✔ all request slots back` or `✘ all request slots back: 4 missing`, so a mistake shows
@@ -24,13 +25,25 @@ NOT_WRITTEN = "is not written yet"
 def attempt(exercise: str) -> Iterator[None]:
     try:
         yield
-    except NotImplementedError as e:
-        if not str(e).startswith(f"{exercise}:"):
+    except Exception as raised:
+        e = _stub_error(raised, exercise)
+        if e is None:
             raise
         print(
             f"{exercise} {NOT_WRITTEN} ({str(e)[len(exercise) + 2 :]}).\n"
             "Write the function above and run this cell again; the cells below do not need it."
         )
+
+
+def _stub_error(e: BaseException | None, exercise: str) -> NotImplementedError | None:
+    """The exercise's stub's NotImplementedError, `e` itself or what it was raised from."""
+    seen = []
+    while e is not None and e not in seen:
+        if isinstance(e, NotImplementedError) and str(e).startswith(f"{exercise}:"):
+            return e
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def check(rule: str, ok: bool, seen: str = "") -> bool:

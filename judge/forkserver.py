@@ -104,6 +104,12 @@ class ForkServer:
             [repo] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         )
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        if device == "cpu":
+            # as runner.py sets for the children: triton's own @jit functions (tl.sum, tl.max...)
+            # are decorated when the server imports triton, and compiled ones cannot be called
+            # from an interpreted kernel ("Cannot call @triton.jit'd outside of the scope of a
+            # kernel")
+            env.setdefault("TRITON_INTERPRET", "1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "judge.forkserver", device, *preload],
             cwd=repo,

@@ -11,8 +11,9 @@ the source files):
 Both sources are top-level functions named like the target's attribute (`def complete_one(self):`),
 without `@property` / `@classmethod` / `@staticmethod`: the judge re-applies the target's kind when
 it swaps a function in. A stub keeps the reference's signature (as written, annotations included)
-and docstring; its body is one `raise NotImplementedError("chNN.<name>: <what to implement>")`,
-the sentinel by which the judge tells "not written yet" from "wrong".
+and docstring (a Triton kernel's also its @triton.jit); its body is one `raise
+NotImplementedError("chNN.<name>: <what to implement>")`, the sentinel by which the judge tells
+"not written yet" from "wrong".
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def _exercise(chapter: str | int, exercise: str | Exercise) -> Exercise:
 
 def stub_source(chapter: str | int, exercise: str | Exercise) -> str:
     ex = _exercise(chapter, exercise)
-    header, doc, _decorators, body_indent = _function_parts(ex)
-    lines = [header]
+    header, doc, decorators, body_indent = _function_parts(ex)
+    # A Triton kernel's stub stays a kernel (@triton.jit), so that it launches, and raises, as one.
+    lines = [d for d in decorators if d.strip().endswith("triton.jit")] + [header]
     if doc:
         lines.append(doc)
     lines.append(f"{body_indent}raise NotImplementedError({sentinel_message(ex)!r})")

@@ -202,7 +202,17 @@ def _resolve(module, target: str):
     return owner, attr, getattr(owner, attr)
 
 
+def _is_kernel(obj) -> bool:
+    """A Triton kernel (@triton.jit: a JITFunction, or an InterpretedFunction under
+    TRITON_INTERPRET=1), told without importing triton: it holds its Python function as `.fn`."""
+    return type(obj).__module__.startswith("triton.") and inspect.isfunction(
+        getattr(obj, "fn", None)
+    )
+
+
 def _unwrap_kind(obj):
+    if _is_kernel(obj):  # the learner's function is compared, and jitted again, as plain Python
+        return obj.fn
     if isinstance(obj, property):
         return obj.fget
     if isinstance(obj, (classmethod, staticmethod)):
@@ -274,12 +284,33 @@ def _standin(exercise_id: str, problem: str, raw):
         standin.__signature__ = inspect.signature(_unwrap_kind(raw))  # type: ignore[attr-defined]
     except (TypeError, ValueError):
         pass
+    if _is_kernel(raw):
+        return _KernelStandin(standin)
     return standin
+
+
+class _KernelStandin:
+    """A kernel's stand-in: launched as `kernel[grid](...)`, it raises the stand-in's error (a
+    stand-in jitted by Triton would be compiled, on a GPU, before it could raise)."""
+
+    def __init__(self, standin):
+        self.fn = standin
+
+    def __getitem__(self, grid):
+        return self.fn
 
 
 def _rewrap(raw, fn):
     """Re-apply the original's kind, and a torch grad-mode decorator (@torch.no_grad()) if it had
-    one."""
+    one. A Triton kernel's kind is @triton.jit: the learner's function is jitted afresh, with or
+    without their own decorator, so that what the launches compile (and Triton caches, by source)
+    is the learner's code."""
+    if _is_kernel(raw):
+        if isinstance(fn, _KernelStandin):
+            return fn
+        import triton  # the reference module imported it already
+
+        return triton.jit(fn)
     inner = _unwrap_kind(raw)
     factory = None
     if getattr(inner, "__wrapped__", None) is not None:

@@ -308,3 +308,24 @@ def test_tryout_checks_print_one_line_each():
         assert check("all slots back", False, "4 missing") is False
     assert out.getvalue().splitlines()[2:] == ["✔ all slots back", "✘ all slots back: 4 missing"]
     assert "ch99.f is not written yet (write f)." in out.getvalue()
+
+
+def test_attempt_sees_the_stub_through_an_error_raised_from_it():
+    # Triton's interpreter re-raises a kernel's exception as its own InterpreterError, from it
+    import contextlib
+    import io
+
+    from classroom.tryout import attempt
+
+    def launch(message):
+        try:
+            raise NotImplementedError(message)
+        except NotImplementedError as e:
+            raise RuntimeError(repr(e)) from e
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), attempt("ch99.k"):
+        launch("ch99.k: write the kernel")
+    assert "ch99.k is not written yet (write the kernel)." in out.getvalue()
+    with pytest.raises(RuntimeError), attempt("ch99.k"):
+        launch("ch99.other: another exercise's stub")

@@ -36,6 +36,24 @@ def _add_rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """One row of the residual add and RMSNorm, in one pass over memory.
+
+    What ops.fused_add_rms_norm (or ops.rms_norm, without a residual) computes, for the row of
+    this program: one launch where torch runs eight or nine kernels.
+
+    Receives: X, R (the residual) and Y, R_OUT (the outputs): [rows, n] each, row `r` starting at
+        `r * stride_*`, its n values contiguous; W: the weight, [n]; eps; HAS_RESIDUAL (without
+        it R and R_OUT are not touched); BLOCK: a power of two >= n, so one block holds the row.
+        Launched with one program per row (`rms_norm`, `fused_add_rms_norm`).
+    Returns: nothing; writes R_OUT = X + R rounded to X's dtype (with a residual), and Y = W *
+        rms_norm(that sum, or X), rounded as ops.rms_norm rounds: the mean of squares over the n
+        values (never the block's padding) and the root in float32, eps inside the root, the
+        normalized row cast to X's dtype before the weight, the product cast to Y's.
+    Leaves: X, R and W as they were.
+    Uses: `tl.program_id`, `tl.arange`, `tl.load` / `tl.store` with a mask, `tl.sum`, `tl.rsqrt`.
+    Checked: against ops.rms_norm and ops.fused_add_rms_norm, float32 and bfloat16, hidden sizes
+        that are not a power of two, one row and several, rows of a strided view, a large eps.
+    """
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < n
@@ -277,9 +295,26 @@ def _small_batch_linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """BLOCK_N rows of W against every row of x: products summed in float32 over K. Each program
-    asks for a large slice of W at once, which is what keeps enough bytes in flight to stream the
-    weights at the memory's speed."""
+    """Y = X W^T for BLOCK_N rows of W against every row of X, summed in float32 over K.
+
+    Program p computes the outputs p * BLOCK_N .. p * BLOCK_N + BLOCK_N - 1. Each program asks
+    for a large slice of W at once, which is what keeps enough bytes in flight to stream the
+    weights at the memory's speed.
+
+    Receives: X [M, K] (row m at m * stride_xm), W [N, K] (row n at n * stride_wn), Y [M, N] (row
+        m at m * stride_ym), all contiguous along their last dimension; BLOCK_M: a power of two
+        >= M (every row of X in one program); BLOCK_N rows of W per program; BLOCK_K: the slice
+        of K read at a time (K need not be a multiple of it). Launched with cdiv(N, BLOCK_N)
+        programs (`small_batch_linear`).
+    Returns: nothing; writes Y[m, n] = sum over k of X[m, k] * W[n, k], accumulated in float32
+        and rounded once to Y's dtype, for the m < M and n < N of this program; nothing outside
+        Y's M x N.
+    Leaves: X and W as they were.
+    Uses: `tl.program_id`, `tl.arange`, `tl.zeros`, a loop over K's slices, masked `tl.load`
+        (other=0.0), broadcasting (`[:, None, :]`), `tl.sum` over an axis, masked `tl.store`.
+    Checked: against x @ W^T in float64, float32 and bfloat16, N and K that are not multiples of
+        the blocks, one row and several, rows of x at a stride.
+    """
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     n_ok = n < N

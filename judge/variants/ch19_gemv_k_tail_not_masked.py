@@ -1,0 +1,47 @@
+"""The last slice of K read without the mask on K: past a row's end it reads the start of the next
+row, of W and of x, and adds products that belong to no output. (Dropping the mask from only one
+of the two loads is harmless to the values: the other's zeros cancel the products; it still reads
+past the end of the last row.)"""
+
+
+@triton.jit
+def _small_batch_linear_kernel(
+    X,
+    W,
+    Y,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """BLOCK_N rows of W against every row of x: products summed in float32 over K. Each program
+    asks for a large slice of W at once, which is what keeps enough bytes in flight to stream the
+    weights at the memory's speed."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    n_ok = n < N
+    m_ok = m < M
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(
+            W + n[:, None].to(tl.int64) * stride_wn + k[None, :],
+            mask=n_ok[:, None],  # the bug: no mask on K
+            other=0.0,
+        )
+        x = tl.load(
+            X + m[:, None] * stride_xm + k[None, :],
+            mask=m_ok[:, None],
+            other=0.0,  # the bug too
+        )
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    tl.store(
+        Y + m[:, None] * stride_ym + n[None, :],
+        acc.to(Y.dtype.element_ty),
+        mask=m_ok[:, None] & n_ok[None, :],
+    )
