@@ -10,8 +10,8 @@ the source files):
 
 Both sources are top-level functions named like the target's attribute (`def complete_one(self):`),
 without `@property` / `@classmethod` / `@staticmethod`: the judge re-applies the target's kind when
-it swaps a function in. A stub keeps the reference's signature (as written, annotations included)
-and docstring; its body is one `raise NotImplementedError("chNN.<name>: <what to implement>")`,
+it swaps a function in. A stub keeps the reference's signature (as written, annotations included),
+docstring and `@triton.jit` (a kernel's helper); its body is one `raise NotImplementedError("chNN.<name>: <what to implement>")`,
 the sentinel by which the judge tells "not written yet" from "wrong".
 """
 
@@ -30,6 +30,7 @@ from .registry import REPO, Exercise, load_registry
 __all__ = ["load_registry", "exercises", "stub_source", "reference_source", "sentinel_message"]
 
 KIND_DECORATORS = {"property", "classmethod", "staticmethod"}
+JIT_DECORATORS = {"triton.jit", "jit"}
 
 
 def exercises(chapter: str | int) -> List[Exercise]:
@@ -44,8 +45,9 @@ def _exercise(chapter: str | int, exercise: str | Exercise) -> Exercise:
 
 def stub_source(chapter: str | int, exercise: str | Exercise) -> str:
     ex = _exercise(chapter, exercise)
-    header, doc, _decorators, body_indent = _function_parts(ex)
-    lines = [header]
+    header, doc, decorators, body_indent = _function_parts(ex)
+    # a Triton kernel's helper keeps its @triton.jit: only a jitted function runs inside a kernel
+    lines = [d for d in decorators if d.strip().lstrip("@") in JIT_DECORATORS] + [header]
     if doc:
         lines.append(doc)
     lines.append(f"{body_indent}raise NotImplementedError({sentinel_message(ex)!r})")

@@ -6,7 +6,8 @@ that module's globals, so the reference module's imports and names are there for
 code. The function of the target's name is then taken from that namespace and installed:
 
 * a method (`Class.name`): set on the class, wrapped as the original was (property, classmethod,
-  staticmethod; a `torch.no_grad()`-style decorator is re-applied);
+  staticmethod; a `torch.no_grad()`-style decorator is re-applied); a `@triton.jit` helper of a
+  kernel is jitted again, whether or not the learner's code jitted it;
 * a module-level function: replaced in every loaded module of the target's package, in the test
   modules and in the learners' namespaces, wherever the original object is held. Modules imported
   later get the learner's version from the module they import it from.
@@ -202,11 +203,19 @@ def _resolve(module, target: str):
     return owner, attr, getattr(owner, attr)
 
 
+def _is_triton_jit(obj) -> bool:
+    """A @triton.jit function (compiled, or Triton's interpreter's stand-in under
+    TRITON_INTERPRET=1), recognised without importing triton."""
+    return type(obj).__module__.startswith("triton.") and callable(getattr(obj, "fn", None))
+
+
 def _unwrap_kind(obj):
     if isinstance(obj, property):
         return obj.fget
     if isinstance(obj, (classmethod, staticmethod)):
         return obj.__func__
+    if _is_triton_jit(obj):  # a kernel's helper: its Python function, jitted again on install
+        return obj.fn
     return obj
 
 
@@ -295,6 +304,12 @@ def _rewrap(raw, fn):
             with factory():
                 return learner(*args, **kwargs)
 
+    if _is_triton_jit(raw):
+        # A kernel calls only jitted helpers; the kernel resolves the name when it runs
+        # (interpreter) or compiles (GPU), both after the swap, so the learner's is the one used.
+        import triton
+
+        return triton.jit(fn)
     if isinstance(raw, property):
         return property(fn, raw.fset, raw.fdel, raw.__doc__)
     if isinstance(raw, classmethod):
