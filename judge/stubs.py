@@ -11,8 +11,9 @@ the source files):
 Both sources are top-level functions named like the target's attribute (`def complete_one(self):`),
 without `@property` / `@classmethod` / `@staticmethod`: the judge re-applies the target's kind when
 it swaps a function in. A stub keeps the reference's signature (as written, annotations included),
-docstring and `@triton.jit` (a kernel's helper); its body is one `raise NotImplementedError("chNN.<name>: <what to implement>")`,
-the sentinel by which the judge tells "not written yet" from "wrong".
+docstring and `@triton.jit` (a kernel's helper); its body is one
+`raise NotImplementedError("chNN.<name>: <what to implement>")`, the sentinel by which the judge
+tells "not written yet" from "wrong".
 """
 
 from __future__ import annotations
