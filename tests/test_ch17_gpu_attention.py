@@ -133,8 +133,8 @@ def prefill_reference(scene: Scene, q: torch.Tensor, new: Sequence[int]) -> torc
 # ---------------------------------------------------------------- decode
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2), (8, 1)])
+@pytest.mark.parametrize("page_size", [1, 4], ids=["page1", "page4"])
+@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2), (8, 1)], ids=["gqa1", "gqa2", "gqa8"])
 def test_decode_equals_attention_over_each_requests_own_keys(page_size, heads, kv_heads):
     # one key, a few, exactly one block of 32 (the float32 block), and past two blocks
     scene = Scene([1, 7, 32, 70], page_size, kv_heads, seed=page_size * 10 + heads)
@@ -144,7 +144,7 @@ def test_decode_equals_attention_over_each_requests_own_keys(page_size, heads, k
     torch.testing.assert_close(got, decode_reference(scene, q), **TOL)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 4, 16])
+@pytest.mark.parametrize("splits", [1, 2, 4, 16], ids=lambda n: f"splits{n}")
 def test_every_split_count_gives_the_same_attention(splits):
     # with 16 slices of a 9-key request most slices are empty; the 100-key one has full and
     # partial slices
@@ -186,8 +186,8 @@ def test_decode_of_a_slice_whose_keys_outweigh_the_others():
 # ---------------------------------------------------------------- prefill
 
 
-@pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2), (8, 1)])
+@pytest.mark.parametrize("page_size", [1, 4], ids=["page1", "page4"])
+@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2), (8, 1)], ids=["gqa1", "gqa2", "gqa8"])
 def test_prefill_is_causal_after_each_requests_cached_prefix(page_size, heads, kv_heads):
     # a fresh prompt; a chunk after a cached prefix; one new token after a prefix; a chunk longer
     # than a query block (32) after a prefix of odd length
