@@ -55,11 +55,11 @@ def preload_for(modules: List[str], references: bool = True) -> List[str]:
     )
     # A Triton kernel module is imported in the child, never here: each @triton.jit reads
     # TRITON_INTERPRET when its module is imported, and whether a run interprets (CPU tensors) or
-    # compiles is the child's to decide (tests/conftest.py). triton itself, the slow import, is
-    # shared.
+    # compiles is the child's to decide (tests/conftest.py). Nor is triton itself: its language
+    # has @triton.jit functions of its own (tl.cdiv, tl.sigmoid, ...), jitted when it is first
+    # imported; preloaded here, without TRITON_INTERPRET, every interpreted kernel that calls one
+    # fails with "Cannot call @triton.jit'd outside of the scope of a kernel".
     kernels = [m for m in modules if m.rsplit(".", 1)[-1].startswith("triton_")]
-    if kernels:
-        heavy = heavy + ["triton"]
     return BASE + heavy + [m for m in modules if m not in heavy and m not in kernels]
 
 
