@@ -55,11 +55,11 @@ def preload_for(modules: List[str], references: bool = True) -> List[str]:
     )
     # A Triton kernel module is imported in the child, never here: each @triton.jit reads
     # TRITON_INTERPRET when its module is imported, and whether a run interprets (CPU tensors) or
-    # compiles is the child's to decide (tests/conftest.py). Nor is triton itself: its language
-    # has @triton.jit functions of its own (tl.cdiv, tl.sigmoid, ...), jitted when it is first
-    # imported; preloaded here, without TRITON_INTERPRET, every interpreted kernel that calls one
-    # fails with "Cannot call @triton.jit'd outside of the scope of a kernel".
+    # compiles is the child's to decide (tests/conftest.py). triton itself, the slow import, is
+    # shared.
     kernels = [m for m in modules if m.rsplit(".", 1)[-1].startswith("triton_")]
+    if kernels:
+        heavy = heavy + ["triton"]
     return BASE + heavy + [m for m in modules if m not in heavy and m not in kernels]
 
 
@@ -104,6 +104,11 @@ class ForkServer:
             [repo] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         )
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+        if device == "cpu":
+            # as in its children (runner.py): triton, whichever preload imports it (transformers'
+            # models do), jits its language's own helpers (tl.cdiv, ...) at import, and a CPU
+            # child's interpreted kernels can call only interpreted ones
+            env.setdefault("TRITON_INTERPRET", "1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "judge.forkserver", device, *preload],
             cwd=repo,
