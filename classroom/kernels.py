@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from contextlib import contextmanager
 from typing import Iterator, List, Sequence
 
@@ -39,16 +40,36 @@ def _unwritten(fn) -> NotImplementedError | None:
     return None
 
 
+def _holders(original) -> List[object]:
+    """The loaded kernel modules that hold `original` as a global (a helper is imported by name
+    into each kernel's module, and the kernel looks it up there)."""
+    return [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("minisgl.kernel.") and m is not None
+        for value in [vars(m).get(getattr(original, "__name__", ""))]
+        if value is original
+    ]
+
+
 @contextmanager
 def helper_in_place(module, name: str, fn) -> Iterator[None]:
-    """Run the kernels of `module` with `fn` as their helper `name` inside the block. A stub's
-    NotImplementedError comes out as itself (the interpreter wraps errors raised in a kernel)."""
+    """Run the kernels with `fn` as their helper `name` (the one `module` defines) inside the
+    block: set in every kernel module that imported it, jitted if `fn` is not (only a jitted
+    function can be called from a compiled kernel). A stub's NotImplementedError comes out as
+    itself (the interpreter wraps errors raised in a kernel)."""
     stub = _unwritten(fn)
     if stub is not None:
         raise stub
-    old = getattr(module, name)
-    setattr(module, name, fn)
-    _forget_compiled(module)
+    if not hasattr(fn, "fn"):
+        import triton
+
+        fn = triton.jit(fn)
+    original = getattr(module, name)
+    holders = _holders(original)
+    for m in holders:
+        setattr(m, name, fn)
+        _forget_compiled(m)
     try:
         yield
     except Exception as e:
@@ -56,8 +77,9 @@ def helper_in_place(module, name: str, fn) -> Iterator[None]:
             raise e.__cause__ from None
         raise
     finally:
-        setattr(module, name, old)
-        _forget_compiled(module)
+        for m in holders:
+            setattr(m, name, original)
+            _forget_compiled(m)
 
 
 class PagedScene:
