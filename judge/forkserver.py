@@ -105,10 +105,9 @@ class ForkServer:
         )
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         if device == "cpu":
-            # as runner.py sets for the children: triton's own @jit functions (tl.sum, tl.max...)
-            # are decorated when the server imports triton, and compiled ones cannot be called
-            # from an interpreted kernel ("Cannot call @triton.jit'd outside of the scope of a
-            # kernel")
+            # as in its children (runner.py): triton, whichever preload imports it (transformers'
+            # models do), jits its language's own helpers (tl.cdiv, ...) at import, and a CPU
+            # child's interpreted kernels can call only interpreted ones
             env.setdefault("TRITON_INTERPRET", "1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "judge.forkserver", device, *preload],

@@ -10,10 +10,10 @@ the source files):
 
 Both sources are top-level functions named like the target's attribute (`def complete_one(self):`),
 without `@property` / `@classmethod` / `@staticmethod`: the judge re-applies the target's kind when
-it swaps a function in. A stub keeps the reference's signature (as written, annotations included)
-and docstring (a Triton kernel's also its @triton.jit); its body is one `raise
-NotImplementedError("chNN.<name>: <what to implement>")`, the sentinel by which the judge tells
-"not written yet" from "wrong".
+it swaps a function in. A stub keeps the reference's signature (as written, annotations included),
+docstring and `@triton.jit` (a kernel's helper); its body is one
+`raise NotImplementedError("chNN.<name>: <what to implement>")`, the sentinel by which the judge
+tells "not written yet" from "wrong".
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from .registry import REPO, Exercise, load_registry
 __all__ = ["load_registry", "exercises", "stub_source", "reference_source", "sentinel_message"]
 
 KIND_DECORATORS = {"property", "classmethod", "staticmethod"}
+JIT_DECORATORS = {"triton.jit", "jit"}
 
 
 def exercises(chapter: str | int) -> List[Exercise]:
@@ -46,8 +47,8 @@ def _exercise(chapter: str | int, exercise: str | Exercise) -> Exercise:
 def stub_source(chapter: str | int, exercise: str | Exercise) -> str:
     ex = _exercise(chapter, exercise)
     header, doc, decorators, body_indent = _function_parts(ex)
-    # A Triton kernel's stub stays a kernel (@triton.jit), so that it launches, and raises, as one.
-    lines = [d for d in decorators if d.strip().endswith("triton.jit")] + [header]
+    # a Triton kernel's helper keeps its @triton.jit: only a jitted function runs inside a kernel
+    lines = [d for d in decorators if d.strip().lstrip("@") in JIT_DECORATORS] + [header]
     if doc:
         lines.append(doc)
     lines.append(f"{body_indent}raise NotImplementedError({sentinel_message(ex)!r})")

@@ -6,7 +6,8 @@ that module's globals, so the reference module's imports and names are there for
 code. The function of the target's name is then taken from that namespace and installed:
 
 * a method (`Class.name`): set on the class, wrapped as the original was (property, classmethod,
-  staticmethod; a `torch.no_grad()`-style decorator is re-applied);
+  staticmethod; a `torch.no_grad()`-style decorator is re-applied); a `@triton.jit` helper of a
+  kernel is jitted again, whether or not the learner's code jitted it;
 * a module-level function: replaced in every loaded module of the target's package, in the test
   modules and in the learners' namespaces, wherever the original object is held. Modules imported
   later get the learner's version from the module they import it from.
@@ -299,6 +300,9 @@ class _KernelStandin:
     def __getitem__(self, grid):
         return self.fn
 
+    def __call__(self, *args, **kwargs):  # a kernel's helper, called from an interpreted kernel
+        return self.fn(*args, **kwargs)
+
 
 def _rewrap(raw, fn):
     """Re-apply the original's kind, and a torch grad-mode decorator (@torch.no_grad()) if it had
@@ -306,11 +310,7 @@ def _rewrap(raw, fn):
     without their own decorator, so that what the launches compile (and Triton caches, by source)
     is the learner's code."""
     if _is_kernel(raw):
-        if isinstance(fn, _KernelStandin):
-            return fn
-        import triton  # the reference module imported it already
-
-        return triton.jit(fn)
+        return fn if isinstance(fn, _KernelStandin) else _jit(fn)
     inner = _unwrap_kind(raw)
     factory = None
     if getattr(inner, "__wrapped__", None) is not None:
@@ -333,6 +333,54 @@ def _rewrap(raw, fn):
     if isinstance(raw, staticmethod):
         return staticmethod(fn)
     return fn
+
+
+def _jit(fn):
+    """`fn` jitted as a kernel's helper. A kernel resolves its helpers' names when it runs (Triton's
+    interpreter) or when it is first compiled (GPU), both after the swap, so the learner's is the
+    one used, and the compiled kernel's cache key hashes the helper's source. An unwritten stub
+    cannot be compiled (Triton has no `raise`): jitted for a GPU, its stub's NotImplementedError
+    is raised when a kernel that calls it is compiled, so its tests fail as "not written yet"."""
+    import triton
+
+    jitted = triton.jit(fn)
+    message = _stub_message(fn)
+    if message is not None and hasattr(type(jitted), "cache_key"):  # compiled, not interpreted
+
+        class Unwritten(type(jitted)):
+            @property
+            def cache_key(self):
+                raise NotImplementedError(message)
+
+        jitted.__class__ = Unwritten
+    return jitted
+
+
+def _stub_message(fn) -> str | None:
+    """The sentinel message when `fn`'s body (past its docstring) is only the stub's
+    `raise NotImplementedError("chNN.<name>: ...")`, else None."""
+    import ast
+    import textwrap
+
+    try:
+        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    body = getattr(node, "body", [])
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    if len(body) != 1 or not isinstance(body[0], ast.Raise):
+        return None
+    call = body[0].exc
+    if not (
+        isinstance(call, ast.Call)
+        and getattr(call.func, "id", None) == "NotImplementedError"
+        and len(call.args) == 1
+        and isinstance(call.args[0], ast.Constant)
+        and isinstance(call.args[0].value, str)
+    ):
+        return None
+    return call.args[0].value
 
 
 def _install(owner, attr, raw, fn, state: SwapState) -> None:

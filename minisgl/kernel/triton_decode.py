@@ -105,6 +105,17 @@ def _paged_decode_kernel(
 
 
 @triton.jit
+def combine_splits(o, lse):
+    """One query head's output from its slices' partial results: o [NUM_SPLITS, HEAD_DIM], each
+    slice's softmax-weighted sum of values over its own keys (float32), and lse [NUM_SPLITS], the
+    log of each slice's softmax denominator, log(sum of exp(score)) over its keys (-inf for a slice
+    with no keys). Returns [HEAD_DIM], the softmax over all the keys applied to their values."""
+    # each slice's share of the whole denominator, relative to the largest (so exp never overflows)
+    w = tl.exp(lse - tl.max(lse, axis=0))
+    return tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
+
+
+@triton.jit
 def _combine_kernel(
     O,
     LSE,
@@ -119,15 +130,14 @@ def _combine_kernel(
     NUM_SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):
-    """Merge one (request, head)'s slices, each weighted by exp(its lse - the largest lse)."""
+    """Merge one (request, head)'s slices into its output."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.arange(0, NUM_SPLITS)
     d = tl.arange(0, HEAD_DIM)
     lse = tl.load(LSE + b * stride_lb + h * stride_lh + sp)
-    w = tl.exp(lse - tl.max(lse, axis=0))
     o = tl.load(O + b * stride_ob + h * stride_oh + sp[:, None] * stride_os + d[None, :])
-    out = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
+    out = combine_splits(o, lse)
     tl.store(OUT + b * stride_outb + h * stride_outh + d, out.to(OUT.dtype.element_ty))
 
 

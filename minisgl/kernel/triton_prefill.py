@@ -24,6 +24,19 @@ from .triton_launch import launch, paged_kv_strides
 
 
 @triton.jit
+def causal_scores(s, offs, m, len_q, len_k, scale):
+    """Scores s [BLOCK_M, BLOCK_N] of a block of queries against a block of keys, unscaled: m
+    [BLOCK_M] are the queries' indices among the request's len_q new tokens, offs [BLOCK_N] the
+    keys' positions in its sequence of len_k (the new tokens are the last len_q of them). Returns
+    the scaled scores where the key is visible to the query, -inf where it is not."""
+    # query m sits at absolute position len_k - len_q + m and sees keys 0 to that position. Keys
+    # past the loop's end (offs >= end) are past every real query's position, so no separate
+    # mask is needed for them; rows of padding queries (m >= len_q) are never stored.
+    qpos = len_k - len_q + m
+    return tl.where(offs[None, :] <= qpos[:, None], s * scale, float("-inf"))
+
+
+@triton.jit
 def _paged_prefill_kernel(
     Q,
     K,
@@ -60,7 +73,6 @@ def _paged_prefill_kernel(
         kv_head = h // GROUP
         m = block * BLOCK_M + tl.arange(0, BLOCK_M)  # query index within the request
         m_ok = m < len_q
-        qpos = len_k - len_q + m  # absolute position: the last key it may see
         d = tl.arange(0, HEAD_DIM)
         q_rows = (q_start + m).to(tl.int64)
         q = tl.load(
@@ -80,7 +92,7 @@ def _paged_prefill_kernel(
             loc = tl.load(PT + row * stride_pt + offs, mask=n_ok, other=0).to(tl.int64)
             s = key_block_scores(q, K, loc, n_ok, kv_head, d, stride_kl, stride_kh, IEEE)
             # key 0 is visible to every query, so no row is all -inf after the first block
-            s = tl.where((offs[None, :] <= qpos[:, None]) & n_ok[None, :], s * scale, float("-inf"))
+            s = causal_scores(s, offs, m, len_q, len_k, scale)
             m_i, l_i, acc = online_softmax_step(
                 s, V, loc, n_ok, kv_head, d, stride_vl, stride_vh, m_i, l_i, acc, IEEE
             )
