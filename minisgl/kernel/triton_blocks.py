@@ -1,4 +1,4 @@
-"""The two steps that the paged prefill and decode kernels share, for one block of keys: their
+"""The steps that the paged prefill and decode kernels share, for one block of keys: their
 scores against a tile of queries, and folding that block into an online softmax (the running
 max, sum and weighted sum of values of flash attention). Triton inlines them into each kernel.
 
@@ -29,6 +29,18 @@ def key_block_scores(q, K, loc, n_ok, kv_head, d, stride_kl, stride_kh, IEEE: tl
 
 
 @triton.jit
+def block_dot(a, b, IEEE: tl.constexpr):
+    """a [M, K] times b [K, N] with tl.dot, `a` cast to b's dtype first (probabilities against
+    bfloat16 values run on the tensor cores, as FlashAttention does); full float32 products when
+    IEEE (float32 caches, as the reference computes)."""
+    if IEEE:
+        out = tl.dot(a.to(b.dtype), b, input_precision="ieee")
+    else:
+        out = tl.dot(a.to(b.dtype), b)
+    return out
+
+
+@triton.jit
 def online_softmax_step(
     s, V, loc, n_ok, kv_head, d, stride_vl, stride_vh, m_i, l_i, acc, IEEE: tl.constexpr
 ):
@@ -44,8 +56,5 @@ def online_softmax_step(
         mask=n_ok[:, None],
         other=0.0,
     )
-    if IEEE:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + block_dot(p, v, IEEE)
     return m_new, l_i, acc
