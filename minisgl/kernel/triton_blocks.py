@@ -44,8 +44,22 @@ def block_dot(a, b, IEEE: tl.constexpr):
 def online_softmax_step(
     s, V, loc, n_ok, kv_head, d, stride_vl, stride_vh, m_i, l_i, acc, IEEE: tl.constexpr
 ):
-    """Fold a block of scaled scores s [M, N] (-inf where a key is not visible) and the values at
-    `loc` into the running max m_i [M], sum l_i [M] and weighted value sum acc [M, HEAD_DIM]."""
+    """Fold one block of keys into a running softmax (flash attention's online step).
+
+    Receives: s [M, N], the block's scaled scores (-inf where a key is not visible); V, the value
+        cache, and the block's locations `loc` [N] with n_ok [N] (false past the keys), kv_head,
+        d = arange(HEAD_DIM) and the strides, laid out as `key_block_scores` reads keys; m_i [M],
+        l_i [M], acc [M, HEAD_DIM]: the running max, sum of exp(score - m_i) and weighted value
+        sum over the keys before this block (m_i -inf, l_i and acc 0 before the first); IEEE
+        (float32 caches). Called by the decode and prefill kernels, once per key block.
+    Returns: (m_new, l_i, acc) describing the keys so far including this block, as if their
+        softmax had been taken at once: acc / l_i is then their attention.
+    Leaves: the value cache as it was; a key not in n_ok adds nothing (its value is never read).
+    Uses: `tl.maximum`, `tl.max`, `tl.exp`, `tl.sum`, `tl.load` with a mask, `block_dot`.
+    Checked: against float64 torch attention for 1 to 70 keys (up to three blocks), GQA 1/2/8,
+        pages of 1 and 4, 1 to 16 slices, scores in the hundreds with the largest in the last
+        block, prefill after cached prefixes; unowned cache locations hold NaN.
+    """
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new[:, None])

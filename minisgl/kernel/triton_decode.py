@@ -106,10 +106,18 @@ def _paged_decode_kernel(
 
 @triton.jit
 def combine_splits(o, lse):
-    """One query head's output from its slices' partial results: o [NUM_SPLITS, HEAD_DIM], each
-    slice's softmax-weighted sum of values over its own keys (float32), and lse [NUM_SPLITS], the
-    log of each slice's softmax denominator, log(sum of exp(score)) over its keys (-inf for a slice
-    with no keys). Returns [HEAD_DIM], the softmax over all the keys applied to their values."""
+    """One query head's attention output from its slices' partial results.
+
+    Receives: o [NUM_SPLITS, HEAD_DIM], each slice's softmax-weighted sum of values over its own
+        keys (float32, already divided by the slice's own denominator); lse [NUM_SPLITS], the log
+        of each slice's denominator, log(sum of exp(score)) over its keys, -inf for a slice that
+        holds no keys. Called by `_combine_kernel`, one program per request and query head.
+    Returns: [HEAD_DIM] float32, the softmax over all the request's keys applied to their values.
+    Leaves: o and lse as they were (tiles in registers).
+    Uses: `tl.exp`, `tl.max`, `tl.sum` (axis=0).
+    Checked: against float64 torch attention with 1, 2, 4 and 16 slices (some empty), a slice
+        holding the best-matching key, scores in the hundreds (no overflow).
+    """
     # each slice's share of the whole denominator, relative to the largest (so exp never overflows)
     w = tl.exp(lse - tl.max(lse, axis=0))
     return tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
