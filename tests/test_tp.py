@@ -372,3 +372,53 @@ def test_serve_tp_size_2_answers_the_openai_client_with_the_offline_text():
             model="shakespeare-qwen3", prompt="ROMEO:\n", max_tokens=16, temperature=0
         )
     assert r.choices[0].text == want, (r.choices[0].text, want)
+
+
+# ---------------------------------------------------------------- one GPU
+
+
+def test_ranks_with_a_gpu_each_use_nccl_and_ranks_sharing_one_use_gloo():
+    from minisgl.llm.parallel import collective_backend
+
+    assert collective_backend(torch.device("cuda")) == "nccl"  # rank r on GPU r
+    assert collective_backend(torch.device("cuda", 0)) == "gloo"  # NCCL refuses a shared GPU
+    assert collective_backend(torch.device("cpu")) == "gloo"
+
+
+needs_cuda = pytest.mark.skipif(test_device() != "cuda", reason="runs with --device cuda")
+
+
+@needs_cuda
+def test_the_tensor_parallel_path_at_tp_size_1_on_nccl_gives_the_one_process_tokens():
+    from minisgl.llm import TensorParallelLLM
+
+    close_shared()
+    one = build_llm(device="cuda")
+    want = [o["token_ids"] for o in one.generate(prompt_ids(), greedy(NEW_TOKENS))]
+    one.shutdown()
+    llm = build_llm(llm_class=TensorParallelLLM, tp_size=1, device="cuda")
+    try:
+        assert torch.distributed.get_backend() == "nccl"
+        got = [o["token_ids"] for o in llm.generate(prompt_ids(), greedy(NEW_TOKENS))]
+    finally:
+        llm.shutdown()
+    assert_tokens_equal(got, want)
+
+
+@needs_cuda
+def test_two_ranks_sharing_one_gpu_give_tp1_tokens_over_gloo_without_graphs():
+    close_shared()
+    one = build_llm(device="cuda:0")
+    want = [o["token_ids"] for o in one.generate(prompt_ids(), greedy(NEW_TOKENS))]
+    one.shutdown()
+    with pytest.raises(ValueError, match="need NCCL"):
+        build_llm(tp_size=2, device="cuda:0", use_cuda_graph=True)
+    llm = build_llm(tp_size=2, device="cuda:0")
+    try:
+        assert not llm.engine.use_cuda_graph
+        got = [o["token_ids"] for o in llm.generate(prompt_ids(), greedy(NEW_TOKENS))]
+        counts = dict(llm.comm.counts)
+    finally:
+        llm.shutdown()
+    assert_tokens_equal(got, want)
+    assert counts.get("all_reduce", 0) > 0 and counts.get("all_gather", 0) > 0, counts

@@ -32,6 +32,16 @@ class Collectives:
         self.counts: Counter = Counter()
         self.seconds = 0.0
 
+    @property
+    def capturable(self) -> bool:
+        """Whether a CUDA graph can capture this group's collectives: with one rank (there are
+        none) or on NCCL; gloo's CUDA collectives copy through the host, which a graph cannot."""
+        if self.size == 1:
+            return True
+        import torch.distributed as dist
+
+        return dist.get_backend(self._group) == "nccl"
+
     def reset_counts(self) -> None:
         self.counts.clear()
         self.seconds = 0.0
@@ -142,7 +152,9 @@ def tp_group(tp_size: int) -> Collectives:
 
 
 def rank_device(device: torch.device, comm: Collectives) -> torch.device:
-    """Rank r's device: the CPU, or GPU r (one GPU per rank) when the engine asked for "cuda"."""
+    """Rank r's device: the CPU, GPU r (one GPU per rank) when the engine asked for "cuda", or the
+    one GPU named ("cuda:0"), which every rank then shares (over gloo: collective_backend in
+    minisgl/llm/parallel.py)."""
     if comm.size == 1 or device.type != "cuda" or device.index is not None:
         return device
     if comm.rank >= torch.cuda.device_count():

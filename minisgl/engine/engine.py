@@ -94,7 +94,7 @@ class Engine:
         """The KV cache, the page table and the token pool, sized for the backend chosen here."""
         cfg = self.rank_config  # the heads this process computes
         self.page_size = config.page_size
-        free = torch.cuda.mem_get_info(self.device)[0] if self.kit.is_cuda else None
+        free = self._free_gpu_bytes() if self.kit.is_cuda else None
         plan = plan_pool(config, cfg, self.dtype, free, agree=self.comm.all_min)
         self.num_pages, self.max_seq_len = plan.num_pages, plan.max_seq_len  # context length
         self.model.size_rotary(self.max_seq_len, self.device)
@@ -127,6 +127,15 @@ class Engine:
         self.token_pool = torch.zeros(rows, self.max_seq_len, dtype=torch.int32, device=self.device)
         self.dummy_row = rows - 1
 
+    def _free_gpu_bytes(self) -> int:
+        """The GPU memory this rank's pool may plan with. Ranks that share one GPU ("cuda:0" under
+        tensor parallelism) each get an equal part, measured once every rank's weights are in
+        (all_min doubles as the barrier), so that their pools fit side by side."""
+        sharing = self.comm.size if resolve_device(self.config.device).index is not None else 1
+        if sharing > 1:
+            self.comm.all_min(0)
+        return torch.cuda.mem_get_info(self.device)[0] // sharing
+
     def _build_runtime(self, config: EngineConfig) -> None:
         """The attention backend, the forward context (fused kernels or not), the sampler, the
         engine's stream and, where used, the CUDA-graph runner."""
@@ -158,17 +167,23 @@ class Engine:
         self.graph_runner = self._build_graph_runner() if self.use_cuda_graph else None
 
     def _want_cuda_graph(self) -> bool:
-        """On a GPU with the triton backend graphs are on unless turned off. On a CPU they are off
+        """On a GPU with the triton backend (and NCCL under tensor parallelism) graphs are on unless
+        turned off. On a CPU they are off
         unless asked for: then the runner captures emulated graphs (graph_emulation.py), slower
         than eager, there so that a graph's rules can be seen at work on a laptop."""
         asked = self.config.use_cuda_graph
         if not self.kit.is_cuda:
             return bool(asked)
-        possible = self.backend_name == "triton"
-        if asked and not possible:
+        possible = self.backend_name == "triton" and self.comm.capturable
+        if asked and self.backend_name != "triton":
             raise ValueError(
                 "CUDA graphs on a GPU need the triton attention backend "
                 f"(device {self.device}, backend {self.backend_name})"
+            )
+        if asked and not self.comm.capturable:
+            raise ValueError(
+                f"CUDA graphs under tensor parallelism need NCCL: these {self.comm.size} ranks "
+                f"share {self.device} and talk over gloo, whose collectives a graph cannot capture"
             )
         return possible if asked is None else bool(asked)
 

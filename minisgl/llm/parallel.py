@@ -39,6 +39,13 @@ from .tp_worker import follow
 __all__ = ["TensorParallelLLM", "TensorParallelScheduler", "RankFailure"]
 
 
+def collective_backend(device) -> str:
+    """The device group's backend: NCCL when each rank has a GPU of its own (device "cuda": rank r
+    on GPU r), gloo on a CPU and when every rank shares the one GPU named ("cuda:0"), since NCCL
+    refuses two ranks on one device ("Duplicate GPU detected") and gloo takes CUDA tensors."""
+    return "nccl" if device.type == "cuda" and device.index is None else "gloo"
+
+
 class RankZero(Lockstep):
     """Rank 0 of a group: starts the other ranks, tells them each turn what to do, stops them all
     when one fails. Mixed into the offline LLM and into the server's scheduler process."""
@@ -55,7 +62,14 @@ class RankZero(Lockstep):
         if options.get("seed", 0) is None:
             options["seed"] = random.randrange(2**31)  # one random seed, the same on every rank
         config = SchedulerConfig(model_path=model_dir, **options)  # bad options fail before spawn
-        backend = "nccl" if resolve_device(config.device).type == "cuda" else "gloo"
+        device = resolve_device(config.device)
+        backend = collective_backend(device)
+        if device.type == "cuda" and backend != "nccl" and config.use_cuda_graph:
+            raise ValueError(  # the engine would refuse it in every rank; say so before spawning
+                f"use_cuda_graph=True: CUDA graphs under tensor parallelism need NCCL, one GPU per "
+                f"rank (device='cuda'); these {tp_size} ranks would share {device} over gloo, "
+                "whose collectives a graph cannot capture"
+            )
         switches = {name: switch.value for name, switch in vars(ENV).items()}
         self._stopped: str | None = None
         self._ranks = Ranks.start(tp_size, backend, follow, (model_dir, options, switches))
