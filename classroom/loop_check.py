@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 from minisgl.server.launcher import WATCH_S
 
@@ -41,17 +42,40 @@ class LoopCheck:
 
 class Proc:
     """A worker as the watchdog sees it: a name and an exit code (None while it lives). Each read of
-    the first worker's exit code is a look, checked by `loop` when given."""
+    the first worker's exit code is a look, checked by `loop` when given; `on_seen_dead`, when set,
+    is called once, at the first look that finds the worker dead."""
 
     def __init__(self, name, loop: LoopCheck | None = None):
         self.name, self._exitcode, self.loop = name, None, loop
+        self.on_seen_dead: Callable[[], None] | None = None
 
     @property
     def exitcode(self):
         if self.loop is not None:
             self.loop.look()
+        if self._exitcode is not None and self.on_seen_dead is not None:
+            seen, self.on_seen_dead = self.on_seen_dead, None
+            seen()
         return self._exitcode
 
     @exitcode.setter
     def exitcode(self, value):
         self._exitcode = value
+
+
+class ServerStop:
+    """`stopping()` of a server stopped by the signal that also ended a worker (Ctrl-C, `kill -TERM
+    -PGID`): both happen at once, but the server handles its own signal only when its event loop
+    next runs something else. Hand `signal` to the worker's `Proc.on_seen_dead`: asked at the look
+    that sees the death, `stopping()` still says False; after a wait that gave the loop back, True.
+    A watchdog that decides without that second look, or waits holding the loop, takes a clean stop
+    for a crash."""
+
+    def __init__(self) -> None:
+        self.begun = False
+
+    def __call__(self) -> bool:
+        return self.begun
+
+    def signal(self) -> None:
+        asyncio.get_running_loop().call_soon(setattr, self, "begun", True)

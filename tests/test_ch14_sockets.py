@@ -12,6 +12,7 @@ import pytest
 import torch
 import zmq
 
+from classroom.frame_socket import FrameSocket
 from classroom.loop_check import LoopCheck, Proc
 from minisgl.core import SamplingParams
 from minisgl.message import AbortBackendMsg, DetokenizeMsg, StatsQuery, StatsReply, UserMsg
@@ -77,6 +78,26 @@ def test_an_idle_wait_ends_when_a_frame_comes(ctx):
     later.join()
     assert names(got) == [("UserMsg", 7)], (
         f"a frame sent while drain waits should be returned by it, got {names(got)}"
+    )
+
+
+def test_frames_already_waiting_are_taken_without_waiting_again(ctx):
+    """drain waits only for a first frame: once one is there, the others already waiting are taken
+    and nothing more is waited for (a frame arriving later belongs to the next step). The socket
+    counts waits instead of taking time (classroom/frame_socket.py)."""
+    inbox = Inbox(ctx, addr("inbox"))
+    frames = [encode_batch([user(1), user(2)]), encode_batch([AbortBackendMsg(uid=1)])]
+    inbox.socket = socket = FrameSocket(frames + [encode_batch([user(3)])])
+    got = inbox.drain(POLL_MS)
+    assert names(got) == [("UserMsg", 1), ("UserMsg", 2), ("AbortBackendMsg", 1), ("UserMsg", 3)], (
+        f"3 frames waiting: drain({POLL_MS}) should return their 4 messages in order, got "
+        f"{names(got)}"
+    )
+    assert socket.waits == [], (
+        f"with frames already waiting, drain({POLL_MS}) should take them all and wait no more, but "
+        f"it waited again (poll timeouts, in ms, that found no frame: {socket.waits}): an idle "
+        f"scheduler would sit {POLL_MS} ms on every request it gets. Poll once, for the first "
+        "frame; then recv(zmq.NOBLOCK) until zmq.Again"
     )
 
 
@@ -155,6 +176,22 @@ def test_stats_queries_are_answered_and_not_passed_on(wired):
     )
 
 
+def test_stats_queries_without_a_stats_source_get_an_empty_dict(ctx):
+    to_scheduler, to_worker = addr("scheduler"), addr("worker")
+    worker_inbox = Inbox(ctx, to_worker)
+    io = ZmqSchedulerIO(ctx, to_scheduler, to_worker)  # stats=None: nothing to report
+    Outbox(ctx, to_scheduler).send([StatsQuery(uid=4), user(1)])
+    got = io.receive(blocking=False)
+    assert [type(m).__name__ for m in got] == ["UserMsg"], (
+        f"the scheduler should get only the request, got {[type(m).__name__ for m in got]}"
+    )
+    replies = worker_inbox.drain(0)
+    assert replies == [StatsReply(uid=4, stats={})], (
+        "without a stats source (stats=None) a query is still answered, the asker waits for its "
+        f"reply, with empty stats ({{}}): got {replies}"
+    )
+
+
 def test_tokens_reach_the_worker_in_one_frame(wired, ctx):
     io, _, worker_inbox = wired
     io.send([DetokenizeMsg(1, 5, False), DetokenizeMsg(2, 6, True)])
@@ -169,6 +206,39 @@ def test_a_scheduler_whose_server_died_exits(wired):
     io.parent.parent = os.getppid() + 1  # as if the server that started this process were gone
     with pytest.raises(SystemExit):
         io.receive(blocking=True)
+
+
+def test_a_busy_scheduler_whose_server_died_exits(wired):
+    """A busy scheduler never blocks: if only an idle one checked on its server, one killed while
+    requests decode would leave its scheduler decoding them for nobody."""
+    io, outbox, _ = wired
+    outbox.send([user(1)])
+    io.parent.parent = os.getppid() + 1  # as if the server that started this process were gone
+    try:
+        io.receive(blocking=False)
+    except SystemExit:
+        return
+    pytest.fail(
+        "receive(blocking=False) returned although the server is gone: a scheduler with work "
+        "must check on its parent too, at every call"
+    )
+
+
+def test_a_scheduler_whose_server_died_takes_no_message(wired):
+    """The parent check comes before the inbox is drained: a scheduler whose server is gone
+    neither waits for messages nobody will serve (an idle one would wait up to POLL_MS more) nor
+    takes frames off its socket only to drop them."""
+    io, _, _ = wired
+    io.inbox = Recorder()
+    io.parent.parent = os.getppid() + 1
+    for blocking in (True, False):
+        with pytest.raises(SystemExit):
+            io.receive(blocking=blocking)
+            pytest.fail(f"receive(blocking={blocking}) returned although the server is gone")
+    assert io.inbox.waits == [], (
+        "the server is gone, yet receive drained the inbox first (timeouts asked, in ms: "
+        f"{io.inbox.waits}): check on the parent before taking any message"
+    )
 
 
 # ------------------------------------------------------------------------------------- watchdog

@@ -43,8 +43,9 @@ class Inbox:
         Leaves: those frames taken off the socket.
         Uses: `self.socket.poll(timeout_ms)` (0 when nothing came), `self.socket.recv(zmq.NOBLOCK)`
             (raises `zmq.Again` when no frame is left), `decode_batch` (ch12).
-        Checked: several frames waiting come back from one call, in order; nothing waiting gives [];
-            a frame already waiting comes back with a zero timeout; a bad frame raises ValueError.
+        Checked: several frames waiting come back from one call, in order, with no wait after the
+            first frame (a socket that counts waits); nothing waiting gives []; a frame already
+            waiting comes back with a zero timeout; a bad frame raises ValueError.
         """
         msgs: List[Any] = []
         if not self.socket.poll(timeout_ms):
@@ -106,12 +107,15 @@ class ZmqSchedulerIO:
         Receives: `blocking`, True when the scheduler has nothing to run or handle.
         Returns: every UserMsg and AbortBackendMsg waiting, in arrival order; [] when none came
             (after at most POLL_MS when blocking, at once otherwise).
-        Leaves: each StatsQuery among them answered with a StatsReply of `self.stats()`, sent to
-            the tokenizer worker; the process ended (SystemExit) if its parent has gone.
+        Leaves: each StatsQuery among them answered with a StatsReply of `self.stats()` ({} when
+            `self.stats` is None: the asker waits for a reply), sent to the tokenizer worker; the
+            process ended (SystemExit), busy or idle, before any message is taken, if its parent
+            has gone.
         Uses: `self.inbox.drain`, `self.outbox.send`, `self.parent.check`.
         Checked: requests and aborts come back in their order; only an idle scheduler waits (up to
-            POLL_MS), a busy one not at all; stats queries are answered and not passed on; a
-            scheduler whose server died exits; the live server's tests run through it.
+            POLL_MS), a busy one not at all; stats queries are answered and not passed on, with {}
+            without a stats source; a scheduler whose server died exits, busy or idle, without
+            draining its inbox; the live server's tests run through it.
         """
         self.parent.check()
         msgs = self.inbox.drain(POLL_MS if blocking else 0)
