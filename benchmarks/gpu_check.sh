@@ -7,8 +7,8 @@
 # A call of the device tool runs 10 minutes at most: run `tests suite`, `bench` and `serve` as three calls.
 # Chapter 20 (Qwen3-MoE): `moe` = the MoE tests and the ch20 judge on cuda; `moebench` =
 # benchmarks/moe_bench.py (Qwen3-30B-A3B's shape, random bf16 weights): one call each, not in `all`.
-# Tensor parallelism: `tp` = tests/test_tp.py (gloo, CPU ranks) and, with 2+ GPUs, TP=2 on NCCL against
-# TP=1 on cuda; not in `all`.
+# Tensor parallelism: `tp` = tests/test_tp.py on cuda (with one GPU: CPU ranks, tp_size=1 on NCCL, two
+# ranks sharing the GPU over gloo) and, with 2+ GPUs, TP=2 on NCCL against TP=1 on cuda; not in `all`.
 # Each part has its own time limit, so one that hangs does not take the others down.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -56,8 +56,8 @@ if want serve; then
     --out "$OUT/bench_serve.json" 2>&1 | tee "$OUT/bench_serve.txt"
 fi
 if [[ $what == *" tp "* ]]; then
-  part "tensor parallelism: tests/test_tp.py on CPU ranks (gloo), then TP=2 on NCCL if there are 2 GPUs"
-  timeout 200 $py -m pytest -q -rfE tests/test_tp.py 2>&1 | tee "$OUT/tp_tests.txt"
+  part "tensor parallelism: tests/test_tp.py with --device cuda (one GPU: its ranks on the CPU over gloo, the TP path at tp_size=1 on NCCL, two ranks sharing cuda:0 over gloo), then TP=2 on NCCL if there are 2 GPUs"
+  timeout 200 $py -m pytest -q -rfE --device cuda tests/test_tp.py 2>&1 | tee "$OUT/tp_tests.txt"
   timeout 200 $py -c "
 import torch; from minisgl import LLM, SamplingParams
 p = SamplingParams(max_tokens=32, ignore_eos=True, temperature=0); prompts = ['ROMEO:\n', 'KING HENRY:\n']
