@@ -300,9 +300,15 @@ def test_generate_prefills_once_then_one_token_per_step(model):
         out = te.generate(model, prompt, 5)
     assert len(out) == 5, f"generate(..., 5) returned {len(out)} tokens"
     assert added[0] == len(prompt), "the first forward must run the whole prompt"
-    assert added[1:] in ([1] * 4, [1] * 5), (
+    assert all(n == 1 for n in added[1:]), (
         "after the prefill, each step must run exactly one new token; got steps of "
         f"{added[1:]} tokens"
+    )
+    # 5 tokens: the prefill's, then 4 steps; a fifth step would compute logits nobody reads
+    assert len(added) == 5, (
+        f"generate(..., 5) ran {len(added)} forward passes (of {added} tokens): the prefill gives "
+        "the first token and each later pass one more, so the 5th token needs only 5 passes; a "
+        "pass after the last token is wasted work"
     )
 
 
@@ -310,11 +316,16 @@ def test_generate_stops_after_eos(model):
     prompt = prompt_ids()[0]
     with watch_steps(14):
         full = te.generate(model, prompt, 6)
-        eos = full[2]
+    eos = full[2]
+    with watch_steps(14) as added:
         cut = te.generate(model, prompt, 6, eos_token_id=eos)
-    assert cut == full[: full.index(eos) + 1], (
-        f"with eos_token_id={eos}: expected {full[: full.index(eos) + 1]} (up to and with the "
-        f"EOS), got {cut}"
+    want = full[: full.index(eos) + 1]
+    assert cut == want, (
+        f"with eos_token_id={eos}: expected {want} (up to and with the EOS), got {cut}"
+    )
+    assert len(added) == len(want), (
+        f"{len(want)} tokens up to the EOS need {len(want)} forward passes; generate ran "
+        f"{len(added)}: a pass after the EOS is wasted work"
     )
 
 
