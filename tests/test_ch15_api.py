@@ -387,6 +387,12 @@ def test_a_failure_mid_stream_is_an_error_event_and_no_done():
     assert front.released == [(7, False)], (
         f"a failed request is released without an abort, got {front.released}"
     )
+    front = FakeFrontend(replies(["Why", ","])[:1] + [failed])
+    run_stream(front, answer(), take=2)  # the client leaves at the error event itself
+    assert front.released == [(7, False)], (
+        "the request had failed when its error event was sent: a client leaving at that event "
+        f"does not make it an abort, got {front.released}"
+    )
 
 
 def test_a_finished_stream_releases_without_abort():
