@@ -51,14 +51,22 @@ class FakeRequest:
         return {"type": "http.disconnect"}
 
 
-def replies(texts: List[str], reason: str = "length", prompt_tokens: int = 3) -> List[UserReply]:
-    """One reply per text, token ids 100, 101, ...; the last one finished with `reason`."""
+def replies(
+    texts: List[str],
+    reason: str = "length",
+    prompt_tokens: int = 3,
+    ids: List[List[int]] | None = None,
+) -> List[UserReply]:
+    """One reply per text, with the token ids `ids` (one list a reply; default: one id each,
+    100, 101, ...); the last one finished with `reason`."""
     n = len(texts)
+    ids = ids if ids is not None else [[100 + i] for i in range(n)]
+    assert len(ids) == n, "one list of token ids per reply"
     return [
         UserReply(
             uid=7,
             text=t,
-            token_ids=[100 + i],
+            token_ids=ids[i],
             finished=i == n - 1,
             finish_reason=reason if i == n - 1 else None,
             prompt_tokens=prompt_tokens,
@@ -320,8 +328,9 @@ def test_a_chat_stream_starts_with_the_role():
     chunks = data(
         run_stream(FakeFrontend(replies(["", "Good", " morrow", ","])), answer(chat=True))
     )
-    assert chunks[0]["choices"][0]["delta"].get("role") == "assistant", (
-        f"a chat stream's first chunk names the role; got {chunks[0]}"
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "Good"}, (
+        "the first reply has nothing to say and sends nothing; the first chunk sent names the "
+        f"role, got {chunks[0]}"
     )
     assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:]), (
         "only the first chunk names the role"
@@ -343,6 +352,25 @@ def test_usage_comes_last_before_done_when_asked():
     assert all("usage" not in c for c in chunks[:-1]), "usage only in its own last chunk"
 
 
+# Replies that carry several token ids, or none (a `max_tokens: 0` request's scoring reply has
+# none): a count of replies is not a count of tokens.
+UNEVEN_TEXTS = ["Why", "", ", then", " I'll"]
+UNEVEN_IDS = [[100, 101], [], [102, 103, 104], [105]]
+
+
+def test_usage_counts_token_ids_not_replies():
+    front = FakeFrontend(replies(UNEVEN_TEXTS, prompt_tokens=5, ids=UNEVEN_IDS))
+    last = data(run_stream(front, answer(usage=True)))[-1]
+    assert last.get("usage") == {
+        "prompt_tokens": 5,
+        "completion_tokens": 6,
+        "total_tokens": 11,
+    }, (
+        "4 replies carrying 2, 0, 3 and 1 token ids: the answer has 6 tokens, got "
+        f"{last.get('usage')}"
+    )
+
+
 def test_a_failure_mid_stream_is_an_error_event_and_no_done():
     failed = UserReply(
         uid=7, finished=True, error="the server cannot serve: minisgl-scheduler exited", status=500
@@ -359,6 +387,12 @@ def test_a_failure_mid_stream_is_an_error_event_and_no_done():
     assert front.released == [(7, False)], (
         f"a failed request is released without an abort, got {front.released}"
     )
+    front = FakeFrontend(replies(["Why", ","])[:1] + [failed])
+    run_stream(front, answer(), take=2)  # the client leaves at the error event itself
+    assert front.released == [(7, False)], (
+        "the request had failed when its error event was sent: a client leaving at that event "
+        f"does not make it an abort, got {front.released}"
+    )
 
 
 def test_a_finished_stream_releases_without_abort():
@@ -366,6 +400,17 @@ def test_a_finished_stream_releases_without_abort():
     run_stream(front, answer())
     assert front.released == [(7, False)], (
         f"a finished request is released once, with abort=False; got {front.released}"
+    )
+
+
+def test_a_client_leaving_at_the_finishing_chunk_does_not_abort():
+    """The request ended when its finishing reply came; the client has its last chunk and may
+    leave before the usage or [DONE]: nothing runs any more, so nothing is aborted."""
+    front = FakeFrontend(replies(["Why", ",", " then"]))
+    run_stream(front, answer(usage=True), take=3)  # the third chunk is the finishing one
+    assert front.released == [(7, False)], (
+        "the client left at the finishing chunk, after the request had finished: it is released "
+        f"with abort=False, got {front.released}"
     )
 
 
@@ -428,6 +473,17 @@ def test_a_plain_answer_joins_its_replies_logprobs():
     }, f"each list of the replies' pieces joined in order: {body['choices'][0]['logprobs']}"
     plain = json.loads(run_collect(FakeFrontend(replies(["Why"])), answer(), FakeRequest()).body)
     assert plain["choices"][0]["logprobs"] is None, "no logprobs asked: the field stays null"
+
+
+def test_a_plain_answers_usage_counts_token_ids_not_replies():
+    front = FakeFrontend(replies(UNEVEN_TEXTS, prompt_tokens=5, ids=UNEVEN_IDS))
+    body = json.loads(run_collect(front, answer(ids=True), FakeRequest()).body)
+    assert body["choices"][0].get("token_ids") == [100, 101, 102, 103, 104, 105], (
+        f"every reply's token ids, in order: {body['choices'][0].get('token_ids')}"
+    )
+    assert body.get("usage") == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}, (
+        f"4 replies carrying 2, 0, 3 and 1 token ids: 6 tokens, got {body.get('usage')}"
+    )
 
 
 def test_a_plain_chat_answer_is_a_chat_completion():

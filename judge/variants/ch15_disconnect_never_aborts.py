@@ -20,7 +20,10 @@ async def stream_events(
                 yield api.sse_event(ErrorInfo(reply.status, reply.error).body())
                 return
             n_tokens += len(reply.token_ids)
-            if reply.text or reply.finished or answer.return_token_ids or is_first:
+            # Finished once its last reply is seen, before that reply's chunk is sent: a client
+            # that leaves at that chunk has nothing left running to abort.
+            done = reply.finished
+            if reply.text or reply.finished or answer.return_token_ids or reply.logprobs:
                 choice = api.choice(
                     answer.chat,
                     True,
@@ -29,14 +32,15 @@ async def stream_events(
                     reply.token_ids if answer.return_token_ids else None,
                     first=is_first,
                 )
+                if reply.logprobs is not None:  # the request asked (reply_shaper.py)
+                    choice["logprobs"] = reply.logprobs
                 yield api.sse_event(
                     api.envelope(
                         answer.chat, True, answer.rid, answer.created, answer.model, [choice]
                     )
                 )
                 is_first = False
-            if reply.finished:
-                done = True  # noqa: F841 (the reference aborts in a finally unless done)
+            if done:
                 break
             reply = await frontend.next_reply(uid)
         if answer.include_usage:

@@ -17,7 +17,10 @@ async def stream_events(
         while True:
             # the bug: no look at reply.error
             n_tokens += len(reply.token_ids)
-            if reply.text or reply.finished or answer.return_token_ids or is_first:
+            # Finished once its last reply is seen, before that reply's chunk is sent: a client
+            # that leaves at that chunk has nothing left running to abort.
+            done = reply.finished
+            if reply.text or reply.finished or answer.return_token_ids or reply.logprobs:
                 choice = api.choice(
                     answer.chat,
                     True,
@@ -26,14 +29,15 @@ async def stream_events(
                     reply.token_ids if answer.return_token_ids else None,
                     first=is_first,
                 )
+                if reply.logprobs is not None:  # the request asked (reply_shaper.py)
+                    choice["logprobs"] = reply.logprobs
                 yield api.sse_event(
                     api.envelope(
                         answer.chat, True, answer.rid, answer.created, answer.model, [choice]
                     )
                 )
                 is_first = False
-            if reply.finished:
-                done = True
+            if done:
                 break
             reply = await frontend.next_reply(uid)
         if answer.include_usage:

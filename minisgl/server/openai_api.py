@@ -313,6 +313,7 @@ SSE_DONE = sse_event("[DONE]")
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
+    """The OpenAI API's usage: the prompt's tokens, the answer's, and their total."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,

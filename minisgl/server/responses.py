@@ -35,6 +35,7 @@ class Answer:
 
 
 def error_response(e: ErrorInfo) -> JSONResponse:
+    """The answer to a request that failed: the OpenAI error body of `e`, with its status."""
     return JSONResponse(e.body(), status_code=e.status)
 
 
@@ -47,20 +48,27 @@ async def stream_events(
         first reply (no error: a refusal was answered before streaming began); `answer`, the shape
         of the chunks.
     Returns: an async generator of str, each one event (`api.sse_event`): one chunk per reply that
-        has text, or token ids to return, or logprobs, or finishes (a chat's first chunk names the
-        role; a reply's `logprobs`, when the request asked, is its chunk's choice's); after
-        the finishing chunk, a usage chunk if asked for, then `api.SSE_DONE`. A reply with an error
+        has text, or token ids to return, or logprobs, or finishes, and none for a reply with
+        nothing of these (a chat's first chunk sent names the role; a reply's `logprobs`, not None
+        exactly when the request asked for them, is its chunk's choice's); after the finishing
+        chunk, a usage chunk if asked for (the prompt's tokens and the answer's token ids over
+        every reply, which may carry several or none), then `api.SSE_DONE`. A reply with an error
         (the server failed) gives one error event (`ErrorInfo.body()`) and ends the stream, no
         [DONE].
     Leaves: the request released (`frontend.release`) when the generator ends, however it ends:
-        with `abort=True` unless it finished or failed, so a client that leaves aborts it.
-    Uses: `frontend.next_reply`, `frontend.release`; `api.sse_event`, `api.choice`, `api.envelope`,
-        `api.usage`, `api.SSE_DONE`.
+        with `abort=True` unless it finished (its finishing reply seen, even if the client leaves
+        at that reply's own chunk) or failed, so a client that leaves mid-answer aborts it.
+    Uses: `frontend.next_reply(uid)`, `frontend.release(uid, abort)`; `api.sse_event(data)`,
+        `api.choice(chat, stream, text, finish_reason, token_ids, first=False)`,
+        `api.envelope(chat, stream, rid, created, model, choices)`,
+        `api.usage(prompt_tokens, completion_tokens)` (the usage dict), `api.SSE_DONE`.
     Checked: events are `data: ` lines ended by a blank line, [DONE] last; only the last chunk has a
-        finish_reason; the text and token ids joined equal the offline engine's; usage counts the
-        prompt's and the reply's tokens; a client that leaves mid-stream aborts its request and
-        every slot and page comes back; a scheduler crash mid-stream gives an error event, not a
-        hang.
+        finish_reason; the role in a chat's first chunk only, even when the first reply sent
+        nothing; a chunk for a reply with only ids asked for or only logprobs; the text and token
+        ids joined equal the offline engine's; usage counts the prompt's tokens and the answer's
+        token ids, not its replies; a client that leaves mid-stream aborts its request and every
+        slot and page comes back, one that leaves at the finishing chunk does not abort; a
+        scheduler crash mid-stream gives an error event, not a hang.
     """
     done, reply, n_tokens, is_first = False, first, 0, True
     try:
@@ -70,6 +78,9 @@ async def stream_events(
                 yield api.sse_event(ErrorInfo(reply.status, reply.error).body())
                 return
             n_tokens += len(reply.token_ids)
+            # Finished once its last reply is seen, before that reply's chunk is sent: a client
+            # that leaves at that chunk has nothing left running to abort.
+            done = reply.finished
             if reply.text or reply.finished or answer.return_token_ids or reply.logprobs:
                 choice = api.choice(
                     answer.chat,
@@ -87,8 +98,7 @@ async def stream_events(
                     )
                 )
                 is_first = False
-            if reply.finished:
-                done = True
+            if done:
                 break
             reply = await frontend.next_reply(uid)
         if answer.include_usage:
@@ -110,16 +120,20 @@ async def collect(
         whose `receive()` returns {"type": "http.disconnect"} once its client has left.
     Returns: a JSONResponse: the envelope (`api.envelope`) with one choice (`api.choice`) holding
         every reply's text joined, the last reply's finish_reason and, if asked, every token id
-        and the replies' logprobs joined (`api.joined_logprobs`), and "usage" (the prompt's and
-        the answer's tokens); or, for a reply with an error, the error body
+        and the replies' logprobs joined (a reply's `logprobs` is not None exactly when the request
+        asked), and "usage" (the prompt's tokens and the answer's token ids over every reply,
+        which may carry several or none); or, for a reply with an error, the error body
         (`ErrorInfo(reply.status, reply.error).body()`) with that status; or, if the client left
         first, an empty 499.
     Leaves: the request released (`frontend.release`): with `abort=True` if its client left
         before it finished, else `abort=False`; the disconnect watcher cancelled.
     Uses: `disconnected(request)`, `first_of(awaitable, gone)` (None when `gone` finished first),
-        `frontend.next_reply`, `frontend.release`, `api.choice`, `api.envelope`, `api.usage`,
-        `api.joined_logprobs`, `error_response`.
-    Checked: text, ids, finish reason and usage of the whole answer; a failed request answers with
+        `frontend.next_reply(uid)`, `frontend.release(uid, abort)`, `api.choice`, `api.envelope`,
+        `api.usage(prompt_tokens, completion_tokens)` (the usage dict),
+        `api.joined_logprobs(pieces)` (the replies' logprobs dicts, in order: one dict, each list
+        joined), `error_response(e: ErrorInfo)` (a JSONResponse of `e.body()` with `e.status`).
+    Checked: text, ids, finish reason and usage of the whole answer (token ids counted, not
+        replies); a failed request answers with
         its error and status; a client that leaves aborts its request; the live server's plain
         completions equal the offline engine's.
     """

@@ -1,0 +1,52 @@
+"""`stream_events` whose usage counts replies instead of token ids.
+
+The tokenizer worker sends one reply a token today, so the count comes out right, until a reply
+carries none (a `max_tokens: 0` request's scoring reply) or several: then `completion_tokens` is
+the number of replies, and a client that bills or budgets by it counts wrong.
+"""
+
+from minisgl.server import openai_api as api
+from minisgl.server.openai_api import ErrorInfo
+
+
+async def stream_events(
+    frontend: Frontend, uid: int, first: UserReply, answer: Answer
+) -> AsyncIterator[str]:
+    done, reply, n_tokens, is_first = False, first, 0, True
+    try:
+        while True:
+            if reply.error is not None:
+                done = True
+                yield api.sse_event(ErrorInfo(reply.status, reply.error).body())
+                return
+            n_tokens += 1  # the bug: a reply counted as one token
+            # Finished once its last reply is seen, before that reply's chunk is sent: a client
+            # that leaves at that chunk has nothing left running to abort.
+            done = reply.finished
+            if reply.text or reply.finished or answer.return_token_ids or reply.logprobs:
+                choice = api.choice(
+                    answer.chat,
+                    True,
+                    reply.text,
+                    reply.finish_reason,
+                    reply.token_ids if answer.return_token_ids else None,
+                    first=is_first,
+                )
+                if reply.logprobs is not None:  # the request asked (reply_shaper.py)
+                    choice["logprobs"] = reply.logprobs
+                yield api.sse_event(
+                    api.envelope(
+                        answer.chat, True, answer.rid, answer.created, answer.model, [choice]
+                    )
+                )
+                is_first = False
+            if done:
+                break
+            reply = await frontend.next_reply(uid)
+        if answer.include_usage:
+            tail = api.envelope(answer.chat, True, answer.rid, answer.created, answer.model, [])
+            tail["usage"] = api.usage(first.prompt_tokens, n_tokens)
+            yield api.sse_event(tail)
+        yield api.SSE_DONE
+    finally:
+        frontend.release(uid, abort=not done)
