@@ -35,7 +35,9 @@ from .settings import REGISTRY
 
 # Used where the file does not say otherwise (the file may set "floor", "factor", "default").
 # seconds: even a test the reference runs in 20 ms gets this much. The same on a GPU: its measured
-# times hold its warm-up (a CUDA context, graph capture), and compiling kernels is not counted.
+# times hold a test's own warm-up (its graphs' capture), compiling kernels is not counted, and the
+# process's one-off start (CUDA context, first graph, Triton's key) comes before its first test
+# (device_warmup.py), in no test's time.
 FLOOR = {
     "cpu": 5.0,
     "cuda": 5.0,

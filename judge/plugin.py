@@ -67,7 +67,10 @@ def pytest_configure(config: pytest.Config) -> None:
             Fatal("--device cuda, but there is no usable CUDA GPU here (use --device cpu, or auto)")
         )
         pytest.exit("no CUDA GPU", returncode=4)
-    from . import blocking, serving, swap
+    from . import blocking, device_warmup, serving, swap
+
+    # Before the first test's clock starts: not counted in its budget (device_warmup.py says why).
+    device_warmup.warm_up(_judge.spec.device)
 
     blocking.install(_judge.labels)  # before the swap: `from time import sleep` gets it too
     serving.hook_into_servers()  # a server a test starts serves the same code, in its 3 processes

@@ -9,10 +9,12 @@ about a second. Nothing here asserts a wall-clock time: only what the verdict sa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -386,3 +388,136 @@ def test_auto_takes_the_gpus_budgets_only_where_there_is_one(monkeypatch):
         monkeypatch.setattr(budgets, "_has_nvidia_gpu", lambda gpu=gpu: gpu)
         got = budgets.Budgets(data, "auto", 120.0).measured
         assert got == data["times"][want], f"auto with a GPU {gpu}: the times {got}, want {want}'s"
+
+
+def test_the_test_process_starts_the_device_before_its_first_test(tmp_path):
+    """The GPU's one-off start-up (judge/device_warmup.py) is done before the first test's clock
+    starts, with the run's device, so no test's measured time or budget holds it."""
+    from judge.runner import RunOptions, run_pytest
+
+    log = tmp_path / "log.txt"
+    # Loaded before the judge's plugin configures: records the warm-up instead of doing it.
+    (tmp_path / "conftest.py").write_text(
+        "import pathlib\nfrom judge import device_warmup\n\n"
+        "import time\n\n"
+        "def record(device):\n"
+        f"    with open({str(log)!r}, 'a') as f:\n"
+        "        f.write(f'warm-up {device}\\n')\n"
+        "    end = time.process_time() + 0.5  # CPU time, as a CUDA context costs\n"
+        "    while time.process_time() < end:\n"
+        "        pass\n"
+        "    return False\n\n"
+        "device_warmup.warm_up = record\n"
+    )
+    (tmp_path / "test_first.py").write_text(
+        "def test_first():\n"
+        f"    with open({str(log)!r}, 'a') as f:\n"
+        "        f.write('first test\\n')\n"
+    )
+    run = run_pytest([], [str(tmp_path / "test_first.py")], RunOptions(device="cpu"))
+    assert [t.outcome for t in run.tests] == ["passed"], (run.tests, run.general, run.output_tail)
+    lines = log.read_text().splitlines() if log.exists() else []
+    assert lines == ["warm-up cpu", "first test"], (
+        f"the test process's log {lines}: the device's warm-up comes once, before the first test"
+    )
+    assert run.tests[0].cpu is not None and run.tests[0].cpu < 0.3, (
+        f"the first test's CPU time {run.tests[0].cpu} s holds the warm-up's 0.5 s: its budget pays"
+    )
+
+
+class _FakeTorch:
+    """Records the CUDA work asked of it (this machine may have no GPU)."""
+
+    float32, bfloat16 = "float32", "bfloat16"
+
+    def __init__(self, gpu: bool) -> None:
+        self.made = []
+        made = self.made
+
+        class CUDAGraph:
+            def replay(self):
+                made.append("replay")
+
+        @contextlib.contextmanager
+        def graph(g):
+            made.append("capture")
+            yield
+
+        self.cuda = type(
+            "cuda",
+            (),
+            {
+                "is_available": staticmethod(lambda: gpu),
+                "is_bf16_supported": staticmethod(lambda: True),
+                "CUDAGraph": CUDAGraph,
+                "graph": staticmethod(graph),
+            },
+        )
+
+    def ones(self, *shape, device, dtype="float32"):
+        self.made.append((device, dtype))
+        return _FakeTensor()
+
+
+class _FakeTensor:
+    def __matmul__(self, other):
+        return self
+
+    def sum(self):
+        return self
+
+    def item(self):
+        return 8.0
+
+
+GPU_WARM_UP = [
+    ("cuda", "float32"),
+    ("cuda", "bfloat16"),
+    ("cuda", "float32"),
+    "capture",
+    "replay",
+    "triton_key",
+    "import minisgl.gpu",
+]
+
+
+@pytest.mark.parametrize(
+    "device, gpu, want",
+    [
+        ("cuda", True, GPU_WARM_UP),
+        ("auto", True, GPU_WARM_UP),
+        ("auto", False, []),
+        ("cpu", True, []),
+    ],
+)
+def test_the_warm_up_starts_cuda_cublas_a_graph_and_triton_only_on_a_gpu(
+    monkeypatch, device, gpu, want
+):
+    import sys
+
+    from judge import device_warmup
+
+    fake = _FakeTorch(gpu)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(device_warmup, "_triton_key", lambda: fake.made.append("triton_key"))
+    monkeypatch.setattr(device_warmup, "GPU_MODULES", ["minisgl.gpu"])
+    monkeypatch.setattr(
+        device_warmup.importlib, "import_module", lambda name: fake.made.append(f"import {name}")
+    )
+    done = device_warmup.warm_up(device)
+    assert fake.made == want and done == bool(want), (
+        f"warm_up({device!r}) with a GPU {gpu}: did {fake.made}, want {want}"
+    )
+
+
+def test_the_warm_up_never_compiles_an_engine_kernel():
+    """A kernel compiled before the swap would keep the reference's helpers in memory (its cache is
+    keyed by its arguments, not its helpers' source), so a learner's swapped-in helper would never
+    run: the warm-up touches torch's own work and imports only."""
+    from judge import device_warmup
+
+    source = Path(device_warmup.__file__).read_text()
+    code = source.split('"""', 2)[2]  # past the module's docstring
+    for name in ("minisgl.kernel", "LLM(", "launch(", "[grid]"):
+        assert name not in code, f"device_warmup runs {name!r}: a kernel compiled before the swap"
+    assert all(not m.startswith("minisgl.kernel") for m in device_warmup.GPU_MODULES)
