@@ -5,6 +5,7 @@ it less; the median of many steps.
 
     python benchmarks/step_cost.py                 # default settings (overlap loop)
     python benchmarks/step_cost.py --profile 32    # and a cProfile of 200 steps at 32 requests
+    python benchmarks/step_cost.py --prompt-len 256  # longer contexts: attention's share grows
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from minisgl import LLM, SamplingParams  # noqa: E402
 
 
-def decode_steps(llm: LLM, n: int, steps: int, profile: bool = False):
+def decode_steps(llm: LLM, n: int, steps: int, profile: bool = False, prompt_len: int = 8):
     """(whole step, outside the forward) CPU milliseconds, medians over `steps` decode steps."""
     params = SamplingParams(max_tokens=steps + 16, ignore_eos=True)
     for i in range(n):
-        llm.add_request([1 + (i * 7 + j) % 200 for j in range(8 + i % 5)], params)
+        llm.add_request([1 + (i * 7 + j) % 200 for j in range(prompt_len + i % 5)], params)
     forward_ms = []
     run_model = llm.engine.run_model
 
@@ -65,12 +66,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--profile", type=int, default=None, help="cProfile the steps at this batch")
+    ap.add_argument("--prompt-len", type=int, default=8, help="tokens a prompt (plus 0-4)")
     args = ap.parse_args()
     llm = LLM(max_running_req=max(args.batches))
     decode_steps(llm, 2, 8)  # warm-up
     print(f"{'requests':>8} {'step CPU ms':>12} {'outside forward ms':>19}")
     for n in args.batches:
-        whole, outside = decode_steps(llm, n, args.steps, profile=args.profile == n)
+        whole, outside = decode_steps(llm, n, args.steps, args.profile == n, args.prompt_len)
         print(f"{n:>8} {whole:>12.2f} {outside:>19.2f}", flush=True)
 
 

@@ -53,7 +53,8 @@ class TorchAttentionBackend:
         Returns: [tokens, heads, head_dim], like q, each request's rows in its slice.
         Leaves: nothing changed (reads the KV cache only).
         Uses: `self.kv_cache.k_cache` and `.v_cache` (ch04), `self.scale`, `self.group` (or
-            `enable_gqa`), `F.scaled_dot_product_attention`.
+            `enable_gqa`), `F.scaled_dot_product_attention`; `Tensor.index_select` gathers rows
+            faster than indexing on a CPU.
         Checked: equals dense causal attention with cached prefixes (page size 1 and 4); a request
             never sees another request's keys, nor keys past its own length; it works with prepared
             metadata.
@@ -77,7 +78,7 @@ class TorchAttentionBackend:
             qi = q[cu[i] : cu[i + 1]]  # [Lq, H, D]
             len_q, len_k = qi.shape[0], lens_k[i]
             locs = meta.page_table[i, :len_k]
-            ki, vi = k_cache[locs], v_cache[locs]  # [Lk, Hkv, D]
+            ki, vi = k_cache.index_select(0, locs), v_cache.index_select(0, locs)  # [Lk, Hkv, D]
             # query j sits at absolute position len_k - len_q + j and sees keys 0..that position
             qpos = torch.arange(len_k - len_q, len_k, device=q.device).unsqueeze(1)
             mask = torch.arange(len_k, device=q.device).unsqueeze(0) <= qpos  # [Lq, Lk]
@@ -105,14 +106,22 @@ class TorchAttentionBackend:
         Returns: [B, heads, head_dim], like q.
         Leaves: nothing changed (reads the KV cache only).
         Uses: `self.kv_cache.k_cache` and `.v_cache` (ch04), `self.scale`, `self.group` (or
-            `enable_gqa`), `F.scaled_dot_product_attention`.
+            `enable_gqa`), `F.scaled_dot_product_attention`; `Tensor.index_select` gathers rows
+            faster than indexing on a CPU.
         Checked: equals dense causal attention for a decode batch of different lengths (page size 1
             and 4), also with prepared metadata.
         """
         meta = batch.attn_metadata
         k_cache, v_cache = self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id)
         locs = meta.page_table  # [B, max_k]; entries past a request's length are ignored
-        keys, values = k_cache[locs], v_cache[locs]  # [B, max_k, Hkv, D]
+        # The rows k_cache[locs] would give, [B, max_k, Hkv, D], fetched through the flat list of
+        # locations: index_select copies whole rows where a 2-D index goes element by element; a
+        # CPU decode step of 32 requests at 256 tokens costs 18 % less (benchmarks/results/
+        # 2026-12-04-cpu-step-cost.txt)
+        shape = (*locs.shape, *k_cache.shape[1:])
+        flat = locs.reshape(-1)
+        keys = k_cache.index_select(0, flat).view(shape)
+        values = v_cache.index_select(0, flat).view(shape)
         max_k = locs.shape[1]
         mask = torch.arange(max_k, device=q.device).unsqueeze(0) < meta.cache_seqlens.unsqueeze(1)
         out = F.scaled_dot_product_attention(
