@@ -276,7 +276,8 @@ def test_every_rank_runs_the_server_init_hook_first(monkeypatch):
 
 
 CTRL_C_SCRIPT = """
-import sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs, if it does
 sys.path[:0] = {paths!r}
 from helpers import build_llm, greedy, prompt_ids
 llm = build_llm(tp_size=2, device={device!r})
@@ -331,7 +332,14 @@ def test_ctrl_c_stops_every_rank_and_the_llm_says_so(to, tmp_path):
             os.kill(proc.pid, signal.SIGINT)
         else:
             os.killpg(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGUSR1)  # its threads' stacks, then the end of its output
+            time.sleep(1.0)
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            raise AssertionError(f"still running 30 s after the interrupt:\n{out[-6000:]}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
