@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--time-limit", type=float, default=None, help="seconds for the whole run (default 900)"
     )
     p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="test processes sharing the tests (default: MINISGL_JUDGE_JOBS, else one per CPU "
+        "core up to 4 on a CPU, 1 on a GPU)",
+    )
+    p.add_argument(
         "--hint",
         action="count",
         default=0,
@@ -298,15 +305,16 @@ def _hint_command(chapter: Chapter, args: argparse.Namespace) -> str:
 
 
 def _options(args: argparse.Namespace):
-    from .runner import RunOptions
+    from .runner import RunOptions, default_jobs
 
-    if any(v is not None and v <= 0 for v in (args.timeout, args.time_limit)):
-        raise UsageError("--timeout and --time-limit must be positive")
+    if any(v is not None and v <= 0 for v in (args.timeout, args.time_limit, args.jobs)):
+        raise UsageError("--timeout, --time-limit and --jobs must be positive")
     return RunOptions(
         device=args.device,
         test_timeout=args.timeout,
         time_limit=args.time_limit,
         keyword=args.keyword,
+        jobs=args.jobs if args.jobs is not None else default_jobs(args.device),
     )
 
 

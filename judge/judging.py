@@ -284,7 +284,7 @@ def _blame(
         if e.status in (FAILING, NOT_ATTEMPTED, ERROR) and e not in rerun
     ]
 
-    def passes(exercises: List[ExerciseVerdict], stop: bool) -> bool:
+    def passes(exercises: List[ExerciseVerdict], stop: bool, jobs: int = options.jobs) -> bool:
         left = deadline - time.monotonic()
         if left < 1:
             return False
@@ -294,7 +294,7 @@ def _blame(
         run = run_pytest(
             [u.only([ex.id for ex in exercises]) for u in units],
             failed,
-            dataclasses.replace(options, time_limit=left, stop_at_first_failure=stop),
+            dataclasses.replace(options, time_limit=left, stop_at_first_failure=stop, jobs=jobs),
         )
         return bool(run.tests) and not run.general and all(t.ok for t in run.tests)
 
@@ -315,11 +315,12 @@ def _blame(
             cleared(ex, names)
         return
 
-    def alone(ex: ExerciseVerdict) -> None:
-        if passes([ex], stop=True):
+    workers = max(1, min(len(rerun), os.cpu_count() or 1))
+
+    def alone(ex: ExerciseVerdict) -> None:  # the run's processes shared among the reruns
+        if passes([ex], stop=True, jobs=max(1, options.jobs // workers)):
             cleared(ex, "your other exercises")
 
-    workers = max(1, min(len(rerun), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(alone, rerun))
 

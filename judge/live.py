@@ -34,7 +34,7 @@ def check(
     `python judge.py` (runner.RunOptions)."""
     from . import notebook_report, progress, report
     from .judging import judge
-    from .runner import RunOptions
+    from .runner import RunOptions, default_jobs
 
     if namespace is None:
         frame = sys._getframe(_depth)
@@ -53,7 +53,9 @@ def check(
         origin="live notebook",
         missing_hint=" in the kernel (run the exercise's cell first)",
     )
-    options = RunOptions(device=device, test_timeout=timeout, time_limit=time_limit)
+    options = RunOptions(
+        device=device, test_timeout=timeout, time_limit=time_limit, jobs=default_jobs(device)
+    )
 
     def run():
         verdict = judge(

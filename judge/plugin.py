@@ -47,6 +47,7 @@ class _Judge:
         self.skip = set(self.spec.done)  # tests of an earlier, interrupted run
         self.reports: Dict[str, List[pytest.TestReport]] = {}
         self.swapped = None  # swap.SwapState: what was replaced, for rescans after collection
+        self.order: List[str] = []  # a shard's process: the whole collection (Collected.order)
 
     def write(self, event: Event) -> None:
         self.results.write(event.to_json() + "\n")
@@ -89,13 +90,29 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    if _judge is None or not _judge.skip:
+    if _judge is None:
         return
-    keep = [i for i in items if i.nodeid not in _judge.skip]
-    dropped = [i for i in items if i.nodeid in _judge.skip]
+    index, count = _judge.spec.shard
+    if count > 1:  # this process's share of the run (shards.py), chosen before the skips below
+        from .budgets import test_key
+        from .shards import share
+
+        _judge.order = [i.nodeid for i in items]
+        measured = _judge.spec.budget.measured if _judge.spec.budget is not None else {}
+        cost = {
+            i.nodeid: measured[test_key(i.nodeid)] for i in items if test_key(i.nodeid) in measured
+        }
+        mine = set(share(_judge.order, cost, index, count))
+        _deselect(config, items, lambda i: i.nodeid not in mine)
+    if _judge.skip:
+        _deselect(config, items, lambda i: i.nodeid in _judge.skip)
+
+
+def _deselect(config, items, drop) -> None:
+    dropped = [i for i in items if drop(i)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = keep
+        items[:] = [i for i in items if not drop(i)]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -106,7 +123,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if _judge.swapped is not None:
         # test modules hold module-level functions too
         swap.rescan(_judge.swapped, _judge.test_dirs)
-    _judge.write(Collected([item.nodeid for item in session.items]))
+    _judge.write(Collected([item.nodeid for item in session.items], order=_judge.order))
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:

@@ -100,6 +100,12 @@ class RunSpec:
     # exercise id -> the test it timed out in
     timed_out: Dict[str, str] = field(default_factory=dict)
     budget: BudgetSpec | None = None  # None: no budgets (no signals here), only the hard cap
+    # [i, n]: run only the i-th of n shares of the collected tests (runner.py runs n processes at
+    # once); [0, 1]: all of them
+    shard: List[int] = field(default_factory=lambda: [0, 1])
+    # a sharded run: the file every share appends its timeouts to and reads before each test
+    # (timer.py), so an exercise that hung in one share is not run again in another
+    shared_timeouts: str = ""
 
     @property
     def swapped(self) -> List[ExerciseSpec]:
@@ -162,6 +168,8 @@ class Swapped(Event):
 class Collected(Event):
     kind: ClassVar[str] = "collected"
     tests: List[str] = field(default_factory=list)  # node ids, in run order
+    # a shard's process: the whole collection, in run order (how shards' results are merged)
+    order: List[str] = field(default_factory=list)
 
 
 @dataclass

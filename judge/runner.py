@@ -23,6 +23,7 @@ import signal
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
@@ -52,6 +53,7 @@ SPEC_ENV = settings.SPEC.name  # the spec file's path, for the test process (plu
 # What pytest-timeout's thread method prints before it ends the process with os._exit(1).
 _PYTEST_TIMEOUT_EXIT = re.compile(r"\+{3,} Timeout \+{3,}\s*$")
 MAX_RESTARTS = 3
+MAX_JOBS = 4
 
 
 @dataclass
@@ -71,6 +73,10 @@ class RunOptions:
         False  # pytest -x: mutation testing needs one failing test, not all
     )
     budgets: Dict | None = None  # the budgets file's content; None: read budgets.json (budgets.py)
+    # test processes running shares of the tests at once (shards.py); default_jobs() for a
+    # learner's run, 1 where runs already go in parallel (the self-check, mutation testing) or
+    # are timed (measure_budgets)
+    jobs: int = 1
     packages: Tuple[
         str, ...
     ] = ()  # whose running time counts against a budget; (): the targets' packages
@@ -113,13 +119,74 @@ class RunResult:
     output_tail: str = ""
     # a reference run: test -> budget it passed
     over_budget: Dict[str, float] = field(default_factory=dict)
+    order: List[str] = field(default_factory=list)  # a sharded run: the whole collection's order
+
+
+def default_jobs(device: str) -> int:
+    """How many test processes a learner's run uses: MINISGL_JUDGE_JOBS, else on a CPU one per
+    core this process may use, at most MAX_JOBS (each process imports torch and builds its first
+    engine again: more shares than that cost more than they save on a chapter's few dozen tests);
+    on a GPU one, since its processes would share the device and each start a CUDA context."""
+    chosen = settings.JOBS.read()
+    if chosen != "auto":
+        return chosen
+    if device != "cpu":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(MAX_JOBS, cores or 1))
 
 
 def run_pytest(
     units: List[UnitSpec], test_files: Sequence[str | Path], options: RunOptions
 ) -> RunResult:
     """Run the tests (files, or 'file::test' node ids) with the units' code swapped in; never raises
-    for anything learner code does."""
+    for anything learner code does. With `options.jobs` > 1, that many processes at once, each on
+    its share of the tests (shards.py), and their results merged in the tests' collected order:
+    a test that hangs or crashes one process holds up only that share."""
+    count = options.jobs
+    if all("::" in str(f) for f in test_files):  # named tests: no more shares than tests
+        count = min(count, len(test_files))
+    if count <= 1:
+        return _run_share(units, test_files, options, [0, 1])
+    shared = Path(tempfile.mkdtemp(prefix="minisgl-judge-shares-"))
+    try:
+        timeouts = str(shared / "timeouts.tsv")
+        with ThreadPoolExecutor(count) as pool:
+            shares = list(
+                pool.map(
+                    lambda i: _run_share(units, test_files, options, [i, count], timeouts),
+                    range(count),
+                )
+            )
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    return _merge(shares)
+
+
+def _merge(shares: List[RunResult]) -> RunResult:
+    order = next((s.order for s in shares if s.order), [])
+    rank = {t: i for i, t in enumerate(order)}
+    merged = RunResult(order=order)
+    for s in shares:
+        merged.tests += s.tests
+        merged.problems.update(s.problems)
+        merged.general += [g for g in s.general if g not in merged.general]
+        merged.collected += s.collected
+        merged.over_budget.update(s.over_budget)
+    last = len(order)  # a test only a share knows of (reported, never collected) goes last
+    merged.tests.sort(key=lambda t: rank.get(t.test, last))
+    merged.collected.sort(key=lambda t: rank.get(t, last))
+    merged.output_tail = "\n".join(s.output_tail for s in shares if s.output_tail)
+    return merged
+
+
+def _run_share(
+    units: List[UnitSpec],
+    test_files: Sequence[str | Path],
+    options: RunOptions,
+    shard: List[int],
+    shared_timeouts: str = "",
+) -> RunResult:
     start = time.monotonic()
     result = RunResult()
     missing = sorted({_file_of(f) for f in test_files if not Path(_file_of(f)).is_file()})
@@ -138,7 +205,9 @@ def run_pytest(
                     f"the run was stopped after its time limit of {options.time_limit:.0f} s"
                 )
                 break
-            finished = _one_process(units, test_files, options, tmp, attempt, done, left, result)
+            finished = _one_process(
+                units, test_files, options, tmp, attempt, done, left, result, shard, shared_timeouts
+            )
             if finished:
                 break
         else:
@@ -174,9 +243,11 @@ def _one_process(
     done: List[str],
     time_left: float,
     result: RunResult,
+    shard: List[int],
+    shared_timeouts: str,
 ) -> bool:
     """One pytest process. Returns True when no further attempt is needed."""
-    launch = _build(units, test_files, options, tmp, attempt, done, result)
+    launch = _build(units, test_files, options, tmp, attempt, done, result, shard, shared_timeouts)
     returncode, killed, result.output_tail = _launch(launch, options, time_left)
     return _replay(read_events(launch.results), returncode, killed, options, done, result)
 
@@ -189,6 +260,8 @@ def _build(
     attempt: int,
     done: List[str],
     result: RunResult,
+    shard: List[int],
+    shared_timeouts: str,
 ) -> _Launch:
     """Write the spec (what to swap, which tests are already done, the budgets) and put together the
     command line and environment of one pytest process."""
@@ -202,6 +275,8 @@ def _build(
         done=list(done),
         device=options.device,
         timed_out=_timed_out(result.tests, units),
+        shard=shard,
+        shared_timeouts=shared_timeouts,
     )
     if _timer_usable():
         data = options.budgets if options.budgets is not None else budgets_file.load()
@@ -320,6 +395,7 @@ def _replay(
                     result.general.append(g)
         elif isinstance(ev, Collected):
             result.collected += [t for t in ev.tests if t not in result.collected]
+            result.order = result.order or ev.order
         elif isinstance(ev, CollectError):
             msg = f"the tests could not be collected ({ev.where}): {ev.message}"
             if msg not in result.general:

@@ -29,9 +29,17 @@ PROGRESS = Setting(
     "MINISGL_JUDGE_PROGRESS",
     "where the learner's progress is recorded; unset: `.judge_progress.json`",
 )
+JOBS = Setting(
+    "MINISGL_JUDGE_JOBS",
+    "test processes a learner's run splits a chapter's tests over: `auto` one per CPU core, at "
+    "most 4, on a CPU and 1 on a GPU (judge/runner.py default_jobs); a number sets it",
+    ("auto",),
+    "auto",
+    count=True,
+)
 MUTANTS_RESULTS = Setting(
     "MINISGL_MUTANTS_RESULTS",
     "where `python -m tools.mutants` keeps each exercise's last run; unset: `build/mutants/`",
 )
 
-SETTINGS = (DEBUG, SPEC, REGISTRY, NOTEBOOKS, VARIANTS, PROGRESS, MUTANTS_RESULTS)
+SETTINGS = (DEBUG, SPEC, REGISTRY, NOTEBOOKS, VARIANTS, PROGRESS, JOBS, MUTANTS_RESULTS)

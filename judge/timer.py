@@ -63,6 +63,7 @@ class _Timer:
         self.dirs = tuple(_package_dirs(self.budget.packages))
         self.not_counted = tuple(_package_dirs(self.budget.not_counted))
         self.timed_out: Dict[str, str] = dict(spec.timed_out)  # exercise id -> test
+        self.shared = spec.shared_timeouts  # a sharded run's common record of them (runner.py)
         self.main = threading.get_ident()
         self.item: pytest.Item | None = None
         self.pending: Dict[str, Any] | None = None  # why the next SIGALRM raises
@@ -202,8 +203,20 @@ class _Timer:
         )
         for i in ids:
             self.timed_out.setdefault(i, item.nodeid)
+        if self.shared:
+            with open(self.shared, "a", encoding="utf-8") as f:  # one short append: atomic
+                f.write("".join(f"{i}\t{item.nodeid}\n" for i in ids))
 
     def blocked_by(self, item: pytest.Item) -> str | None:
+        if self.shared:  # what the run's other shares have recorded
+            try:
+                with open(self.shared, encoding="utf-8") as f:
+                    for line in f:
+                        ex_id, _, test = line.rstrip("\n").partition("\t")
+                        if test:
+                            self.timed_out.setdefault(ex_id, test)
+            except OSError:
+                pass
         for ex_id, test in self.timed_out.items():
             ex = self.exercises.get(ex_id)
             if ex is not None and _judges(ex, item.nodeid):

@@ -126,6 +126,9 @@ TWICE = "def twice(self, x):\n    return self.step(self.step(x))\n"
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
+    # one test process, as on a one-core machine: the tests below count timeouts and reruns of
+    # one process; the sharded run has tests of its own (test_a_sharded_run_...)
+    monkeypatch.setenv("MINISGL_JUDGE_JOBS", "1")
     p = fake_project(tmp_path, monkeypatch)
     (tmp_path / "fakepkg" / "engine.py").write_text(ENGINE)
     (tmp_path / "fake_tests" / "test_speed.py").write_text(TESTS)
@@ -177,6 +180,38 @@ def test_an_exercise_that_timed_out_is_not_run_again(project, capsys):
         ), f"{name}: {tests[name]['outcome']}, {tests[name]['message']}"
     assert v["counts"].get("timeout") == 1, f"one timeout expected, got {v['counts']}"
     assert by_exercise(v)["step"]["status"] == "failing"
+
+
+WRONG_TWICE = "def twice(self, x):\n    return self.step(x) * 3\n"
+
+
+def _outcomes(verdict):
+    return (
+        [(t["test"], t["outcome"], t["message"], t["where"]) for t in verdict["tests"]],
+        {e["name"]: e["status"] for e in verdict["exercises"]},
+    )
+
+
+@pytest.mark.parametrize("jobs", ["2", "3", "7"])
+def test_a_sharded_run_gives_the_one_process_verdict(project, capsys, jobs):
+    """The tests split over processes (judge/shards.py), each run once, merged in their order."""
+    source = STEP + RUN + WRONG_TWICE
+    one = judge_file(project, capsys, source, "--jobs", "1")
+    shared = judge_file(project, capsys, source, "--jobs", jobs)
+    assert one[0] == shared[0] == 1
+    assert _outcomes(shared[1]) == _outcomes(one[1])
+    assert by_exercise(one[1])["twice"]["status"] == "failing"  # a verdict worth comparing
+
+
+def test_a_sharded_run_does_not_run_a_hung_exercise_again_in_its_share(project, capsys):
+    code, v = judge_file(project, capsys, HANG, "--jobs", "2")
+    assert code == 1 and by_exercise(v)["step"]["status"] == "failing"
+    tests = by_test(v)
+    assert len(tests) == 5 and not any(t["outcome"] == "passed" for t in tests.values())
+    timeouts = [n for n, t in tests.items() if t["outcome"] == "timeout"]
+    assert 1 <= len(timeouts) <= 2, f"at most one timeout a share, got {timeouts}"
+    for name, t in tests.items():
+        assert name in timeouts or t["message"].startswith("not run: step already timed out"), t
 
 
 def test_time_outside_the_engine_does_not_count_against_the_budget(project, capsys):
