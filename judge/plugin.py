@@ -106,6 +106,8 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         _deselect(config, items, lambda i: i.nodeid not in mine)
     if _judge.skip:
         _deselect(config, items, lambda i: i.nodeid in _judge.skip)
+    if _judge.spec.first_last and len(items) > 1:
+        items[:] = items[1:] + items[:1]
 
 
 def _deselect(config, items, drop) -> None:

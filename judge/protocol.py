@@ -81,12 +81,16 @@ class BudgetSpec:
     hard: float  # the hard cap on a test's wall time
     not_counted: List[str] = field(default_factory=list)  # packages whose time is never counted
     packages: List[str] = field(default_factory=list)  # packages whose time counts
+    # seconds the first test of a process spends on the process's one-off start (budgets.py)
+    first_test: float = 0.0
 
-    def limit(self, key: str) -> float:
-        """The budget in seconds of the test whose key (budgets.test_key) is `key`."""
+    def limit(self, key: str, first: bool = False) -> float:
+        """The budget in seconds of the test whose key (budgets.test_key) is `key`; `first`: the
+        process's first test, which also pays for its one-off start (not multiplied: it is the
+        engine's start-up, not the learner's code)."""
         measured = self.measured.get(key)
         budget = self.default if measured is None else max(self.floor, self.factor * measured)
-        return min(budget, self.hard)
+        return min(budget + (self.first_test if first else 0.0), self.hard)
 
 
 @dataclass
@@ -106,6 +110,8 @@ class RunSpec:
     # a sharded run: the file every share appends its timeouts to and reads before each test
     # (timer.py), so an exercise that hung in one share is not run again in another
     shared_timeouts: str = ""
+    # run the first collected test last (measure_budgets: its time without the process's start)
+    first_last: bool = False
 
     @property
     def swapped(self) -> List[ExerciseSpec]:

@@ -77,6 +77,9 @@ class RunOptions:
     # learner's run, 1 where runs already go in parallel (the self-check, mutation testing) or
     # are timed (measure_budgets)
     jobs: int = 1
+    # the first collected test run last: judge.measure_budgets times it without the process's
+    # one-off start, which the first test of every process pays
+    first_last: bool = False
     packages: Tuple[
         str, ...
     ] = ()  # whose running time counts against a budget; (): the targets' packages
@@ -277,6 +280,7 @@ def _build(
         timed_out=_timed_out(result.tests, units),
         shard=shard,
         shared_timeouts=shared_timeouts,
+        first_last=options.first_last,
     )
     if _timer_usable():
         data = options.budgets if options.budgets is not None else budgets_file.load()

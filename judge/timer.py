@@ -69,6 +69,7 @@ class _Timer:
         self.pending: Dict[str, Any] | None = None  # why the next SIGALRM raises
         self.raised = False  # the handler has raised BudgetTimeout in this test
         self.over: float | None = None  # a reference run: the budget this test's engine time passed
+        self.first = True  # no test has run in this process yet: the next pays for its start
 
     # -- the stack
 
@@ -115,7 +116,10 @@ class _Timer:
     # -- one test
 
     def run(self, item: pytest.Item):
-        limit = self.budget.limit(test_key(item.nodeid))
+        # the process's first test that runs (one not run starts no engine) pays for its start
+        first = self.first and self.blocked_by(item) is None
+        self.first = self.first and not first
+        limit = self.budget.limit(test_key(item.nodeid), first=first)
         self.item, self.pending, self.over, self.raised = item, None, None, False
         done = threading.Event()
         thread = threading.Thread(

@@ -26,9 +26,17 @@ import os
 import time
 
 
+STARTED = []
+
+
 class Engine:
     def step(self, x: int) -> int:
         """One step of the fake engine."""
+        if not STARTED:  # a process's one-off start, as a GPU's first engine (FAKE_START seconds)
+            STARTED.append(1)
+            end = time.process_time() + float(os.environ.get("FAKE_START", "0"))
+            while time.process_time() < end:
+                pass
         # slow in a stale budget's test: it computes (CPU time is what budgets count)
         end = time.process_time() + float(os.environ.get("FAKE_STEP_SLEEP", "0"))
         while time.process_time() < end:
@@ -234,6 +242,41 @@ def test_a_test_without_a_measured_time_gets_the_default_budget(project, capsys,
     hung = by_test(v)["test_step"]
     assert hung["outcome"] == "timeout" and "time budget of 0.5 s" in hung["message"], (
         f"expected the default budget of 0.5 s, got: {hung['outcome']}, {hung['message']}"
+    )
+
+
+def test_only_the_first_test_a_process_runs_gets_its_start_on_top_of_the_budget(
+    project, capsys, tmp_path
+):
+    budgets = json.loads((tmp_path / "budgets.json").read_text())
+    budgets["first_test"] = {"cpu": 0.4}
+    (tmp_path / "budgets.json").write_text(json.dumps(budgets))
+    hung = by_test(judge_file(project, capsys, HANG)[1])["test_step"]  # the first test
+    assert hung["outcome"] == "timeout" and "time budget of 0.7 s" in hung["message"], (
+        f"the first test's budget should be 0.3 s + the start's 0.4 s: {hung['message']}"
+    )
+    endless_twice = "def twice(self, x):\n    while True:\n        x += 1\n"
+    hung = by_test(judge_file(project, capsys, endless_twice)[1])["test_twice"]  # a later one
+    assert hung["outcome"] == "timeout" and "time budget of 0.3 s" in hung["message"], (
+        f"a later test's budget should be its own 0.3 s: {hung['message']}"
+    )
+
+
+def test_measuring_times_each_test_where_it_is_not_first_and_keeps_the_start_apart(
+    project, tmp_path, monkeypatch
+):
+    from judge.measure_budgets import measure
+
+    monkeypatch.setenv("FAKE_START", "0.3")  # every process's first step computes 0.3 s
+    assert measure(["ch44"], "cpu", 2) == 0
+    data = json.loads((tmp_path / "budgets.json").read_text())
+    times = data["times"]["cpu"]
+    assert times["test_speed.py::test_step"] < 0.15, (
+        f"test_step, the first collected test, was timed with the process's start: {times}"
+    )
+    assert max(times.values()) < 0.15, f"some test was timed with the process's start: {times}"
+    assert 0.2 < data["first_test"]["cpu"] < 0.6, (
+        f"the start (0.3 s) should be kept as first_test: {data['first_test']}"
     )
 
 
