@@ -49,13 +49,13 @@ DEFAULT = {"cpu": 30.0, "cuda": 120.0}
 # Not the engine's time even when the engine called them: compiling kernels, Hugging Face; and a
 # test's live server starting and stopping (other processes do that work: this one only waits).
 NOT_COUNTED = ["triton", "transformers", "minisgl.server.background"]
-# The file's "first_test" (per device, written by measure_budgets): what a process's first test
-# spends beyond its own work (the first engine built in a process: CUDA's lazily loaded kernels, the
-# caching allocator's first blocks, the first graphs). Every test's time is measured without it, and
-# the first test a process runs gets it on top of its budget once, not times the factor: it is the
-# same for a learner's code as for the reference's. Left in, it was 10x in the first test's budget
-# (ch11 on cuda: 11.1 s where a later place gives 5 s), and a learner's endless loop there ran that
-# long before it was stopped.
+# The file's "first_test" (per device and test file, written by measure_budgets): what a process's
+# first test spends beyond its own work (the first engine built in a process: CUDA's lazily loaded
+# kernels, the caching allocator's first blocks, the first graphs). Every test's time is measured
+# without it, and the first test a process runs gets its file's on top of its budget once, not
+# times the factor: it is the same for a learner's code as for the reference's. Left in, it was 10x
+# in the first test's budget (ch11 on cuda: 11.1 s where a later place gives 5 s), and a learner's
+# endless loop there ran that long before it was stopped.
 
 
 def path() -> Path:
@@ -101,7 +101,7 @@ class Budgets:
         self.floor = float(data.get("floor", {}).get(key, FLOOR[key]))
         self.factor = float(data.get("factor", FACTOR))
         self.default = float(data.get("default", {}).get(key, DEFAULT[key]))
-        self.first_test = float(data.get("first_test", {}).get(key, 0.0))
+        self.first_test: Dict[str, float] = dict(data.get("first_test", {}).get(key) or {})
         self.hard = hard
 
     def spec(self, packages: Sequence[str]) -> BudgetSpec:

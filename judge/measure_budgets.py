@@ -7,8 +7,8 @@ each test's time budget: judge/budgets.py says how a budget follows from it).
 
 Every test's time is taken where it is not the first test of its process: the counted runs alternate
 between the collected order and one with the first test moved last, and the first test's time in
-the collected order minus its time later is the process's one-off start, kept per device as
-"first_test" (budgets.py adds it to whichever test a process runs first).
+the collected order minus its time later is the process's one-off start, kept per device and test
+file as "first_test" (budgets.py adds it to whichever test of that file a process runs first).
 
 A module of its own because it runs the judge (judging.py, runner.py), which reads the budgets:
 kept in budgets.py it would make an import circle.
@@ -28,14 +28,15 @@ from .registry import load_registry
 from .runner import RunOptions
 
 
-def save(file, data: dict, key: str, times: Dict[str, float], first_test: float) -> None:
+def save(file, data: dict, key: str, times: Dict[str, float], first_test: Dict[str, float]) -> None:
     data["about"] = (
         "Each test's CPU time on the reference, in seconds, per device, where it is not the first "
         "test of its process: the base of its time budget (judge/budgets.py); first_test: what the "
-        "first test of a process spends beyond that. Written by `python -m judge.measure_budgets`."
+        "first test of a process spends beyond that, per test file. Written by "
+        "`python -m judge.measure_budgets`."
     )
     data.setdefault("times", {})[key] = dict(sorted(times.items()))
-    data.setdefault("first_test", {})[key] = round(first_test, 3)
+    data.setdefault("first_test", {})[key] = dict(sorted(first_test.items()))
     file.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
 
@@ -50,8 +51,7 @@ def measure(chapter_keys: List[str], device: str, repeat: int) -> int:
     data = load(file)
     key = device_key(device)
     times: Dict[str, float] = dict(data.get("times", {}).get(key, {}))
-    # the largest start measured, never below what the file says (other chapters measured it)
-    first_test = float(data.get("first_test", {}).get(key, 0.0))
+    first_test: Dict[str, float] = dict(data.get("first_test", {}).get(key) or {})  # file -> s
     failed = False
     for chapter in chapters:
         best: Dict[str, float] = {}
@@ -89,7 +89,7 @@ def measure(chapter_keys: List[str], device: str, repeat: int) -> int:
         if firsts and first in best:
             start = max(0.0, min(firsts) - best[first])
             print(f"{chapter.key}: a process's first test spends {start:.2f} s more")
-            first_test = max(first_test, start)
+            first_test[first.split("::")[0]] = round(start, 3)
         elif firsts:  # a chapter of one test: never timed later in a process, so with its start
             best[first] = max(firsts)
         if best:

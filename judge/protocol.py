@@ -81,8 +81,8 @@ class BudgetSpec:
     hard: float  # the hard cap on a test's wall time
     not_counted: List[str] = field(default_factory=list)  # packages whose time is never counted
     packages: List[str] = field(default_factory=list)  # packages whose time counts
-    # seconds the first test of a process spends on the process's one-off start (budgets.py)
-    first_test: float = 0.0
+    # test file -> seconds the first test of a process spends on its one-off start (budgets.py)
+    first_test: Dict[str, float] = field(default_factory=dict)
 
     def limit(self, key: str, first: bool = False) -> float:
         """The budget in seconds of the test whose key (budgets.test_key) is `key`; `first`: the
@@ -90,7 +90,8 @@ class BudgetSpec:
         engine's start-up, not the learner's code)."""
         measured = self.measured.get(key)
         budget = self.default if measured is None else max(self.floor, self.factor * measured)
-        return min(budget + (self.first_test if first else 0.0), self.hard)
+        start = self.first_test.get(key.split("::")[0], 0.0) if first else 0.0
+        return min(budget + start, self.hard)
 
 
 @dataclass

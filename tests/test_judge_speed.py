@@ -249,7 +249,7 @@ def test_only_the_first_test_a_process_runs_gets_its_start_on_top_of_the_budget(
     project, capsys, tmp_path
 ):
     budgets = json.loads((tmp_path / "budgets.json").read_text())
-    budgets["first_test"] = {"cpu": 0.4}
+    budgets["first_test"] = {"cpu": {"test_speed.py": 0.4}}
     (tmp_path / "budgets.json").write_text(json.dumps(budgets))
     hung = by_test(judge_file(project, capsys, HANG)[1])["test_step"]  # the first test
     assert hung["outcome"] == "timeout" and "time budget of 0.7 s" in hung["message"], (
@@ -275,7 +275,7 @@ def test_measuring_times_each_test_where_it_is_not_first_and_keeps_the_start_apa
         f"test_step, the first collected test, was timed with the process's start: {times}"
     )
     assert max(times.values()) < 0.15, f"some test was timed with the process's start: {times}"
-    assert 0.2 < data["first_test"]["cpu"] < 0.6, (
+    assert 0.2 < data["first_test"]["cpu"]["test_speed.py"] < 0.6, (
         f"the start (0.3 s) should be kept as first_test: {data['first_test']}"
     )
 
