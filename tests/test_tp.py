@@ -15,6 +15,7 @@ well under a minute on two cores.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -335,11 +336,13 @@ def test_ctrl_c_stops_every_rank_and_the_llm_says_so(to, tmp_path):
         try:
             out, _ = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGUSR1)  # its threads' stacks, then the end of its output
-            time.sleep(1.0)
+            for pid in [proc.pid, *pids]:  # every rank's threads' stacks into the output
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGUSR1)
+                time.sleep(0.5)
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
-            raise AssertionError(f"still running 30 s after the interrupt:\n{out[-6000:]}")
+            raise AssertionError(f"still running 30 s after the interrupt:\n{out[-12000:]}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

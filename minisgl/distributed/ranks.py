@@ -13,6 +13,7 @@ sockets. Either way the others' next collective fails at once (`CollectiveFailed
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import queue
 import signal
@@ -48,6 +49,8 @@ def rank_main(target: Callable, rank: int, size: int, port: int, backend: str, e
     """A rank other than 0: join the group, run `target(comm, control, *args)`, leave."""
     # Ctrl-C in a terminal reaches every process of the group; rank 0 decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGUSR1 prints every thread's stack to stderr (rank 0's): where a rank hangs, if it does
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         from minisgl.server.init import run_server_init
 
