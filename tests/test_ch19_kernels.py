@@ -181,5 +181,9 @@ def test_small_batch_linear_reads_rows_of_x_at_their_stride_and_keeps_leading_di
     wide = rand(2, 1, 90, seed=18)
     x = wide[..., :60]
     w = rand(12, 60, seed=19)
+    want = (x.double() @ w.double().T).float()
     got = triton_ops.small_batch_linear(x, w, {"block_k": 16})
-    assert_close(got, (x.double() @ w.double().T).float(), "strided x", atol=1e-4, rtol=1e-5)
+    assert_close(got, want, "strided x, K in slices of 16", atol=1e-4, rtol=1e-5)
+    # one slice of 64 for K = 60: the four lanes past K hold x's next values and W's next row
+    got = triton_ops.small_batch_linear(x, w)
+    assert_close(got, want, "strided x, K in one slice of 64", atol=1e-4, rtol=1e-5)

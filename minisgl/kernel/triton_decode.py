@@ -24,12 +24,14 @@ import triton.language as tl
 
 from .triton_blocks import key_block_scores, online_softmax_step
 from .triton_launch import launch, next_pow2, paged_kv_strides, settings
+from .triton_pdl import let_next_kernel_start, pdl_aware, wait_for_previous_kernel
 
 _TARGET_PROGRAMS = 1024  # a few waves of programs over the H200's 132 multiprocessors
 _MAX_SPLITS = 16
 _BLOCK_H = 16  # query heads of one KV head, padded to the smallest tensor-core tile
 
 
+@pdl_aware
 @triton.jit
 def _paged_decode_kernel(
     Q,
@@ -69,6 +71,8 @@ def _paged_decode_kernel(
     per_split = tl.cdiv(tl.cdiv(seqlen, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
     end = tl.minimum(start + per_split, seqlen)
+    wait_for_previous_kernel()  # the lengths and page table are step inputs; q and the KV are not
+    let_next_kernel_start()
 
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, HEAD_DIM)
@@ -123,6 +127,7 @@ def combine_splits(o, lse):
     return tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
 
 
+@pdl_aware
 @triton.jit
 def _combine_kernel(
     O,
@@ -143,6 +148,8 @@ def _combine_kernel(
     h = tl.program_id(1)
     sp = tl.arange(0, NUM_SPLITS)
     d = tl.arange(0, HEAD_DIM)
+    wait_for_previous_kernel()
+    let_next_kernel_start()
     lse = tl.load(LSE + b * stride_lb + h * stride_lh + sp)
     o = tl.load(O + b * stride_ob + h * stride_oh + sp[:, None] * stride_os + d[None, :])
     out = combine_splits(o, lse)

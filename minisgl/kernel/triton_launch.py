@@ -2,7 +2,8 @@
 only the kernel modules beside it use it).
 
 * `launch(kernel, grid, ...)`: one place that launches, and skips a grid with no programs (an
-  empty batch, a prefill with no new tokens), which the kernels would otherwise each test for.
+  empty batch, a prefill with no new tokens), which the kernels would otherwise each test for; a
+  kernel marked `pdl_aware` (triton_pdl.py) is started with programmatic dependent launch.
 * `settings(defaults, tuning)`: a launch's settings (block sizes, warps, stages), which a
   benchmark may override (benchmarks/decode_kernels.py); a key the launch does not know is refused
   rather than silently unused.
@@ -12,6 +13,7 @@ only the kernel modules beside it use it).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Sequence, Tuple
 
 import torch
@@ -31,6 +33,9 @@ def settings(defaults: Dict[str, Any], tuning: Dict[str, Any] | None) -> Dict[st
 def launch(kernel, grid: Sequence[int], *args, **meta) -> None:
     """`kernel[grid](*args, **meta)`, unless the grid has no programs."""
     if all(g > 0 for g in grid):
+        # only a kernel marked pdl_aware, never one that does not wait (a learner's)
+        if math.prod(grid) <= getattr(kernel, "minisgl_pdl_programs", 0):
+            meta["launch_pdl"] = True
         kernel[tuple(grid)](*args, **meta)
 
 

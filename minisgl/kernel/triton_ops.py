@@ -6,7 +6,8 @@ of q and k fourteen. The element-wise functions here are one kernel each, doing 
 ops.py in the same order of roundings (float32 inside, the model's dtype where torch would round),
 so float32 results agree with ops.py to the last bits and bfloat16 ones within a rounding. Two
 more: the attention layer's q/k norm + RoPE + K/V store in one kernel, and a matrix-vector product
-for one-row batches, where cuBLAS is slow for some shapes.
+for one-row batches, where cuBLAS is slow for some shapes; and, from triton_norm_linear.py, batch
+1's add + RMSNorm fused into the projection after it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,23 @@ import triton
 import triton.language as tl
 
 from .triton_launch import launch, settings
+from .triton_norm_linear import fits as norm_linear_fits
+from .triton_norm_linear import norm_linear
+from .triton_pdl import let_next_kernel_start, pdl_aware, wait_for_previous_kernel
+from .triton_silu import silu_and_mul
+
+__all__ = [
+    "fused_add_rms_norm",
+    "norm_linear",
+    "norm_linear_fits",
+    "qk_norm_rope_store_",
+    "rms_norm",
+    "silu_and_mul",
+    "small_batch_linear",
+]
 
 
+@pdl_aware
 @triton.jit
 def _add_rms_norm_kernel(
     X,
@@ -57,6 +73,9 @@ def _add_rms_norm_kernel(
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < n
+    w = tl.load(W + cols, mask=ok, other=0.0)  # a weight: read before the previous kernel ends
+    wait_for_previous_kernel()
+    let_next_kernel_start()
     x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0)
     if HAS_RESIDUAL:  # residual = x + residual, rounded to the dtype as torch's add does
         r = tl.load(R + row * stride_r + cols, mask=ok, other=0.0)
@@ -65,7 +84,6 @@ def _add_rms_norm_kernel(
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / n
     y = (xf * tl.rsqrt(var + eps)).to(X.dtype.element_ty)
-    w = tl.load(W + cols, mask=ok, other=0.0)
     tl.store(
         Y + row * stride_y + cols,
         (w.to(tl.float32) * y.to(tl.float32)).to(Y.dtype.element_ty),
@@ -135,6 +153,7 @@ def _norm_rope(x1, x2, W, c, s, i, eps, HALF: tl.constexpr, HAS_NORM: tl.constex
     return (a * c - b * s).to(dt), (b * c + a * s).to(dt)
 
 
+@pdl_aware
 @triton.jit
 def _qk_norm_rope_store_kernel(
     QKV,
@@ -165,6 +184,8 @@ def _qk_norm_rope_store_kernel(
     pos = tl.load(POS + t)
     c = tl.load(COS + pos * stride_cos + i)
     s = tl.load(SIN + pos * stride_cos + i)
+    wait_for_previous_kernel()  # the positions and tables are step inputs; qkv is not
+    let_next_kernel_start()
     row = QKV + t.to(tl.int64) * stride_t
     if h < NUM_HEADS:
         ptr = row + h * (2 * HALF)
@@ -247,39 +268,7 @@ def qk_norm_rope_store_(
     )
 
 
-@triton.jit
-def _silu_mul_kernel(X, Y, stride_x, stride_y, n, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < n
-    g = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(X + row * stride_x + n + cols, mask=ok, other=0.0)
-    act = (g / (1.0 + tl.exp(-g))).to(u.dtype)  # F.silu rounds to the dtype before the product
-    tl.store(
-        Y + row * stride_y + cols, (act.to(tl.float32) * u.to(tl.float32)).to(u.dtype), mask=ok
-    )
-
-
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    n = x.shape[-1] // 2
-    x2 = x.reshape(-1, 2 * n)
-    assert x2.stride(-1) == 1
-    y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
-    block = 1024
-    launch(
-        _silu_mul_kernel,
-        (x2.shape[0], triton.cdiv(n, block)),
-        x2,
-        y,
-        x2.stride(0),
-        y.stride(0),
-        n,
-        BLOCK=block,
-        num_warps=4,
-    )
-    return y.view(*x.shape[:-1], n)
-
-
+@pdl_aware
 @triton.jit
 def _small_batch_linear_kernel(
     X,
@@ -319,8 +308,22 @@ def _small_batch_linear_kernel(
     m = tl.arange(0, BLOCK_M)
     n_ok = n < N
     m_ok = m < M
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    # the first slice of W is asked for before the previous kernel has finished (that kernel
+    # writes x, never W): under PDL the weights stream while the kernel before this one runs
+    k = tl.arange(0, BLOCK_K)
+    k_ok = k < K
+    w = tl.load(
+        W + n[:, None].to(tl.int64) * stride_wn + k[None, :],
+        mask=n_ok[:, None] & k_ok[None, :],
+        other=0.0,
+    )
+    wait_for_previous_kernel()
+    let_next_kernel_start()
+    x = tl.load(
+        X + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0
+    )
+    acc = tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    for k0 in range(BLOCK_K, K, BLOCK_K):  # the other slices
         k = k0 + tl.arange(0, BLOCK_K)
         k_ok = k < K
         w = tl.load(
@@ -357,7 +360,7 @@ def small_batch_linear(
     # narrow matrices: few rows per program, so that there are a few hundred programs; each asks
     # for as much of its rows at once as the registers hold (the best settings measured on an H200)
     block_n = 4 if n <= 2048 else 16
-    block_k = min(triton.next_power_of_2(k_dim), 2048, 16384 // (block_m * block_n))
+    block_k = min(triton.next_power_of_2(k_dim), 16384 // (block_m * block_n))
     tune = settings({"block_n": block_n, "block_k": block_k, "num_warps": 4}, tuning)
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     launch(

@@ -45,8 +45,11 @@ class AttentionLayer(BaseOP):
         self._rotary = rotary
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_qkv(self.qkv_proj.forward(x))
+
+    def forward_qkv(self, qkv: torch.Tensor) -> torch.Tensor:
+        """The layer after its q|k|v projection (the decoder layer may fuse the norm into it)."""
         ctx = get_global_ctx()
-        qkv = self.qkv_proj.forward(x)
         q = qkv[:, : self._q_size].reshape(-1, self._num_heads, self._head_dim)  # a view into qkv
         fused = fused_for(q)
         if fused is not None:  # norms, RoPE and the K/V store in one kernel (q in place in qkv)

@@ -24,6 +24,10 @@ class Linear(BaseOP):
             self.bias = torch.empty(out_features, dtype=dtype, device=device)
         self._has_bias = bias
 
+    @property
+    def has_bias(self) -> bool:
+        return self._has_bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fused = fused_for(x)
         if fused is not None and not self._has_bias and x.numel() == x.shape[-1]:

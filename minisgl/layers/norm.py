@@ -4,10 +4,11 @@ from typing import Tuple
 
 import torch
 
-from minisgl.kernel import fused_add_rms_norm, rms_norm
+from minisgl.kernel import fused_add_rms_norm, rms_norm, silu_and_mul
 from minisgl.kernel.dispatch import fused_for
 
 from .base import BaseOP
+from .linear import Linear
 
 
 class RMSNorm(BaseOP):
@@ -32,3 +33,18 @@ class RMSNorm(BaseOP):
             return norm(x, self.weight, self._eps), x
         add_norm = fused.fused_add_rms_norm if fused is not None else fused_add_rms_norm
         return add_norm(x, residual, self.weight, self._eps)
+
+    def forward_into(
+        self, linear: Linear, x: torch.Tensor, residual: torch.Tensor | None, gated: bool = False
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(linear(norm(x + residual)), x + residual); with `gated` (linear = the MLP's gate|up)
+        silu_and_mul of the product. One kernel on a GPU for one row (a decode step of batch 1:
+        minisgl/kernel/triton_norm_linear.py); the separate ops otherwise."""
+        fused = fused_for(x)
+        if fused is not None and not linear.has_bias and fused.norm_linear_fits(x, linear.weight):
+            return fused.norm_linear(x, residual, self.weight, self._eps, linear.weight, gated)
+        x, residual = self.forward_fused(x, residual)
+        y = linear.forward(x)
+        if gated:
+            y = fused.silu_and_mul(y) if fused is not None else silu_and_mul(y)
+        return y, residual

@@ -76,8 +76,14 @@ class DecoderLayer(BaseOP):
             self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None):
-        x, residual = self.input_layernorm.forward_fused(x, residual)
-        x = self.self_attn.forward(x)
+        # each norm goes into the projection after it: one kernel at batch 1 on a GPU
+        qkv, residual = self.input_layernorm.forward_into(self.self_attn.qkv_proj, x, residual)
+        x = self.self_attn.forward_qkv(qkv)
+        if isinstance(self.mlp, MLP):
+            h, residual = self.post_attention_layernorm.forward_into(
+                self.mlp.gate_up_proj, x, residual, gated=True
+            )
+            return self.mlp.down_proj.forward(h), residual
         x, residual = self.post_attention_layernorm.forward_fused(x, residual)
         return self.mlp.forward(x), residual
 
