@@ -46,6 +46,8 @@ if want bench; then
   timeout ${BENCH_TIMEOUT:-300} $py benchmarks/overlap_ablation.py ${BENCH_ARGS:-} --out "$OUT/ablation.json" 2>&1 | tee "$OUT/ablation.txt"
   part "minisgl vs transformers' generate (bundled model; each figure a fresh process, default threads)"
   timeout 300 $py benchmarks/throughput.py --device cuda --no-busy --repeat 2 2>&1 | tee "$OUT/throughput.txt"
+  part "the decode step against the memory floor, programmatic dependent launch on and off, twice"
+  timeout 300 $py benchmarks/decode_step.py --repeat 2 --out "$OUT/decode_step.json" 2>&1 | tee "$OUT/decode_step.txt"
   part "decode kernels alone"
   timeout 120 $py benchmarks/decode_kernels.py --quick 2>&1 | tee "$OUT/decode_kernels.txt"
 fi

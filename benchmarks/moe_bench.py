@@ -194,7 +194,8 @@ def main() -> None:
             llm = build(model_dir, fused, graphs, args.max_running_req)
             built = time.perf_counter() - t0
             warm_up(llm, vocab, n=8)
-            wall, gpu = decode_step_times(llm, vocab, batch=1, prompt_len=256, steps=32)
+            step = decode_step_times(llm, vocab, batch=1, prompt_len=256, steps=32)
+            wall, gpu = step["wall_ms"], step["gpu_ms"]
             run = {"build_s": built, "decode_b1_wall_ms": wall, "decode_b1_gpu_ms": gpu}
             print(
                 f"{name}: built in {built:.1f} s; decode step at batch 1: {wall:.2f} ms wall, "

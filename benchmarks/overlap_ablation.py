@@ -239,7 +239,8 @@ def profile_window(llm: TimedLLM, prompts, params, skip: int, steps: int):
 def decode_step_times(
     llm: TimedLLM, vocab: int, batch: int, prompt_len: int, steps: int, profile_steps: int = 0
 ):
-    """Wall and GPU ms per decode step at a fixed batch size (overlap loop)."""
+    """Wall and GPU ms per decode step at a fixed batch size (overlap loop); with `profile_steps`,
+    also where a step's GPU time goes (printed, and returned under "kernels", "busy", "top")."""
     rng = random.Random(2)
     for _ in range(batch):
         llm.add_request(
@@ -277,9 +278,15 @@ def decode_step_times(
         )
         for name, ms in top[:6]:
             print(f"    {ms / profile_steps * 1000:8.1f} us/step  {name[:90]}")
+        prof_info = dict(
+            kernels=len(kernels) / profile_steps,
+            busy=frac,
+            top=[(name, ms / profile_steps * 1000) for name, ms in top],
+        )
     llm.run_until_idle()
     llm.results.clear()
-    return wall_ms, statistics.median(gpu)
+    times = dict(wall_ms=wall_ms, gpu_ms=statistics.median(gpu))
+    return {**times, **prof_info} if profile_steps else times
 
 
 def hf_generate_tok_s(model, vocab: int, batch: int, prompt_len: int, new_tokens: int) -> float:
@@ -420,9 +427,8 @@ def main() -> None:
         llm = build(tmp, 64, graphs, 1024, 64 * 1024 + 4096)
         warm_up(llm, vocab)
         for bs in (1, 64):
-            wall_ms, gpu_ms = decode_step_times(
-                llm, vocab, bs, 512, 64, profile_steps=10 if graphs else 0
-            )
+            step = decode_step_times(llm, vocab, bs, 512, 64, profile_steps=10 if graphs else 0)
+            wall_ms, gpu_ms = step["wall_ms"], step["gpu_ms"]
             res["decode_step"][f"graphs={'on' if graphs else 'off'},bs={bs}"] = dict(
                 wall_ms=wall_ms, gpu_ms=gpu_ms
             )
