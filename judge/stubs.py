@@ -32,6 +32,9 @@ __all__ = ["load_registry", "exercises", "stub_source", "reference_source", "sen
 
 KIND_DECORATORS = {"property", "classmethod", "staticmethod"}
 JIT_DECORATORS = {"triton.jit", "jit"}
+# marks only the engine's own kernels carry: a learner's kernel is never started early
+# (minisgl/kernel/triton_pdl.py), so the reference as the learner would write it has none
+ENGINE_DECORATORS = {"pdl_aware"}
 
 
 def exercises(chapter: str | int) -> List[Exercise]:
@@ -59,11 +62,12 @@ def reference_source(chapter: str | int, exercise: str | Exercise) -> str:
     ex = _exercise(chapter, exercise)
     text, node = _function_source(ex)
     lines = text.splitlines()
-    # Drop the kind decorators (the learner's format has none); keep others, e.g. @torch.no_grad().
+    # Drop the kind decorators (the learner's format has none) and the engine's marks; keep
+    # others, e.g. @torch.no_grad().
     keep = [
         ln
         for ln, dec in _decorator_lines(node, lines)
-        if _decorator_name(dec) not in KIND_DECORATORS
+        if _decorator_name(dec) not in KIND_DECORATORS | ENGINE_DECORATORS
     ]
     start = node.lineno - 1  # the `def` line (ast numbers the def, not its decorators, in 3.8+)
     return "\n".join(keep + lines[start:]) + "\n"

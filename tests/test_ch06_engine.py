@@ -193,6 +193,10 @@ def test_forward_batch_returns_before_the_step_is_done_on_a_gpu():
     forward_batch that waits for its step (a blocking copy to the host, say) comes back too late."""
     h = Harness()
     prompt = prompt_ids()[0]
+    # A process's first launch of a Triton kernel loads its module, which waits for the GPU: one
+    # step first, so the one measured launches only kernels already loaded (run alone, this test
+    # otherwise fails on the loads, not on forward_batch)
+    h.launch([h.add(prompt, SamplingParams(max_tokens=4))], "prefill").copy_done.synchronize()
     req = h.add(prompt, SamplingParams(max_tokens=4))
     h.engine.stream.launch(lambda: torch.cuda._sleep(100_000_000))  # ~50 ms of GPU time
     out = h.launch([req], "prefill")

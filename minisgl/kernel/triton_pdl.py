@@ -20,10 +20,12 @@ the ordinary way, which waits for everything before it; so the marked ones are s
 `PDL` is False unless MINISGL_PDL=1, and off a GPU (Triton's interpreter), before Hopper or with a
 Triton without the instructions; then both helpers compile to nothing.
 
-Why it is not on by default: on an H200 (benchmarks/decode_step.py, 2026-12-04) the same code ran
-a batch-1 step in 0.81 ms with it against 1.03 without in one run, and in 1.18 against 0.93 in
-another; the slow runs' kernels took as long as the fast ones', but the GPU sat idle between them
-inside the replayed graph (busy 36 % against 52 %). Until that is understood it is a switch.
+Measured on an H200 (benchmarks/decode_step.py, 2026-12-04, Qwen3-0.6B's shape, graphs on): a
+batch-1 step 0.768 ms with PDL against 0.922 without, in alternating fresh processes; faster in
+every pair. Some processes are slower whatever the setting (the GPU idles between kernels inside
+the replayed graph: busy 35 % against 55 %, the kernels as long as in the fast ones). It is off by
+default because the whole test suite has not yet run with it on a GPU (the targeted kernel, graph
+and engine tests have); MINISGL_PDL=1 turns it on.
 """
 
 from __future__ import annotations
