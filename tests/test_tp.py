@@ -278,6 +278,9 @@ def test_every_rank_runs_the_server_init_hook_first(monkeypatch):
 
 CTRL_C_SCRIPT = """
 import faulthandler, signal, sys, time
+# Ctrl-C raises KeyboardInterrupt, as in a terminal: a parent started in the background
+# (`nohup ... &`) hands its children SIGINT ignored, and Python then installs no handler for it
+signal.signal(signal.SIGINT, signal.default_int_handler)
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs, if it does
 sys.path[:0] = {paths!r}
 from helpers import build_llm, greedy, prompt_ids
