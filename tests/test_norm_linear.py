@@ -1,7 +1,8 @@
 """Batch 1's add + RMSNorm fused into the projection after it
 (minisgl/kernel/triton_norm_linear.py), against the separate ops it replaces: rms_norm(x +
 residual) then x W^T, and with `gated` the MLP's silu_and_mul of the product. On the CPU in
-Triton's interpreter (TRITON_INTERPRET=1, set by conftest), compiled with `--device cuda`."""
+Triton's interpreter (TRITON_INTERPRET=1, set by conftest), compiled with `--device cuda`; and
+the separate SiLU·mul kernel, whose rounding the gated product shares (triton_silu.silu_mul)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from minisgl.kernel import ops
 
 pytest.importorskip("triton", reason='the kernels need triton: pip install -e ".[triton]"')
 
-from minisgl.kernel import triton_norm_linear  # noqa: E402  (imports triton)
+from minisgl.kernel import triton_norm_linear, triton_silu  # noqa: E402  (imports triton)
 
 EPS = 1e-6
 BF16_ROUNDING = 2**-7  # see tests/test_ch19_kernels.py: the interpreter truncates to bfloat16
@@ -73,3 +74,13 @@ def test_only_one_row_of_a_hidden_size_a_block_holds_is_fused():
     assert not triton_norm_linear.fits(rand(1, 64), rand(64, 8).T)  # not contiguous
     big = rand(1, 8192)
     assert not triton_norm_linear.fits(big, rand(2, 8192))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_silu_mul_kernel_rounds_as_ops_does(dtype):
+    # 3 rows of gate | up, 1500 wide: two blocks of 1024 columns, the second one partial
+    x = rand(3, 3000, seed=9).mul(4).to(dtype)
+    got, want = triton_silu.silu_and_mul(x), ops.silu_and_mul(x)
+    assert got.shape == want.shape == (3, 1500) and got.dtype == dtype
+    rtol = 1e-6 if dtype == torch.float32 else 2 * BF16_ROUNDING
+    torch.testing.assert_close(got.float(), want.float(), atol=1e-6, rtol=rtol)

@@ -12,6 +12,8 @@ import torch
 
 from minisgl.core import current_ctx
 
+from . import ops
+
 
 def fused_kernels(on: bool) -> ModuleType | None:
     """The fused-kernel module for an engine that wants it (`on`), else None."""
@@ -20,6 +22,13 @@ def fused_kernels(on: bool) -> ModuleType | None:
     from . import triton_ops  # imports triton: GPU machines only
 
     return triton_ops
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation with the running engine's kernels: the Triton one for a GPU tensor of
+    an engine that uses them, ops.silu_and_mul otherwise."""
+    fused = fused_for(x)
+    return (fused if fused is not None else ops).silu_and_mul(x)
 
 
 def fused_for(x: torch.Tensor) -> ModuleType | None:

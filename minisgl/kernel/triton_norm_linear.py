@@ -19,6 +19,7 @@ import triton.language as tl
 
 from .triton_launch import launch
 from .triton_pdl import let_next_kernel_start, pdl_aware, wait_for_previous_kernel
+from .triton_silu import silu_mul
 
 _TILE = 16384  # weights a program holds in registers: BLOCK_N x BLOCK_K (x 2 gated)
 _MAX_HIDDEN = 4096
@@ -36,7 +37,6 @@ def _norm_linear_kernel(
     N,
     K,
     stride_w,
-    up_offset,
     eps,
     HAS_RESIDUAL: tl.constexpr,
     GATED: tl.constexpr,
@@ -44,7 +44,7 @@ def _norm_linear_kernel(
     BLOCK_K: tl.constexpr,
 ):
     """Outputs p * BLOCK_N .. + BLOCK_N of one row: h = rms_norm(x + r) * nw, then h W^T, or
-    silu(h Wg^T) * (h Wu^T) with GATED, the up rows `up_offset` rows after the gate's. Program 0
+    silu(h Wg^T) * (h Wu^T) with GATED, the up rows N rows after the gate's. Program 0
     also writes x + r to R_OUT. The weights are read before the previous kernel ends (PDL)."""
     pid = tl.program_id(0)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -55,7 +55,7 @@ def _norm_linear_kernel(
     rows = W + n[:, None].to(tl.int64) * stride_w + k[None, :]
     wg = tl.load(rows, mask=w_ok, other=0.0)
     if GATED:
-        wu = tl.load(rows + up_offset * stride_w, mask=w_ok, other=0.0)
+        wu = tl.load(rows + N * stride_w, mask=w_ok, other=0.0)
     nw = tl.load(NW + k, mask=k_ok, other=0.0)
     wait_for_previous_kernel()
     let_next_kernel_start()
@@ -74,8 +74,7 @@ def _norm_linear_kernel(
     if GATED:  # each product rounded to the dtype, as the unfused path stores them
         g = out.to(Y.dtype.element_ty).to(tl.float32)
         u = tl.sum(h[None, :] * wu.to(tl.float32), axis=1).to(Y.dtype.element_ty)
-        act = (g / (1.0 + tl.exp(-g))).to(u.dtype)
-        out = act.to(tl.float32) * u.to(tl.float32)
+        out = silu_mul(g, u)
     tl.store(Y + n, out.to(Y.dtype.element_ty), mask=n_ok)
 
 
@@ -119,7 +118,6 @@ def norm_linear(
         n,
         k_dim,
         weight.stride(0),
-        n,
         eps,
         HAS_RESIDUAL=residual is not None,
         GATED=gated,

@@ -11,6 +11,14 @@ from .triton_launch import launch
 from .triton_pdl import let_next_kernel_start, pdl_aware, wait_for_previous_kernel
 
 
+@triton.jit
+def silu_mul(g, u):
+    """silu(g) * u rounded as ops.silu_and_mul rounds it, in float32: g is float32 holding values
+    of the model's dtype, u is in that dtype; F.silu rounds to the dtype before the product."""
+    act = (g / (1.0 + tl.exp(-g))).to(u.dtype)
+    return act.to(tl.float32) * u.to(tl.float32)
+
+
 @pdl_aware
 @triton.jit
 def _silu_mul_kernel(X, Y, stride_x, stride_y, n, BLOCK: tl.constexpr):
@@ -21,10 +29,7 @@ def _silu_mul_kernel(X, Y, stride_x, stride_y, n, BLOCK: tl.constexpr):
     let_next_kernel_start()
     g = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(X + row * stride_x + n + cols, mask=ok, other=0.0)
-    act = (g / (1.0 + tl.exp(-g))).to(u.dtype)  # F.silu rounds to the dtype before the product
-    tl.store(
-        Y + row * stride_y + cols, (act.to(tl.float32) * u.to(tl.float32)).to(u.dtype), mask=ok
-    )
+    tl.store(Y + row * stride_y + cols, silu_mul(g, u).to(u.dtype), mask=ok)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

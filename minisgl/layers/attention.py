@@ -45,10 +45,15 @@ class AttentionLayer(BaseOP):
         self._rotary = rotary
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_qkv(self.qkv_proj.forward(x))
+        return self._attend(self.qkv_proj.forward(x))
 
-    def forward_qkv(self, qkv: torch.Tensor) -> torch.Tensor:
-        """The layer after its q|k|v projection (the decoder layer may fuse the norm into it)."""
+    def forward_normed(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None):
+        """(attention(norm(x + residual)), x + residual), the norm inside the q|k|v product
+        (RMSNorm.forward_into)."""
+        qkv, residual = norm.forward_into(self.qkv_proj, x, residual)
+        return self._attend(qkv), residual
+
+    def _attend(self, qkv: torch.Tensor) -> torch.Tensor:
         ctx = get_global_ctx()
         q = qkv[:, : self._q_size].reshape(-1, self._num_heads, self._head_dim)  # a view into qkv
         fused = fused_for(q)

@@ -4,7 +4,7 @@ from typing import Tuple
 
 import torch
 
-from minisgl.kernel import fused_add_rms_norm, rms_norm, silu_and_mul
+from minisgl.kernel import dispatch, fused_add_rms_norm, rms_norm
 from minisgl.kernel.dispatch import fused_for
 
 from .base import BaseOP
@@ -45,6 +45,4 @@ class RMSNorm(BaseOP):
             return fused.norm_linear(x, residual, self.weight, self._eps, linear.weight, gated)
         x, residual = self.forward_fused(x, residual)
         y = linear.forward(x)
-        if gated:
-            y = fused.silu_and_mul(y) if fused is not None else silu_and_mul(y)
-        return y, residual
+        return (dispatch.silu_and_mul(y) if gated else y), residual

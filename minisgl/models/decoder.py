@@ -12,8 +12,7 @@ from typing import ContextManager
 import torch
 
 from minisgl.core import get_global_ctx
-from minisgl.kernel import silu_and_mul
-from minisgl.kernel.dispatch import fused_for
+from minisgl.kernel.dispatch import silu_and_mul
 from minisgl.layers import (
     AttentionLayer,
     BaseOP,
@@ -37,11 +36,13 @@ class MLP(BaseOP):
         self.down_proj = Linear(intermediate, hidden, bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.gate_up_proj.forward(x)
-        fused = fused_for(h)
-        return self.down_proj.forward(
-            fused.silu_and_mul(h) if fused is not None else silu_and_mul(h)
-        )
+        return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
+
+    def forward_normed(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None):
+        """(MLP(norm(x + residual)), x + residual), the norm and the SiLU·mul inside the gate|up
+        product (RMSNorm.forward_into)."""
+        h, residual = norm.forward_into(self.gate_up_proj, x, residual, gated=True)
+        return self.down_proj.forward(h), residual
 
 
 class DecoderLayer(BaseOP):
@@ -76,14 +77,11 @@ class DecoderLayer(BaseOP):
             self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, device)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None):
-        # each norm goes into the projection after it: one kernel at batch 1 on a GPU
-        qkv, residual = self.input_layernorm.forward_into(self.self_attn.qkv_proj, x, residual)
-        x = self.self_attn.forward_qkv(qkv)
+        # each norm is handed the projection that reads it: forward_fused, then the projection,
+        # except one row on a GPU, where the two are one kernel (chapter 19)
+        x, residual = self.self_attn.forward_normed(self.input_layernorm, x, residual)
         if isinstance(self.mlp, MLP):
-            h, residual = self.post_attention_layernorm.forward_into(
-                self.mlp.gate_up_proj, x, residual, gated=True
-            )
-            return self.mlp.down_proj.forward(h), residual
+            return self.mlp.forward_normed(self.post_attention_layernorm, x, residual)
         x, residual = self.post_attention_layernorm.forward_fused(x, residual)
         return self.mlp.forward(x), residual
 
