@@ -324,6 +324,23 @@ def test_selfcheck_proves_the_fake_chapter(project, capsys):
     assert "selfcheck passed" in out
 
 
+def test_selfcheck_counts_a_variant_that_kills_the_test_process_as_caught(
+    project, capsys, monkeypatch
+):
+    """As a stream race does on a GPU (an illegal address ends the process): the tests it was in
+    fail, which is what the check asks of a variant; the run's note that the process died too
+    often is reported beside them, not held against the check."""
+    import judge.runner
+
+    monkeypatch.setattr(judge.runner, "MAX_RESTARTS", 1)  # three tests call double: 3 deaths > 2
+    (project.variants / "ch42_exits.py").write_text(
+        '"""Ends the process."""\n\ndef double(x):\n    import os\n    os._exit(3)\n'
+    )
+    assert main(["--selfcheck", "ch42", "--workers", "1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "selfcheck passed" in out and "ok ch42 variant exits" in out
+
+
 def test_selfcheck_names_registry_mistakes(project, capsys):
     registry = project.root / "registry.toml"
     text = registry.read_text().replace(
