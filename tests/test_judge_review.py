@@ -14,8 +14,13 @@ import pytest
 from judge_fixtures import fake_project  # noqa: F401  (the project fixture needs it importable)
 from test_judge_speed import RUN, STEP, TWICE, by_exercise, by_test, judge_file, project  # noqa: F401
 
-# `step` is right but slow; `run` calls it forever: the stack at the timeout holds both.
-SLOW_STEP = "def step(self, x):\n    import time\n    time.sleep(0.01)\n    return x + 1\n"
+# `step` is right but slow (10 ms of CPU a call: the budgets count CPU time, so a sleeping step
+# would reach only the wall-clock cap, some 30 s later); `run` calls it forever: the stack at the
+# timeout holds both.
+SLOW_STEP = (
+    "def step(self, x):\n    import time\n    end = time.process_time() + 0.01\n"
+    "    while time.process_time() < end:\n        pass\n    return x + 1\n"
+)
 ENDLESS_RUN = "def run(self, n):\n    x = 0\n    while True:\n        x = self.step(x)\n"
 
 
