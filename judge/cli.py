@@ -358,12 +358,7 @@ def _nothing_can_run(codes, chapters: Sequence[Chapter]) -> bool:
 
 def _untouched(codes, chapters: Sequence[Chapter]) -> bool:
     """Every exercise is still its stub, as in a fresh clone: nothing of the learner's to judge."""
-    exercises = [(c, e) for c in chapters for e in c.exercises]
-    return (
-        bool(exercises)
-        and not any(codes[c.key].general_problems for c in chapters)
-        and all(codes[c.key].attempted.get(e.name) is False for c, e in exercises)
-    )
+    return any(c.exercises for c in chapters) and all(codes[c.key].untouched(c) for c in chapters)
 
 
 def _not_started(chapters, codes, options, origin: str, args, console, target) -> int:

@@ -111,9 +111,14 @@ def render(
 
 
 def render_not_started(
-    verdict: Verdict, chapters: Sequence[Chapter], console: Console, hint_command: str
+    verdict: Verdict,
+    chapters: Sequence[Chapter],
+    console: Console,
+    hint_command: str,
+    in_kernel: bool = False,
 ) -> None:
-    """Every exercise still its stub (a fresh clone): what to do next, instead of a wall of red."""
+    """Every exercise still its stub (a fresh clone): what to do next, instead of a wall of red.
+    `in_kernel`: judged from the notebook itself (judge.check), whose cells are right above."""
     key = chapters[-1].key
     where = _relative(verdict.origin)
     console.print(Text(f"{chapters[0].key} · {chapters[0].title}", style="bold"))
@@ -127,11 +132,18 @@ def render_not_started(
     console.print(table)
     console.print()
     console.print(Text("Not attempted yet, so no test was run. Next:", style="bold"))
-    console.print(
-        f"  1. open {where} (`jupyter lab notebooks/`) and write an exercise in its cell: the "
-        "try-out under it shows ✔ or ✘ at once"
-    )
-    console.print(f"  2. run `python judge.py {key}` again")
+    if in_kernel:
+        console.print(
+            "  1. write an exercise in its cell above and run it: the try-out under it shows ✔ "
+            "or ✘ at once"
+        )
+        console.print("  2. run this cell again")
+    else:
+        console.print(
+            f"  1. open {where} (`jupyter lab notebooks/`) and write an exercise in its cell: the "
+            "try-out under it shows ✔ or ✘ at once"
+        )
+        console.print(f"  2. run `python judge.py {key}` again")
     console.print(
         Text(
             f"`python judge.py {key} --solution` shows what green looks like; `{hint_command}` "

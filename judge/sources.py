@@ -64,6 +64,14 @@ class LearnerCode:
         """Whether exercise `name` is judged from this code (else the reference stays in place)."""
         return name in self.attempted or name in self.problems or self.missing == "error"
 
+    def untouched(self, chapter: Chapter) -> bool:
+        """Every exercise of `chapter` is still its stub, as in a fresh clone, and nothing else is
+        wrong: nothing of the learner's to judge (each test would only meet a stub's
+        NotImplementedError). True for a chapter without exercises."""
+        return not self.general_problems and all(
+            self.attempted.get(e.name) is False for e in chapter.exercises
+        )
+
     def defined(self) -> Dict[str, ast.AST]:
         """Top-level names the snippets define (last definition wins), with their nodes."""
         out: Dict[str, ast.AST] = {}

@@ -384,6 +384,37 @@ def test_live_check_judges_the_notebook_namespace(project, capsys):
     assert "ch42" in json.loads(project.progress.read_text())["chapters"]
 
 
+def test_live_check_of_a_notebook_still_all_stubs_runs_no_test(project, capsys, monkeypatch):
+    """As the notebook's last cell runs on a fresh clone: what to do next, at once, like
+    `python judge.py` (chapter 14's stubs kept its servers waiting a minute for their timeouts)."""
+    import linecache
+
+    import judge.judging
+    from judge import stubs
+    from judge.live import check
+
+    runs, real = [], judge.judging.run_pytest
+    monkeypatch.setattr(judge.judging, "run_pytest", lambda *a: runs.append(a) or real(*a))
+    namespace = {"__name__": "__main__"}
+
+    def run_cell(src: str) -> None:  # as IPython does: the source in linecache, then exec
+        name = f"<ipython-input-{len(linecache.cache)}>"
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+        exec(compile(src, name, "exec"), namespace)
+
+    for e in stubs.exercises("ch42"):
+        run_cell(stubs.stub_source("ch42", e.name))
+    shown = check("ch42", namespace=namespace)
+    assert {e.status for e in shown.verdict.exercises} == {"not attempted"} and not runs
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no test was run" in out and "run this cell again" in out
+    assert "ch42" in json.loads(project.progress.read_text())["chapters"]
+    # one exercise written: the chapter is judged (its stubs fail with their sentinels)
+    run_cell("def double(x):\n    return x * SCALE\n")
+    shown = check("ch42", namespace=namespace)
+    assert runs and {e.name: e.status for e in shown.verdict.exercises}["double"] == "passing"
+
+
 def test_cumulative_swaps_in_every_chapter_up_to_this_one(project, capsys):
     (project.notebooks / "ch42_fake.ipynb").write_text(
         notebook(
