@@ -155,9 +155,8 @@ def test_greedy_generation_through_forward_batch_matches_hf(page_size):
 
 
 def test_forward_batch_launches_and_advances_requests_without_waiting():
-    # On the CPU whatever --device says: the deferred stream stands in for a GPU that is behind,
-    # deterministically (on a real GPU the launch runs this Python at once, so a request advanced
-    # inside the launched work would look right there and be wrong in every other engine)
+    # On the CPU whatever --device says: the deferred stream is a GPU that is always behind (a
+    # real GPU's launch runs this Python at once, which hides requests advanced inside the work)
     h = Harness(device="cpu", cpu_streams="deferred")
     prompt = prompt_ids()[0]
     req = h.add(prompt, SamplingParams(max_tokens=4))
