@@ -11,6 +11,7 @@ exception a learner's function (or its stub) raised, and that is raised here.
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,6 +34,10 @@ NAME = MODEL.name
 TOP_1 = {"top_k": 1}  # a sampling option that is not a default: it must reach the scheduler
 PROMPT = "ROMEO:\nBut soft, what light"
 LEARNER_ERROR = re.compile(r"(NotImplementedError|LearnerCodeError): (ch\d\d\.\w+: .*)")
+# /health needs nothing but the API server's event loop: one that does not answer in this long is
+# held (a blocking call in a coroutine), and every request behind it would wait out its timeout
+HEALTH_S = 5.0
+STOP_S = 5.0  # a failed server's SIGTERM, before it is killed
 
 
 def check_live_server(what: str) -> None:
@@ -42,11 +47,15 @@ def check_live_server(what: str) -> None:
     try:
         try:
             server.start()
+            _answers_health(server.url)
             _check(server.url)
         except Exception as e:
             # A 500 reaches the client before uvicorn logs the exception behind it: stop the
             # server (every process writes what it has) and let the reader drain, then search.
-            server.stop()
+            try:  # a held event loop never sees the signal: no use waiting for it
+                server.stop(0.5 if isinstance(e, EventLoopHeld) else STOP_S)
+            except subprocess.TimeoutExpired:
+                pass  # killed
             _drain(server)
             log = "".join(server.log)
             found = LEARNER_ERROR.findall(log)
@@ -71,6 +80,21 @@ def _drain(server: BackgroundServer, seconds: float = 2.0) -> None:
         time.sleep(0.1)
         if len(server.log) == n and server.proc.poll() is not None:
             break
+
+
+class EventLoopHeld(AssertionError):
+    pass
+
+
+def _answers_health(url: str) -> None:
+    try:
+        httpx.get(url + "/health", timeout=HEALTH_S)
+    except httpx.TimeoutException:
+        raise EventLoopHeld(
+            f"the live server took the connection but did not answer /health in {HEALTH_S:g} s: "
+            "nothing on its event loop runs (a blocking call in a coroutine, time.sleep say, "
+            "holds every request)"
+        ) from None
 
 
 def _check(url: str) -> None:

@@ -226,3 +226,20 @@ def test_a_plain_request_cut_by_ctrl_c_is_a_503_not_a_traceback():
     log = "".join(srv.log)
     assert log.count("cut by the server's shutdown") == 1, log
     assert "Traceback" not in log and "CancelledError" not in log, log
+
+
+def test_the_live_server_check_names_an_event_loop_that_does_not_answer(monkeypatch):
+    """A server that takes the connection and never answers (its event loop held by a blocking
+    call) is named at once, not after every request's own timeout (a minute and a half, where the
+    judge answers in seconds)."""
+    import socket
+
+    import live_server
+
+    monkeypatch.setattr(live_server, "HEALTH_S", 0.3)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        url = "http://127.0.0.1:%d" % listener.getsockname()[1]
+        with pytest.raises(live_server.EventLoopHeld, match="did not answer /health in 0.3 s"):
+            live_server._answers_health(url)
