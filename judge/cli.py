@@ -365,16 +365,9 @@ def _not_started(chapters, codes, options, origin: str, args, console, target) -
     """An untouched notebook is not failing code: exit 0, and say what to do next. No test is run
     (each would only meet a stub's NotImplementedError); the progress table keeps its row."""
     from . import report
-    from .judging import NOT_ATTEMPTED, ExerciseVerdict, Verdict
+    from .judging import not_attempted
 
-    exercises = [
-        ExerciseVerdict(c.key, e.name, e.target, NOT_ATTEMPTED)
-        for c in chapters
-        for e in c.exercises
-    ]
-    verdict = Verdict(
-        [c.key for c in chapters], "learner", origin, options.device, exercises, [], [], 0.0
-    )
+    verdict = not_attempted(chapters, origin, options.device)
     if _not_recorded(target, args, options) is None:
         from . import progress
 

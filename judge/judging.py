@@ -235,6 +235,17 @@ def _fork_server(units: List[UnitSpec], chapters: Sequence[Chapter], options: Ru
     return forkserver.server_for(options.device, modules, references=False)
 
 
+def not_attempted(chapters: Sequence[Chapter], origin: str, device: str) -> Verdict:
+    """The verdict of code whose exercises are all still their stubs: every one not attempted, no
+    test run (the terminal's and the notebook's judge give it without starting pytest)."""
+    exercises = [
+        ExerciseVerdict(c.key, e.name, e.target, NOT_ATTEMPTED)
+        for c in chapters
+        for e in c.exercises
+    ]
+    return Verdict([c.key for c in chapters], "learner", origin, device, exercises, [], [], 0.0)
+
+
 def _stale_budgets(run: RunResult) -> List[str]:
     """A reference run that spent more than a test's time budget: the budgets file is stale."""
     if not run.over_budget:

@@ -53,11 +53,11 @@ def check(
         origin="live notebook",
         missing_hint=" in the kernel (run the exercise's cell first)",
     )
+    if target.exercises and code.untouched(target):
+        return _not_started(target, code, device, hint)
     options = RunOptions(
         device=device, test_timeout=timeout, time_limit=time_limit, jobs=default_jobs(device)
     )
-    if target.exercises and code.untouched(target):
-        return _not_started(target, code, device, hint)
 
     def run():
         verdict = judge(
@@ -84,22 +84,19 @@ def check(
 def _not_started(target: Chapter, code, device: str, hint: int):
     """Every exercise still its stub, as the notebook opens: say what to do next and run nothing
     (as `python judge.py` does), instead of minutes of tests that each meet a NotImplementedError
-    (chapter 14's servers wait out their timeouts on the stubs)."""
+    (chapter 14's servers wait out their timeouts on the stubs). Hints, if asked, below."""
     from . import notebook_report, progress, report
-    from .judging import NOT_ATTEMPTED, ExerciseVerdict, Verdict
+    from .judging import not_attempted
 
-    exercises = [
-        ExerciseVerdict(target.key, e.name, e.target, NOT_ATTEMPTED) for e in target.exercises
-    ]
-    verdict = Verdict([target.key], "learner", "the live notebook", device, exercises, [], [], 0.0)
+    verdict = not_attempted([target], "the live notebook", device)
     progress.record(verdict, [target], {target.key: code})
-    hint_command = f'judge.check("{target.key}", hint=1)'
 
     def render(v, console) -> None:
-        if hint:  # hints never need tests: the first of each exercise
-            report.render(v, [target], console, hint_level=hint, hint_command=hint_command)
-        else:
-            report.render_not_started(v, [target], console, hint_command, in_kernel=True)
+        hint_command = f'judge.check("{target.key}", hint=1)'
+        report.render_not_started(v, [target], console, hint_command, in_kernel=True)
+        if hint:
+            status = {e.id: e.status for e in v.exercises}
+            report.render_hints(report.hinted([target], status), console, hint, in_notebook=True)
 
     return _Shown(notebook_report.shown(f"judging {target.key}", lambda: verdict, render))
 

@@ -409,6 +409,9 @@ def test_live_check_of_a_notebook_still_all_stubs_runs_no_test(project, capsys, 
     out = " ".join(capsys.readouterr().out.split())
     assert "no test was run" in out and "run this cell again" in out
     assert "ch42" in json.loads(project.progress.read_text())["chapters"]
+    check("ch42", namespace=namespace, hint=1)  # hints still need no test
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no test was run" in out and "Hints for ch42.double" in out and not runs
     # one exercise written: the chapter is judged (its stubs fail with their sentinels)
     run_cell("def double(x):\n    return x * SCALE\n")
     shown = check("ch42", namespace=namespace)
