@@ -27,7 +27,7 @@ import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Sequence
 
 from .registry import Chapter, Exercise
 
@@ -269,12 +269,11 @@ def analyze(code: LearnerCode, chapter: Chapter) -> LearnerCode:
         if ex.name in code.problems:
             continue
         if node is None:
+            others = chapter.exercises
             if code.missing == "error":
-                code.problems[ex.name] = _missing_message(ex, defined)
-            elif did_you_mean(
-                ex, defined
-            ):  # the reference stays, but the learner may have meant it
-                code.notes[ex.name] = did_you_mean(ex, defined)
+                code.problems[ex.name] = _missing_message(ex, defined, others)
+            elif did_you_mean(ex, defined, others):  # the reference stays; was it meant?
+                code.notes[ex.name] = did_you_mean(ex, defined, others)
             continue
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if code.missing == "error" or not isinstance(node, ast.Assign):
@@ -343,18 +342,25 @@ def is_stub(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return isinstance(func, ast.Name) and func.id == "NotImplementedError"
 
 
-def _missing_message(ex: Exercise, defined: Dict[str, ast.AST]) -> str:
+def _missing_message(
+    ex: Exercise, defined: Dict[str, ast.AST], others: Sequence[Exercise] = ()
+) -> str:
     msg = f"no `def {ex.attr}(...)` found"
-    close = did_you_mean(ex, defined)
+    close = did_you_mean(ex, defined, others)
     return msg + (f" ({close})" if close else "")
 
 
-def did_you_mean(ex: Exercise, defined: Dict[str, ast.AST]) -> str | None:
-    """For an exercise the code does not define: a function of nearly its name, said as a fix."""
+def did_you_mean(
+    ex: Exercise, defined: Dict[str, ast.AST], others: Sequence[Exercise] = ()
+) -> str | None:
+    """For an exercise the code does not define: a function of nearly its name, said as a fix.
+    `others`: the chapter's exercises, whose own names are never a misspelling of this one's
+    (chapter 13's `detokenize` is not a `tokenize` mistyped)."""
+    taken = {o.attr for o in others if o.attr != ex.attr}
     funcs = [
         n
         for n, node in defined.items()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and n not in taken
     ]
     close = difflib.get_close_matches(ex.attr, funcs, n=1, cutoff=0.6)
     if ex.name in funcs and ex.name != ex.attr:
@@ -373,7 +379,8 @@ def require_some_exercise(code: LearnerCode, chapter: Chapter, path: Path | str)
         return
     defined = code.defined()
     names = ", ".join(f"`def {ex.attr}`" for ex in chapter.exercises)
-    fixes = [fix for ex in chapter.exercises for fix in [did_you_mean(ex, defined)] if fix]
+    others = chapter.exercises
+    fixes = [fix for ex in others for fix in [did_you_mean(ex, defined, others)] if fix]
     raise SourceError(
         f"{path} defines none of {chapter.key}'s exercises ({names})"
         + (f": {'; '.join(fixes)}" if fixes else ": is it the right chapter?")

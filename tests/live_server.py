@@ -14,11 +14,12 @@ import re
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 import openai
 
-from helpers import MODEL, build_llm
+from helpers import MODEL, build_llm, test_device
 from minisgl import SamplingParams
 from minisgl.server.background import BackgroundServer
 from server_fixtures import (
@@ -38,6 +39,12 @@ LEARNER_ERROR = re.compile(r"(NotImplementedError|LearnerCodeError): (ch\d\d\.\w
 # held (a blocking call in a coroutine), and every request behind it would wait out its timeout
 HEALTH_S = 5.0
 STOP_S = 5.0  # a failed server's SIGTERM, before it is killed
+# Each request here is a few tokens: the reference answers it in well under a second on a laptop's
+# CPU, a wrong step that sleeps 200 ms in a few seconds. One not answered in this long never will
+# be (a lost reply, a request never finished), and the check says where it is stuck instead of
+# waiting out the judge's minute. A GPU's first request also compiles its kernels: it gets longer.
+REPLY_S = 15.0
+GPU_FIRST_REPLY_S = 120.0
 
 
 def check_live_server(what: str) -> None:
@@ -97,14 +104,45 @@ def _answers_health(url: str) -> None:
         ) from None
 
 
+@contextmanager
+def _answered(url: str, request: str):
+    """Turn a request's timeout into a failure that says whether the scheduler still holds it."""
+    try:
+        yield
+    except (openai.APITimeoutError, httpx.TimeoutException):
+        raise AssertionError(f"{request} got no answer in time: {_where_stuck(url)}") from None
+
+
+def _where_stuck(url: str) -> str:
+    try:
+        stats = httpx.get(url + "/debug/scheduler", timeout=HEALTH_S).json()
+    except (httpx.HTTPError, ValueError) as e:
+        return f"and the scheduler's state could not be read either ({type(e).__name__}: {e})"
+    if idle(stats):
+        return (
+            "the scheduler has finished every request, so the reply was lost on its way back "
+            "(the tokenizer worker or the API server never passed on a finished request)"
+        )
+    return (
+        f"the scheduler still holds it ({stats['running']} running, {stats['queued']} queued): "
+        "it never finished"
+    )
+
+
 def _check(url: str) -> None:
-    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=REPLY_S)
+    first_s = REPLY_S if test_device() == "cpu" else GPU_FIRST_REPLY_S
     want = build_llm().generate([PROMPT], SamplingParams(max_tokens=10))[0]
     ids = {"return_token_ids": True}
     # one whole completion: the offline engine's tokens and text
-    got = client.completions.create(
-        model=NAME, prompt=PROMPT, max_tokens=10, temperature=0, extra_body=ids
-    ).choices[0]
+    with _answered(url, "a completion of 10 tokens"):
+        got = (
+            client.with_options(timeout=first_s)
+            .completions.create(
+                model=NAME, prompt=PROMPT, max_tokens=10, temperature=0, extra_body=ids
+            )
+            .choices[0]
+        )
     assert got.model_extra["token_ids"] == want["token_ids"], (
         f"the server's tokens {got.model_extra['token_ids']} are not the offline engine's "
         f"{want['token_ids']}"
@@ -115,21 +153,22 @@ def _check(url: str) -> None:
         f"expected finish_reason {reason!r}, got {got.finish_reason!r}"
     )
     # the same streamed, with usage: the chunks join to the same text
-    stream = client.completions.create(
-        model=NAME,
-        prompt=PROMPT,
-        max_tokens=10,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = list(stream)
+    with _answered(url, "a streamed completion of 10 tokens"):
+        stream = client.completions.create(
+            model=NAME,
+            prompt=PROMPT,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == want["text"], f"the streamed chunks join to {text!r}, not {want['text']!r}"
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == 10, f"the usage chunk says {usage}"
     # three at once, with sampling options that must travel to the scheduler intact
-    with ThreadPoolExecutor(3) as pool:
+    with ThreadPoolExecutor(3) as pool, _answered(url, "one of three completions at once"):
         answers = list(
             pool.map(
                 lambda n: client.completions.create(
@@ -146,18 +185,20 @@ def _check(url: str) -> None:
         f"three requests at once got {[a.usage.completion_tokens for a in answers]} tokens"
     )
     # a chat, streamed
-    chat = client.chat.completions.create(
-        model=NAME,
-        messages=[{"role": "user", "content": "Good morrow."}],
-        max_tokens=6,
-        temperature=0,
-        stream=True,
-    )
-    pieces = [c.choices[0].delta.content or "" for c in chat if c.choices]
+    with _answered(url, "a streamed chat of 6 tokens"):
+        chat = client.chat.completions.create(
+            model=NAME,
+            messages=[{"role": "user", "content": "Good morrow."}],
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+        )
+        pieces = [c.choices[0].delta.content or "" for c in chat if c.choices]
     assert "".join(pieces), "the streamed chat said nothing"
     # a request that cannot run is a 400, and the server goes on
     try:
-        client.completions.create(model=NAME, prompt="x" * 4000, max_tokens=4)
+        with _answered(url, "a prompt longer than the context"):
+            client.completions.create(model=NAME, prompt="x" * 4000, max_tokens=4)
     except openai.BadRequestError:
         pass
     else:

@@ -149,6 +149,20 @@ def test_a_renamed_function_gets_a_suggestion(project, ch42):
     )
 
 
+def test_another_exercise_of_the_chapter_is_no_misspelling():
+    ch13 = load_registry().chapter("ch13")  # its exercises include detokenize and tokenize
+    src = "def detokenize(self, msg):\n    return None\n\ndef tokenise(self, msg):\n    pass\n"
+    assert code_problem(ch13, src, "tokenize") == (
+        "no `def tokenize(...)` found (there is a `def tokenise`: the judge needs the exact name "
+        "`tokenize`)"
+    )
+    assert code_problem(ch13, src.split("\n\n")[0], "tokenize") == "no `def tokenize(...)` found"
+
+
+def code_problem(chapter, source: str, exercise: str) -> str:
+    return from_sources(chapter, {None: source}, origin="test").problems[exercise]
+
+
 def test_decorated_kinds_are_accepted_in_learner_code(project, ch42):
     src = (
         "@property\ndef is_big(self):\n    return self.n > 10\n\n@classmethod\ndef "

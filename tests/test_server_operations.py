@@ -243,3 +243,51 @@ def test_the_live_server_check_names_an_event_loop_that_does_not_answer(monkeypa
         url = "http://127.0.0.1:%d" % listener.getsockname()[1]
         with pytest.raises(live_server.EventLoopHeld, match="did not answer /health in 0.3 s"):
             live_server._answers_health(url)
+
+
+@pytest.mark.parametrize(
+    "stats,said",
+    [
+        ({"running": 0, "queued": 0, "in_flight": False}, "the reply was lost on its way back"),
+        ({"running": 1, "queued": 0, "in_flight": True}, "still holds it (1 running, 0 queued)"),
+    ],
+)
+def test_the_live_server_check_says_where_an_unanswered_request_is(monkeypatch, stats, said):
+    """A request never answered (a finished reply lost by the tokenizer worker, a request the
+    scheduler never finishes) fails in seconds, saying which of the two, not after the judge's
+    minute as a timeout 'an endless loop, or far too slow'."""
+    import http.server
+
+    import live_server
+
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(stats if self.path == "/debug/scheduler" else {}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):  # takes the request, never answers it
+            release.wait(30)
+
+        def log_message(self, *args):
+            pass
+
+    monkeypatch.setattr(live_server, "REPLY_S", 0.5)
+    monkeypatch.setattr(live_server, "GPU_FIRST_REPLY_S", 0.5)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(AssertionError) as failure:
+            live_server._check("http://127.0.0.1:%d" % srv.server_address[1])
+    finally:
+        release.set()
+        srv.shutdown()
+        srv.server_close()
+    assert str(failure.value).startswith("a completion of 10 tokens got no answer in time: ")
+    assert said in str(failure.value)
