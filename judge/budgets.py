@@ -2,8 +2,9 @@
 
 A test's budget is what the learner's code may spend in it before the test is stopped as a timeout:
 `max(floor, factor x the reference's time)`, or `default` for a test the file has no time for (a
-new test). The reference's time is the test process's CPU time in the test, which a busy machine
-stretches much less than its wall time; the factor leaves room for load and a slower machine. Only
+new test); and `wait` seconds of wall time blocked in the learner's code without computing. The
+reference's time is the test process's CPU time in the test, which a busy machine stretches much
+less than its wall time; the factor leaves room for load and a slower machine. Only
 time spent in the engine (the package the chapter's exercises belong to, e.g. `minisgl`) and in the
 learner's code counts (timer.py samples the stack): the tests' own Hugging Face reference
 computations and a cold cache are not held against the learner. `--timeout` stays a hard cap on the
@@ -46,6 +47,11 @@ FACTOR = 10.0  # x the reference's time: slow but correct code (a Python loop, a
 # A test with no measured time yet. On a GPU, until its times are measured, the old flat timeout:
 # its first runs compile Triton kernels and warm up CUDA, which the CPU's times know nothing of.
 DEFAULT = {"cpu": 30.0, "cuda": 120.0}
+# Learner code that waits (a recv, a queue's get or a wait with no timeout, a sleep) spends no CPU,
+# so no CPU budget stops it: wall seconds in which it is on the stack blocked count against this
+# (or the test's budget, if longer), not against the minute of the hard cap. No reference
+# exercise waits that long in a test.
+WAIT = 10.0
 # Not the engine's time even when the engine called them: compiling kernels, Hugging Face; and a
 # test's live server starting and stopping (other processes do that work: this one only waits).
 NOT_COUNTED = ["triton", "transformers", "minisgl.server.background"]
@@ -102,6 +108,7 @@ class Budgets:
         self.factor = float(data.get("factor", FACTOR))
         self.default = float(data.get("default", {}).get(key, DEFAULT[key]))
         self.first_test: Dict[str, float] = dict(data.get("first_test", {}).get(key) or {})
+        self.wait = float(data.get("wait", WAIT))
         self.hard = hard
 
     def spec(self, packages: Sequence[str]) -> BudgetSpec:
@@ -112,6 +119,7 @@ class Budgets:
             factor=self.factor,
             default=self.default,
             hard=self.hard,
+            wait=self.wait,
             not_counted=list(NOT_COUNTED),
             packages=list(packages),
             first_test=self.first_test,

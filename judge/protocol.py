@@ -79,6 +79,7 @@ class BudgetSpec:
     factor: float
     default: float  # a test with no measured time
     hard: float  # the hard cap on a test's wall time
+    wait: float = 10.0  # wall seconds the learner's code may wait, blocked, in a test (timer.py)
     not_counted: List[str] = field(default_factory=list)  # packages whose time is never counted
     packages: List[str] = field(default_factory=list)  # packages whose time counts
     # test file -> seconds the first test of a process spends on its one-off start (budgets.py)

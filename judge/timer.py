@@ -4,8 +4,10 @@ Each test gets a budget (budgets.py: from the reference's measured time) and a h
 (`--timeout`). A sampler thread looks at the main thread's stack every SAMPLE seconds and counts
 the process's CPU time while the engine (the exercises' package, e.g. minisgl) or the learner's
 code is running (CPU time, as the budgets were measured: a busy machine stretches wall time, not
-CPU time); the tests' own work (Hugging Face references, building prompts) does not count. When the
-count passes the budget, or the test's wall time passes the hard cap, the main thread gets a
+CPU time); the tests' own work (Hugging Face references, building prompts) does not count. Code
+that spends no CPU (blocked in a recv or a sleep) is caught by its wall time instead: the seconds
+the learner's code sits on the stack with the process idle count against the budget's `wait`. When
+a count passes its budget, or the test's wall time passes the hard cap, the main thread gets a
 SIGALRM whose handler raises `BudgetTimeout` where it was spinning, so the report names the
 learner's line.
 
@@ -37,6 +39,10 @@ from .protocol import CpuTime, ExerciseSpec, OverBudget, RunSpec
 from .registry import test_matches
 
 SAMPLE = 0.05  # seconds between two looks at the stack
+# Wall time counts as waiting (against the budget's `wait`, budgets.py) while the learner's code is
+# on the stack and the process uses under this share of a core: blocked, not merely slowed by a
+# busy machine, which still gives a runnable process its share.
+IDLE_SHARE = 0.1
 # After a timeout that learner code swallowed (`except BaseException`), raise again this often.
 RETRY = 1.0
 
@@ -146,15 +152,20 @@ class _Timer:
         # shared by many) the wall time of correct code stretches several times over, its CPU
         # time hardly at all. Code that spins burns CPU and is stopped at its budget; code that
         # only waits is stopped at the hard cap.
-        last = time.process_time()
-        used = 0.0
+        last, last_wall = time.process_time(), start
+        used = waited = 0.0
+        wait_limit = max(self.budget.wait, limit)
         raised_at = None
         while not done.wait(SAMPLE):
             now, cpu = time.monotonic(), time.process_time()
             frame = sys._current_frames().get(self.main)
             if frame is not None and self.counts(frame):
                 used += cpu - last
-            last = cpu
+            if cpu - last < IDLE_SHARE * (now - last_wall) and frame is not None:
+                if self.learner_running(frame):
+                    waited += now - last_wall
+            last, last_wall = cpu, now
+            blocked = waited > wait_limit and not self.reference_run
             over = used > limit
             if self.reference_run and over and self.over is None:
                 self.over = limit  # the reference itself spent more than the budget: stale
@@ -165,9 +176,14 @@ class _Timer:
                 if again and now - raised_at >= RETRY:
                     raised_at = now
                     self._interrupt()
-            elif (over and not self.reference_run) or now - start > hard:
+            elif (over and not self.reference_run) or blocked or now - start > hard:
                 culprit = self.culprit(frame) if frame is not None else None
-                self.pending = {"limit": limit, "hard": not over, "culprit": culprit}
+                self.pending = {
+                    "limit": limit,
+                    "hard": not over and not blocked,
+                    "waited": wait_limit if blocked and not over else None,
+                    "culprit": culprit,
+                }
                 raised_at = now
                 self._interrupt()
             del frame  # keep no frame (and its locals) alive between looks
@@ -187,6 +203,12 @@ class _Timer:
             raise BudgetTimeout(
                 f"the test did not finish in {self.budget.hard:g} s (an endless loop, "
                 "or far too slow)"
+            )
+        if p["waited"] is not None:
+            raise BudgetTimeout(
+                f"the test waited over {p['waited']:.3g} s in your code without computing (a "
+                "call that blocks and never returns: a recv, a get or a wait with no timeout, a "
+                "sleep)"
             )
         measured = self.budget.measured.get(test_key(self.item.nodeid))
         base = f"; the reference takes {measured:.2g} s" if measured is not None else ""

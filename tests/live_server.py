@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import httpx
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import MODEL, build_llm, test_device
 from minisgl import SamplingParams
@@ -118,15 +119,28 @@ def _where_stuck(url: str) -> str:
         stats = httpx.get(url + "/debug/scheduler", timeout=HEALTH_S).json()
     except (httpx.HTTPError, ValueError) as e:
         return f"and the scheduler's state could not be read either ({type(e).__name__}: {e})"
-    if idle(stats):
+    if not idle(stats):
         return (
-            "the scheduler has finished every request, so the reply was lost on its way back "
-            "(the tokenizer worker or the API server never passed on a finished request)"
+            f"the scheduler still holds it ({stats['running']} running, {stats['queued']} "
+            "queued): it never finished"
         )
+    tokens = _generated_tokens(url)
     return (
-        f"the scheduler still holds it ({stats['running']} running, {stats['queued']} queued): "
-        "it never finished"
+        "the scheduler holds no request: it never got this one, or it finished it and the "
+        "reply was lost on its way back (the tokenizer worker or the API server never passed on "
+        "a finished reply)"
+        + ("" if tokens is None else f"; {tokens:g} generated tokens reached the API server in all")
     )
+
+
+def _generated_tokens(url: str) -> float | None:
+    """The server's minisgl_generation_tokens_total: what the API server has received."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=HEALTH_S).text
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        return families["minisgl_generation_tokens"].samples[0].value
+    except Exception:  # a wrong server's metrics: the failure is said without them
+        return None
 
 
 def _check(url: str) -> None:

@@ -113,6 +113,7 @@ BUDGETS = {
     "floor": {"cpu": 0.3},
     "factor": 2,
     "default": {"cpu": 0.5},
+    "wait": 1.0,  # wall seconds blocked in the learner's code
     "times": {
         "cpu": {
             "test_speed.py::test_step": 0.01,
@@ -128,6 +129,7 @@ RUN = (
     "def run(self, n):\n    x = 0\n    for _ in range(n):\n        x = self.step(x)\n    return x\n"
 )
 HANG = "def step(self, x):\n    while True:\n        x += 1\n"
+BLOCKS = "import threading\n\ndef step(self, x):\n    threading.Event().wait()\n    return x + 1\n"
 TWICE = "def twice(self, x):\n    return self.step(self.step(x))\n"
 
 
@@ -176,6 +178,18 @@ def test_a_hang_is_a_timeout_at_the_budget_naming_the_learners_line(project, cap
     assert re.search(r"mine\.py, line [23], in step", hung["where"] or ""), (
         f"the spinning line is not named: {hung['where']}"
     )
+
+
+def test_code_that_blocks_is_stopped_at_the_wait_budget_not_the_hard_cap(project, capsys):
+    """A wait that never ends (a recv, a get with no timeout) spends no CPU: the CPU budget would
+    never stop it, only the minute of the hard cap."""
+    code, v = judge_file(project, capsys, BLOCKS)
+    hung = by_test(v)["test_step"]
+    assert hung["outcome"] == "timeout" and hung["message"].startswith(
+        "the test waited over 1 s in your code without computing"
+    ), f"{hung['outcome']}: {hung['message']}"
+    assert re.search(r"mine\.py, line 4, in step", hung["where"] or ""), hung["where"]
+    assert v["counts"].get("timeout") == 1 and by_exercise(v)["step"]["status"] == "failing"
 
 
 def test_an_exercise_that_timed_out_is_not_run_again(project, capsys):

@@ -248,7 +248,7 @@ def test_the_live_server_check_names_an_event_loop_that_does_not_answer(monkeypa
 @pytest.mark.parametrize(
     "stats,said",
     [
-        ({"running": 0, "queued": 0, "in_flight": False}, "the reply was lost on its way back"),
+        ({"running": 0, "queued": 0, "in_flight": False}, "the scheduler holds no request"),
         ({"running": 1, "queued": 0, "in_flight": True}, "still holds it (1 running, 0 queued)"),
     ],
 )
