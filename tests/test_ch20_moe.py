@@ -162,6 +162,30 @@ def test_an_expert_nobody_chose_adds_nothing():
     assert torch.isfinite(got).all(), "an unchosen expert's weights reached the output"
 
 
+def test_each_used_expert_runs_once_over_all_its_tokens():
+    # The point of grouping: one product per used expert over all the tokens that chose it (its
+    # weights read once), not one per (token, choice). 16 tokens, each to experts e and 4 + e.
+    from torch.overrides import TorchFunctionMode
+
+    products = ("matmul", "__matmul__", "mm", "bmm", "addmm", "linear", "einsum")
+    seen = []
+
+    class CountProducts(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") in products:
+                seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    _, _, gate_up, down = hf_block(True)
+    ids = torch.tensor([[t % 4, 4 + t % 4] for t in range(16)])
+    with CountProducts():
+        moe_experts(tokens(16), gate_up, down, torch.full((16, 2), 0.5), ids)
+    assert len(seen) <= 3 * EXPERTS, (
+        f"{len(seen)} matrix products for 16 tokens x 2 choices over 8 experts: each used expert "
+        "must run once, over all its tokens (about 2 products an expert), not once per token"
+    )
+
+
 def test_experts_in_bfloat16_round_like_transformers_and_handle_an_empty_batch():
     block, router, gate_up, down = hf_block(True)
     block = block.to(torch.bfloat16)
