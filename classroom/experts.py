@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Set
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from minisgl.core import get_global_ctx
 
@@ -123,3 +124,30 @@ def show_loads(log: Routing, layers: List[int] | None = None) -> None:
     layers = log.layers() if layers is None else layers
     pictures = [picture(log, layer) for layer in layers]
     show(pictures, "tokens per expert per step", labels=[f"layer {n}" for n in layers])
+
+
+class Products(TorchFunctionMode):
+    """`with Products(gate_up, down) as seen:` records the matrix products torch runs inside it:
+    `seen.experts_read` has one set per product, the experts whose slices of `gate_up` or `down`
+    it read (found by where the operand lies in their storage), and `seen.empty` counts products
+    with an operand of no rows. A try-out reads from it how often each expert ran."""
+
+    NAMES = ("matmul", "__matmul__", "mm", "bmm", "addmm", "linear", "einsum")
+
+    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor):
+        super().__init__()
+        self.stacks = [(w.untyped_storage().data_ptr(), w.stride(0)) for w in (gate_up, down)]
+        self.experts_read: List[Set[int]] = []
+        self.empty = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.NAMES:
+            operands = [a for a in args if isinstance(a, torch.Tensor)]
+            read = set()
+            for a in operands:
+                for ptr, stride in self.stacks:
+                    if a.untyped_storage().data_ptr() == ptr:
+                        read.add(a.storage_offset() // stride)
+            self.experts_read.append(read)
+            self.empty += any(a.numel() == 0 for a in operands)
+        return func(*args, **(kwargs or {}))

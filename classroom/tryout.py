@@ -15,7 +15,7 @@ reference's answer.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator, Tuple
 
 PASS, FAIL = "✔", "✘"
 NOT_WRITTEN = "is not written yet"
@@ -50,6 +50,21 @@ def check(rule: str, ok: bool, seen: str = "") -> bool:
     """Print `✔ rule`, or `✘ rule: seen` (what was seen instead, in plain words); returns `ok`."""
     print(f"{PASS} {rule}" if ok else f"{FAIL} {rule}" + (f": {seen}" if seen else ""))
     return bool(ok)
+
+
+def raises(error: type, run: Callable[[], object]) -> Tuple[bool, str]:
+    """Whether `run()` raises `error` (any message), and if not, what came instead, in words
+    ("it returned 1.0", "it raised ZeroDivisionError: division by zero"), for a check's `seen`.
+    A stub's NotImplementedError goes on up, to `attempt`."""
+    try:
+        got = run()
+    except error:
+        return True, ""
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        return False, f"it raised {type(e).__name__}: {e}"
+    return False, f"it returned {got!r}"
 
 
 def client_reads(model, body):

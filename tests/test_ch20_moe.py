@@ -6,9 +6,11 @@ transformers wrote (tests/checkpoints.py).
 from __future__ import annotations
 
 import re
+from typing import List
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from checkpoints import checkpoint
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy
@@ -58,6 +60,52 @@ def logits(n: int, experts: int = EXPERTS, seed: int = 3) -> torch.Tensor:
     return torch.randn(n, experts, generator=torch.Generator().manual_seed(seed)) * 2
 
 
+def assert_close(got, want, what: str, atol: float = 1e-5, rtol: float = 1.3e-6) -> None:
+    """One line on a mismatch: the rule, the first value that differs and the largest difference
+    (torch.testing's report runs over several lines)."""
+    assert isinstance(got, torch.Tensor), f"{what}: expected a tensor, got {type(got).__name__}"
+    assert got.shape == want.shape, (
+        f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    )
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
+    diff = (got.float() - want.float()).abs()
+    bad = ~(diff <= atol + rtol * want.float().abs())  # NaN counts as a difference
+    if bad.any():
+        i = tuple(int(v) for v in bad.nonzero()[0])
+        pytest.fail(
+            f"{what}: {int(bad.sum())} of {want.numel()} values differ; the first at {list(i)}: "
+            f"{got[i].item():.6g}, expected {want[i].item():.6g} (largest difference "
+            f"{diff.nan_to_num(float('inf')).max().item():.3g}, allowed {atol:g} + {rtol:g} x "
+            "|expected|)"
+        )
+
+
+class Products(TorchFunctionMode):
+    """Records the matrix products run inside it: for each, which experts' slices of `gate_up`
+    and `down` it read (by where the operand lies in their storage) and whether an operand had
+    no rows."""
+
+    NAMES = ("matmul", "__matmul__", "mm", "bmm", "addmm", "linear", "einsum")
+
+    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor):
+        super().__init__()
+        self.stacks = [(w, w.untyped_storage().data_ptr(), w.stride(0)) for w in (gate_up, down)]
+        self.experts_read: List[set] = []
+        self.empty = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.NAMES:
+            operands = [a for a in args if isinstance(a, torch.Tensor)]
+            read = set()
+            for a in operands:
+                for _, ptr, stride in self.stacks:
+                    if a.untyped_storage().data_ptr() == ptr:
+                        read.add(a.storage_offset() // stride)
+            self.experts_read.append(read)
+            self.empty += any(a.numel() == 0 for a in operands)
+        return func(*args, **(kwargs or {}))
+
+
 # ---------------------------------------------------------------- route
 
 
@@ -70,9 +118,16 @@ def test_route_chooses_what_transformers_router_chooses(norm):
     hf_weights, hf_ids = out[1], out[2]
     weights, ids = route(x @ router.t(), 2, norm)
     assert torch.equal(ids, hf_ids), (
-        f"experts chosen {ids.tolist()[:3]}..., want {hf_ids.tolist()[:3]}..."
+        f"the experts transformers' router chooses (norm_topk_prob={norm}): expected "
+        f"{hf_ids.tolist()[:3]}..., got {ids.tolist()[:3]}..."
     )
-    torch.testing.assert_close(weights, hf_weights.float(), rtol=1e-6, atol=1e-6)
+    assert_close(
+        weights,
+        hf_weights.float(),
+        f"the weights of transformers' router (norm_topk_prob={norm})",
+        atol=1e-6,
+        rtol=1e-6,
+    )
 
 
 def test_route_weights_are_probabilities_over_all_experts():
@@ -81,8 +136,14 @@ def test_route_weights_are_probabilities_over_all_experts():
     lg = logits(9)
     weights, ids = route(lg, 2, False)
     want = torch.softmax(lg, dim=-1).gather(1, ids)
-    torch.testing.assert_close(weights, want)
-    assert (weights.sum(-1) < 1 - 1e-3).all(), "the top-2 of 8 probabilities must sum below 1"
+    assert_close(
+        weights, want, "without renormalisation a weight is its softmax over all 8 experts"
+    )
+    sums = weights.sum(-1)
+    assert (sums < 1 - 1e-3).all(), (
+        f"without renormalisation the top-2 of 8 probabilities sum below 1; got row sums "
+        f"{[round(v, 4) for v in sums.tolist()]}"
+    )
 
 
 def test_route_renormalised_weights_sum_to_one_in_float32():
@@ -91,18 +152,44 @@ def test_route_renormalised_weights_sum_to_one_in_float32():
     assert weights.dtype == torch.float32 and ids.dtype == torch.int64, (
         f"weights float32 and ids int64 expected, got {weights.dtype} and {ids.dtype}"
     )
-    torch.testing.assert_close(weights.sum(-1), torch.ones(9))
+    assert_close(weights.sum(-1), torch.ones(9), "renormalised, each row of weights sums to 1")
     probs = torch.softmax(lg.float(), dim=-1).gather(1, ids)
-    torch.testing.assert_close(weights, probs / probs.sum(-1, keepdim=True))
+    assert_close(
+        weights,
+        probs / probs.sum(-1, keepdim=True),
+        "bfloat16 logits: the softmax in float32 (then renormalised), not in bfloat16",
+    )
 
 
 def test_route_picks_the_most_probable_experts_in_falling_order_each_once():
     lg = torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 4.0, 4.5, -1.0]])
     weights, ids = route(lg, 3, False)
-    assert ids.tolist() == [[1, 3, 2], [0, 2, 1]], f"got {ids.tolist()}"
-    assert (weights[:, :-1] >= weights[:, 1:]).all(), "weights must fall along each row"
+    assert ids.tolist() == [[1, 3, 2], [0, 2, 1]], (
+        f"the top 3 of {lg.tolist()}, most probable first: expected [[1, 3, 2], [0, 2, 1]], "
+        f"got {ids.tolist()}"
+    )
+    assert (weights[:, :-1] >= weights[:, 1:]).all(), (
+        f"weights must fall along each row, got {weights.tolist()}"
+    )
     one, _ = route(lg, 1, True)
-    assert torch.equal(one, torch.ones(2, 1)), f"one expert, renormalised, weighs 1; got {one}"
+    assert torch.equal(one, torch.ones(2, 1)), (
+        f"one expert (top_k 1), renormalised, weighs exactly 1; got {one.flatten().tolist()}"
+    )
+
+
+def test_route_with_a_tie_at_the_cut_keeps_top_k_distinct_experts():
+    # Experts 1 and 2 tie for the second place. Which of them is kept is not fixed (torch.topk,
+    # which transformers uses, leaves the order of ties unspecified), but exactly top_k distinct
+    # experts are: expert 0 first, then one of the tied two with their shared probability.
+    lg = torch.tensor([[3.0, 1.0, 1.0, 0.0]])
+    weights, ids = route(lg, 2, False)
+    probs = torch.softmax(lg, dim=-1)[0]
+    got = ids.tolist()
+    assert len(got) == 1 and len(got[0]) == 2 and got[0][0] == 0 and got[0][1] in (1, 2), (
+        f"a tie at the top-2 cut of logits {lg.tolist()}: expert 0, then expert 1 or 2 (one of "
+        f"them, once) expected, got {got}"
+    )
+    assert_close(weights, probs[[0, 1]][None], "the tied expert keeps the probability they share")
 
 
 # ---------------------------------------------------------------- group_by_expert
@@ -111,20 +198,40 @@ def test_route_picks_the_most_probable_experts_in_falling_order_each_once():
 def test_grouping_lists_each_experts_choices_together_in_rising_order():
     ids = torch.tensor([[3, 0], [0, 5], [5, 3], [1, 0]])
     order, counts = group_by_expert(ids, 7)
-    assert order.tolist() == [1, 2, 7, 6, 0, 5, 3, 4], f"order {order.tolist()}"
-    assert counts.tolist() == [3, 1, 0, 2, 0, 2, 0], f"counts {counts.tolist()}"
+    assert order.tolist() == [1, 2, 7, 6, 0, 5, 3, 4], (
+        f"the entries of {ids.tolist()} sorted by expert, each expert's in rising order: "
+        f"expected order [1, 2, 7, 6, 0, 5, 3, 4], got {order.tolist()}"
+    )
+    assert counts.tolist() == [3, 1, 0, 2, 0, 2, 0], (
+        f"one count per expert of 7, zero for the unused ones: expected counts "
+        f"[3, 1, 0, 2, 0, 2, 0], got {counts.tolist()}"
+    )
 
 
 def test_grouping_of_a_random_routing_is_a_permutation_matching_the_counts():
     _, ids = route(logits(50, 16), 4, True)
     order, counts = group_by_expert(ids, 16)
-    assert sorted(order.tolist()) == list(range(200)), "every choice exactly once"
+    got = sorted(order.tolist())
+    assert got == list(range(200)), (
+        f"order holds each of the 200 entries exactly once; got {len(got)} entries, "
+        f"{len(set(got))} distinct, from {got[0] if got else None} to {got[-1] if got else None}"
+    )
     experts = ids.reshape(-1)[order]
-    assert (experts[1:] >= experts[:-1]).all(), "choices must be sorted by expert"
-    assert counts.shape == (16,) and counts.sum() == 200
+    assert (experts[1:] >= experts[:-1]).all(), (
+        f"choices must be sorted by expert; the experts in that order begin {experts.tolist()[:12]}"
+    )
+    assert counts.shape == (16,) and int(counts.sum()) == 200, (
+        f"16 counts summing to 200 expected, got shape {tuple(counts.shape)} summing to "
+        f"{int(counts.sum())}"
+    )
     for e in range(16):
         mine = order[experts == e]
-        assert int(counts[e]) == mine.numel() and (mine[1:] > mine[:-1]).all(), f"expert {e}"
+        assert int(counts[e]) == mine.numel(), (
+            f"expert {e}: expected count {mine.numel()} (its entries), got {int(counts[e])}"
+        )
+        assert (mine[1:] > mine[:-1]).all(), (
+            f"expert {e}'s entries in rising order (a stable sort) expected, got {mine.tolist()}"
+        )
 
 
 # ---------------------------------------------------------------- moe_experts
@@ -136,7 +243,13 @@ def test_experts_equal_transformers_experts(norm, top_k):
     x = tokens(23)
     weights, ids = route(x @ router.t(), top_k, norm)
     got = moe_experts(x, gate_up, down, weights, ids)
-    torch.testing.assert_close(got, hf_output(block, x), rtol=1e-5, atol=1e-5)
+    assert_close(
+        got,
+        hf_output(block, x),
+        f"transformers' experts on 23 tokens (top_k {top_k}, norm_topk_prob={norm})",
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 def test_each_choice_uses_its_own_experts_weights_and_its_own_weight():
@@ -150,7 +263,18 @@ def test_each_choice_uses_its_own_experts_weights_and_its_own_weight():
         h = x @ gate_up[e].t()
         return (torch.nn.functional.silu(h[:, :INTER]) * h[:, INTER:]) @ down[e].t()
 
-    torch.testing.assert_close(got, 0.75 * mlp(2) + 0.25 * mlp(5))
+    assert_close(
+        got,
+        0.75 * mlp(2) + 0.25 * mlp(5),
+        "one token to experts 2 and 5 with weights 0.75 and 0.25: 0.75 x MLP 2 + 0.25 x MLP 5",
+    )
+    # weights that do not sum to 1 (a route without renormalisation): used as they are
+    got = moe_experts(x, gate_up, down, torch.tensor([[0.6, 0.1]]), torch.tensor([[2, 5]]))
+    assert_close(
+        got,
+        0.6 * mlp(2) + 0.1 * mlp(5),
+        "weights 0.6 and 0.1 (not renormalised): 0.6 x MLP 2 + 0.1 x MLP 5, the weights as given",
+    )
 
 
 def test_an_expert_nobody_chose_adds_nothing():
@@ -162,6 +286,35 @@ def test_an_expert_nobody_chose_adds_nothing():
     assert torch.isfinite(got).all(), "an unchosen expert's weights reached the output"
 
 
+def test_each_used_expert_runs_once_over_all_its_tokens():
+    # The point of grouping: one product per used expert over all the tokens that chose it (its
+    # weights read once), not one per (token, choice). 16 tokens, each to experts e and 4 + e.
+    _, _, gate_up, down = hf_block(True)
+    ids = torch.tensor([[t % 4, 4 + t % 4] for t in range(16)])
+    with Products(gate_up, down) as seen:
+        moe_experts(tokens(16), gate_up, down, torch.full((16, 2), 0.5), ids)
+    n = len(seen.experts_read)
+    assert n <= 3 * EXPERTS, (
+        f"{n} matrix products for 16 tokens x 2 choices over 8 experts: each used expert "
+        "must run once, over all its tokens (about 2 products an expert), not once per token"
+    )
+
+
+def test_an_expert_nobody_chose_is_skipped():
+    # The contract: an expert with no tokens is skipped, its weights unread (on a GPU every
+    # product over no tokens is a launch for nothing). 4 tokens use experts 0 to 3 of 8.
+    _, _, gate_up, down = hf_block(True)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2]])
+    with Products(gate_up, down) as seen:
+        moe_experts(tokens(4), gate_up, down, torch.full((4, 2), 0.5), ids)
+    unused = sorted(set().union(*seen.experts_read) - {0, 1, 2, 3})
+    assert not unused and not seen.empty, (
+        "an expert nobody chose is skipped, its weights never read: experts 4 to 7 have no "
+        f"tokens, yet products read the weights of experts {unused} and {seen.empty} products "
+        "ran over no rows"
+    )
+
+
 def test_experts_in_bfloat16_round_like_transformers_and_handle_an_empty_batch():
     block, router, gate_up, down = hf_block(True)
     block = block.to(torch.bfloat16)
@@ -169,9 +322,19 @@ def test_experts_in_bfloat16_round_like_transformers_and_handle_an_empty_batch()
     weights, ids = route(x @ router.bfloat16().t(), 2, True)
     got = moe_experts(x, gate_up.bfloat16(), down.bfloat16(), weights, ids)
     assert got.dtype == torch.bfloat16, f"bfloat16 tokens give a bfloat16 output, got {got.dtype}"
-    torch.testing.assert_close(got, hf_output(block, x), rtol=1e-2, atol=1e-2)
-    empty = moe_experts(x[:0], gate_up, down, weights[:0], ids[:0])
-    assert empty.shape == (0, HIDDEN)
+    assert_close(
+        got,
+        hf_output(block, x),
+        "bfloat16: transformers' rounding (each expert's output scaled by its weight in "
+        "bfloat16, after the down projection)",
+        atol=1e-2,
+        rtol=1e-2,
+    )
+    empty = moe_experts(x[:0], gate_up.bfloat16(), down.bfloat16(), weights[:0], ids[:0])
+    assert isinstance(empty, torch.Tensor) and empty.shape == (0, HIDDEN), (
+        f"zero tokens give a [0, {HIDDEN}] output, got "
+        f"{tuple(empty.shape) if isinstance(empty, torch.Tensor) else type(empty).__name__}"
+    )
 
 
 # ---------------------------------------------------------------- in the engine

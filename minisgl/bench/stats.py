@@ -19,13 +19,14 @@ def percentile(values: Sequence[float], p: float) -> float:
     computes it. The 0th percentile is the smallest value, the 100th the largest, and one value is
     every percentile of itself.
 
-    Receives: `values`, a non-empty sequence of finite numbers in any order; `p` in [0, 100].
-    Returns: a float between min(values) and max(values).
+    Receives: `values`, a sequence of finite numbers in any order; `p`, a number.
+    Returns: a float between min(values) and max(values). Raises ValueError (any message) when
+        `values` is empty, and when `p` is below 0 or above 100 (0 and 100 themselves are fine).
     Leaves: `values` unchanged (a sorted copy is used).
     Uses: only Python: `sorted` and `math.floor`; no numpy.
     Checked: equals numpy.percentile on known lists; p50 of an even count is the mean of the two
-        middle values; p99 of one sample is that sample; an empty list or p outside [0, 100]
-        raises ValueError.
+        middle values; p99 of one sample is that sample; an empty list, p = -1 and p = 100.5 each
+        raise ValueError (the type is checked, not the message).
     """
     if not 0 <= p <= 100:
         raise ValueError(f"a percentile is in [0, 100], got {p}")
@@ -51,7 +52,8 @@ def stream_latencies(sent: float, chunks: Sequence[Tuple[float, int]]) -> Tuple[
     Receives: `sent`, when the request was sent (seconds, the same clock as the chunks);
         `chunks`, (arrival time, tokens in the chunk) in order of arrival, tokens >= 0.
     Returns: (ttft, itls): ttft a float in seconds; itls one float per content chunk after the
-        first, in order (empty when the tokens came in one chunk).
+        first, in order (empty when the tokens came in one chunk). Raises ValueError (any
+        message) when no chunk carries a token, `chunks` empty included.
     Leaves: `chunks` unchanged.
     Uses: only Python: a list of the arrivals and `zip` for the gaps.
     Checked: TTFT skips a role-only first chunk; ITLs exclude the wait for the first token and the
@@ -73,14 +75,17 @@ def output_throughput(requests: Sequence[Tuple[float, float, int]], warmup: int 
     arriving: requests overlap, so adding their durations would count the same second many times.
 
     Receives: `requests`, (sent, last token received, output tokens) in order of sending, times in
-        seconds on one clock; `warmup` >= 0, fewer than len(requests).
+        seconds on one clock; `warmup`, an int, as the caller gave it (not checked for you).
     Returns: output tokens / (latest last token - earliest sent), a float, among the counted
-        requests.
+        requests. Raises ValueError (any message) when `warmup` is negative, when no request is
+        left to count (none given, or `warmup` >= len(requests)), and when the span is zero or
+        negative (a last token at or before the earliest send).
     Leaves: `requests` unchanged.
     Uses: only Python: `min`, `max` and `sum` over the counted requests.
     Checked: overlapping requests give tokens over the wall span, not over the summed durations;
-        warm-up requests change neither tokens nor span; no counted request, or a span of zero,
-        raises ValueError.
+        the span ends at the latest last token, whichever request it belongs to; warm-up requests
+        change neither tokens nor span; each case above raises ValueError (the type is checked,
+        not the message).
     """
     if warmup < 0:
         raise ValueError(f"warmup counts requests, got {warmup}")

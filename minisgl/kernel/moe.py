@@ -34,13 +34,15 @@ def route(
     Receives: `router_logits` [tokens, experts], any float dtype; `top_k`, 1 <= top_k <= experts;
         `renormalize`, a bool.
     Returns: (weights, ids): weights [tokens, top_k] float32, ids [tokens, top_k] int64, the
-        experts in order of falling probability (ties: the lower expert first, as torch.topk),
-        each expert at most once per token.
+        experts in order of falling probability, each expert at most once per token. Between
+        experts of equal probability the order is not fixed (torch.topk, which transformers
+        uses, leaves it unspecified): a tie at the cut may keep either one.
     Leaves: nothing changed (a pure function).
     Uses: only torch; the softmax in float32, as transformers computes it.
     Checked: equals transformers' router with and without renormalisation; weights are the
-        softmax over all experts, not over the chosen ones; no expert twice in a row; one expert
-        (top_k 1) renormalised weighs 1.
+        softmax over all experts, not over the chosen ones, computed in float32 also for bfloat16
+        logits; ids are int64; no expert twice in a row, a tie at the cut included; one expert
+        (top_k 1) renormalised weighs exactly 1.
     """
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
@@ -92,10 +94,13 @@ def moe_experts(
         `route`); `ids` [tokens, top_k] int64.
     Returns: a new tensor [tokens, hidden] in x's dtype (zeros for zero tokens).
     Leaves: x, the weights and the routing unchanged.
-    Uses: `group_by_expert`, `silu_and_mul` (ch01).
-    Checked: equals transformers' experts on random tokens and routings; each choice uses its own
-        expert's weights and its own weight; a token sent to one expert gets that expert's MLP
-        scaled by its weight; unused experts contribute nothing.
+    Uses: `group_by_expert` (this chapter); `silu_and_mul` from `minisgl.kernel`, the dense MLP's
+        gate ([gate | up] side by side -> silu(gate) * up, as in minisgl/models/decoder.py).
+    Checked: equals transformers' experts on random tokens and routings, in float32 and (scaling
+        each expert's output after the down projection) in bfloat16; each choice uses its own
+        expert's weights and its own weight, as given (weights that do not sum to 1 are not
+        renormalised here); each used expert runs once over all its tokens; an unused expert
+        runs no product at all; zero tokens give a [0, hidden] output.
     """
     top_k = ids.shape[1]
     order, counts = group_by_expert(ids, gate_up.shape[0])
