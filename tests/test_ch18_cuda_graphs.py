@@ -197,6 +197,16 @@ def test_a_batch_replays_from_the_smallest_captured_size_that_holds_it(graph_llm
     assert got == want, f"graph size by batch size: expected {want}, got {got}"
 
 
+def test_a_batch_replays_from_the_smallest_size_when_the_largest_is_not_a_power_of_two(graph_llm):
+    # cuda_graph_max_bs = 6 (at most max_running_req, which need not be a power of two): sizes
+    # 1, 2, 4, 6; graph_size reads only the sizes and max_bs, so a runner that captured nothing
+    runner = object.__new__(type(graph_llm.engine.graph_runner))
+    runner.sizes, runner.max_bs = graph_batch_sizes(6), 6
+    want = {1: 1, 2: 2, 3: 4, 4: 4, 5: 6, 6: 6, 7: None}
+    got = {n: runner.graph_size(fake_batch(list(range(n)))) for n in want}
+    assert got == want, f"graphs of {runner.sizes}: expected {want}, got {got}"
+
+
 def test_prefill_and_batches_without_rows_get_no_graph(graph_llm):
     runner = graph_llm.engine.graph_runner
     cases = {
@@ -220,10 +230,13 @@ def test_each_decode_step_replays_and_prefill_never_does(graph_llm, n):
     )
 
 
-def test_a_batch_larger_than_every_graph_runs_eagerly_with_eager_tokens(graph_llm, eager_llm):
-    runner = graph_llm.engine.graph_runner
+def test_a_batch_larger_than_every_graph_runs_eagerly_with_eager_tokens(eager_llm):
+    # An engine of its own: the shared one's prefix cache holds KV that earlier tests' replays
+    # wrote, so a wrong replay would fail this test, which judges graph_size.
+    llm = build_llm(use_cuda_graph=True, cuda_graph_max_bs=MAX_BS)
+    runner = llm.engine.graph_runner
     before = runner.replays
-    got = generated(graph_llm, MAX_BS + 1)
+    got = generated(llm, MAX_BS + 1)
     assert runner.replays == before, (
         f"{MAX_BS + 1} requests replayed {runner.replays - before} steps"
     )

@@ -133,8 +133,8 @@ def test_eps_is_added_to_the_mean_square_inside_the_root():
 
 
 def test_each_row_is_read_at_its_stride():
-    # the rows of a slice of a wider tensor lie 80 values apart, not 48
-    wide, wide_r = rand(4, 80, seed=9), rand(4, 80, seed=10)
+    # the rows of a slice of a wider tensor lie 80 values apart, not 48; the residual's 64 apart
+    wide, wide_r = rand(4, 80, seed=9), rand(4, 64, seed=10)
     x, r = wide[:, :48], wide_r[:, :48]
     w = rand(48, seed=11)
     y, summed = triton_ops.fused_add_rms_norm(x, r, w, EPS)
