@@ -44,7 +44,7 @@ def assert_close(got, want, what: str, atol: float, rtol: float = 0.0) -> None:
         i = tuple(int(v) for v in bad.nonzero()[0])
         pytest.fail(
             f"{what}: {int(bad.sum())} of {want.numel()} values differ from torch's; the first at "
-            f"{i}: {got[i].item():.6g}, expected {want[i].item():.6g} (largest difference "
+            f"{i}: {got[i].item():.9g}, expected {want[i].item():.9g} (largest difference "
             f"{diff.max().item():.3g}, allowed {atol:g} + {rtol:g} x |expected|)"
         )
 
