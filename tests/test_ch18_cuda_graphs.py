@@ -199,9 +199,11 @@ def test_a_batch_replays_from_the_smallest_captured_size_that_holds_it(graph_llm
 
 def test_a_batch_replays_from_the_smallest_size_when_the_largest_is_not_a_power_of_two(graph_llm):
     # cuda_graph_max_bs = 6 (at most max_running_req, which need not be a power of two): sizes
-    # 1, 2, 4, 6; graph_size reads only the sizes and max_bs, so a runner that captured nothing
+    # 1, 2, 4, 6; graph_size reads the sizes and max_bs (or the graphs' keys, or the captured
+    # list), so a runner whose graphs were never captured
     runner = object.__new__(type(graph_llm.engine.graph_runner))
     runner.sizes, runner.max_bs = graph_batch_sizes(6), 6
+    runner.graphs, runner.captured = dict.fromkeys(runner.sizes), runner.sizes[::-1]
     want = {1: 1, 2: 2, 3: 4, 4: 4, 5: 6, 6: 6, 7: None}
     got = {n: runner.graph_size(fake_batch(list(range(n)))) for n in want}
     assert got == want, f"graphs of {runner.sizes}: expected {want}, got {got}"
