@@ -207,6 +207,8 @@ def judge(
         )
         if mode in ("solution", "reference"):
             verdict.general += _stale_budgets(run)
+        if any("triton" in c.requires for c in chapters):
+            _hint_kernel_crashes(run.tests)
         for c in chapters:
             for ex in c.exercises:
                 verdict.exercises.append(_exercise_verdict(ex, codes.get(c.key), run, filtered))
@@ -244,6 +246,31 @@ def not_attempted(chapters: Sequence[Chapter], origin: str, device: str) -> Verd
         for e in c.exercises
     ]
     return Verdict([c.key for c in chapters], "learner", origin, device, exercises, [], [], 0.0)
+
+
+KERNEL_CRASH_HINT = (
+    "; most often a tl.load or tl.store outside its tensor (check the masks), which corrupts "
+    "memory and may crash a later test than its own"
+)
+AFTER_A_CRASH = " (in a test process that then crashed: its memory may already have been corrupted)"
+
+
+def _hint_kernel_crashes(tests: Sequence[TestResult]) -> None:
+    """A Triton kernel that loads or stores past a tensor's end corrupts the process's memory in
+    the interpreter (`free(): invalid pointer`, a SIGABRT or SIGSEGV, in this test or a later one,
+    or a stray error before) and is an illegal address on a GPU: in a chapter of kernels a crash
+    says where to look, and a failure in the process that crashed says it may be the crash's."""
+    for t in tests:
+        message = t.message or ""
+        if t.outcome == "crashed" and not message.endswith(KERNEL_CRASH_HINT):
+            t.message = (message or "the test process crashed") + KERNEL_CRASH_HINT
+        elif (
+            t.process_died
+            and t.outcome in ("failed", "error")
+            and not message.startswith("not run: ")
+            and not message.endswith(AFTER_A_CRASH)
+        ):
+            t.message = message + AFTER_A_CRASH
 
 
 def _stale_budgets(run: RunResult) -> List[str]:
@@ -312,12 +339,19 @@ def _blame(
     def cleared(ex: ExerciseVerdict, instead: str) -> None:
         ex.status = PASSING
         failed, total = sum(not t.ok for t in ex.tests), len(ex.tests)
+        crashed = any(t.process_died for t in ex.tests if not t.ok)
         # Two measurements, each named: this run (all the learner's exercises in) and the rerun
         # (the reference in place of the others); the row's count is the rerun's.
+        why = (
+            "in a test process that crashed (code that corrupts the process, such as a store "
+            "past a tensor's end, can crash or fail the tests that run after it)"
+            if crashed
+            else f"as they also go through {instead}"
+        )
         ex.note = (
-            f"correct on its own: {failed} of its {total} tests failed in this run, as they "
-            f"also go through {instead}; rerun with the reference in place of {instead}, they "
-            f"pass, so all {total} pass on its own"
+            f"correct on its own: {failed} of its {total} tests failed in this run, {why}; "
+            f"rerun with the reference in place of {instead}, they pass, so all {total} pass "
+            "on its own"
         )
 
     if known and len(rerun) > 1 and passes(rerun, stop=True):
@@ -344,6 +378,8 @@ def _may_be_correct(ex: ExerciseVerdict, verdict: Verdict) -> bool:
     for t in ex.tests:
         if t.ok or _not_run(t):
             continue  # a test not run after a timeout says nothing: the timeout decides
+        if t.process_died and suspects:
+            continue  # another exercise's code may have corrupted the process that crashed
         if t.outcome == "timeout" and t.culprit == ex.id:
             return False  # its own code was running when the test ran out of time
         if not any(t.test == u.test for e in suspects for u in e.tests):

@@ -104,6 +104,10 @@ class TestResult:
     where: str | None = None  # the learner's line the failure came from
     culprit: str | None = None  # a timeout: the exercise ("chNN.name") whose code was running
     cpu: float | None = None  # the test process's CPU time in the test (budgets.py measures by it)
+    # run in a test process that then crashed, or not run since it had: code that corrupts the
+    # process (a kernel writing past a tensor's end) may fail or crash a later test of another
+    # exercise, so judging._blame reruns such tests without it
+    process_died: bool = False
 
     __test__ = False  # not a pytest test class
 
@@ -218,9 +222,12 @@ def _run_share(
                 f"the test process died {MAX_RESTARTS + 1} times; the remaining tests were not run"
             )
         not_run = [t for t in result.collected if t not in {r.test for r in result.tests}]
+        died = any(r.process_died for r in result.tests)
         for t in not_run:
             result.tests.append(
-                TestResult(t, "error", message="not run: the test process had stopped")
+                TestResult(
+                    t, "error", message="not run: the test process had stopped", process_died=died
+                )
             )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -391,6 +398,7 @@ def _replay(
     it was in. Returns True when no further attempt is needed."""
     started: str | None = None
     finished = False
+    first = len(result.tests)
     for ev in events:
         if isinstance(ev, Swapped):
             result.problems.update(ev.problems)
@@ -425,6 +433,9 @@ def _replay(
             return True
     if finished:
         return True
+    if not killed:
+        for t in result.tests[first:]:
+            t.process_died = True
     if killed:
         why = f"the run exceeded its time limit of {options.time_limit:.0f} s and was stopped"
     else:
@@ -441,7 +452,9 @@ def _replay(
             )
         else:
             outcome, message = ("timeout" if killed else "crashed"), why + " during this test"
-        result.tests.append(TestResult(started, outcome, message=message))
+        result.tests.append(
+            TestResult(started, outcome, message=message, process_died=outcome == "crashed")
+        )
         done.append(started)
         return killed  # after a kill, the time is up; after a crash, go on with the rest
     if not any(isinstance(ev, Swapped) for ev in events):

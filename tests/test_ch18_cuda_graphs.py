@@ -197,6 +197,18 @@ def test_a_batch_replays_from_the_smallest_captured_size_that_holds_it(graph_llm
     assert got == want, f"graph size by batch size: expected {want}, got {got}"
 
 
+def test_a_batch_replays_from_the_smallest_size_when_the_largest_is_not_a_power_of_two(graph_llm):
+    # cuda_graph_max_bs = 6 (at most max_running_req, which need not be a power of two): sizes
+    # 1, 2, 4, 6; graph_size reads the sizes and max_bs (or the graphs' keys, or the captured
+    # list), so a runner whose graphs were never captured
+    runner = object.__new__(type(graph_llm.engine.graph_runner))
+    runner.sizes, runner.max_bs = graph_batch_sizes(6), 6
+    runner.graphs, runner.captured = dict.fromkeys(runner.sizes), runner.sizes[::-1]
+    want = {1: 1, 2: 2, 3: 4, 4: 4, 5: 6, 6: 6, 7: None}
+    got = {n: runner.graph_size(fake_batch(list(range(n)))) for n in want}
+    assert got == want, f"graphs of {runner.sizes}: expected {want}, got {got}"
+
+
 def test_prefill_and_batches_without_rows_get_no_graph(graph_llm):
     runner = graph_llm.engine.graph_runner
     cases = {
@@ -220,10 +232,13 @@ def test_each_decode_step_replays_and_prefill_never_does(graph_llm, n):
     )
 
 
-def test_a_batch_larger_than_every_graph_runs_eagerly_with_eager_tokens(graph_llm, eager_llm):
-    runner = graph_llm.engine.graph_runner
+def test_a_batch_larger_than_every_graph_runs_eagerly_with_eager_tokens(eager_llm):
+    # An engine of its own: the shared one's prefix cache holds KV that earlier tests' replays
+    # wrote, so a wrong replay would fail this test, which judges graph_size.
+    llm = build_llm(use_cuda_graph=True, cuda_graph_max_bs=MAX_BS)
+    runner = llm.engine.graph_runner
     before = runner.replays
-    got = generated(graph_llm, MAX_BS + 1)
+    got = generated(llm, MAX_BS + 1)
     assert runner.replays == before, (
         f"{MAX_BS + 1} requests replayed {runner.replays - before} steps"
     )
@@ -239,6 +254,30 @@ def test_greedy_tokens_through_graphs_equal_eager_tokens(graph_llm, eager_llm, n
     assert_tokens_equal(got, want, f"{n} requests through graphs")
 
 
+def assert_logits_equal(got, want, what: str) -> None:
+    assert got.shape == want.shape, (
+        f"{what}: logits of shape {tuple(got.shape)}, expected {tuple(want.shape)} (one row per "
+        "request of the batch)"
+    )
+    diff = (got - want).abs()
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), (
+        f"{what}: logits differ from the eager step's (largest difference "
+        f"{diff.max().item():.3g} in request {int(diff.amax(-1).argmax())}): a static buffer kept "
+        "the previous batch's values"
+    )
+
+
+def assert_kv_equal(got, want, what: str) -> None:
+    """`got`, `want`: [k/v, layers, locations, heads, head_dim] views of the flat KV cache."""
+    off = ~torch.isclose(got, want, rtol=1e-4, atol=1e-4)
+    locs = off.flatten(3).any(-1).any(0).any(0).nonzero().flatten().tolist()
+    assert not locs, (
+        f"{what} wrote KV where the eager step did not: at location(s) {locs[:6]} (largest "
+        f"difference {(got - want).abs().max().item():.3g}): a padding slot's out_loc, or a "
+        "request's, left as the previous batch had it"
+    )
+
+
 def test_replay_equals_eager_after_another_batch_left_every_buffer_different(graph_engine):
     engine, flat = graph_engine, graph_engine.kv_cache._flat
     scratch = engine.graph_runner._dummy["out_loc"]
@@ -250,11 +289,8 @@ def test_replay_equals_eager_after_another_batch_left_every_buffer_different(gra
     kv_graph = flat[:, :, :scratch].clone()
     engine.kv_cache.buffer.copy_(noise)
     want = eager(engine, batch)
-    assert got.shape == want.shape, f"logits of shape {tuple(got.shape)}, want {tuple(want.shape)}"
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg="logits after a replay")
-    torch.testing.assert_close(
-        kv_graph, flat[:, :, :scratch], rtol=1e-4, atol=1e-4, msg="KV written by the replay"
-    )
+    assert_logits_equal(got, want, "a batch of 3 in the graph of 4 after a batch of 4")
+    assert_kv_equal(kv_graph, flat[:, :, :scratch], "the replay")
 
 
 def test_a_padding_slot_writes_only_the_scratch_location(graph_engine):
@@ -270,3 +306,31 @@ def test_a_padding_slot_writes_only_the_scratch_location(graph_engine):
         "the padding slot wrote KV at a location of a request of the previous step"
     )
     assert not bool((flat[:, :, scratch] == 7.0).all()), "the padding slot never wrote the scratch"
+
+
+def test_every_padding_slot_of_every_buffer_holds_the_dummy_request():
+    # graphs of 1, 2, 4 and 8: a step of eight requests fills every slot, then a step of five runs
+    # in the graph of 8 with three padding slots, each holding one of the first step's requests
+    engine = build_llm(use_cuda_graph=True, cuda_graph_max_bs=8).engine
+    runner, flat = engine.graph_runner, engine.kv_cache._flat
+    torch.manual_seed(0)
+    engine.kv_cache.buffer.normal_()
+    step_a = dict(rows=list(range(8)), lens=[30, 41, 17, 25, 12, 50, 33, 21], seed=4)
+    replayed(engine, decode_batch(engine, **step_a))
+    gone = [r * 64 + n - 1 for r, n in zip(step_a["rows"][5:], step_a["lens"][5:])]
+    flat[:, :, gone] = 7.0  # the last three requests of step A are gone: their locations reused
+    replayed(engine, decode_batch(engine, rows=[2, 0, 7, 5, 1], lens=[9, 44, 28, 16, 35], seed=5))
+    stale = {
+        name: getattr(runner, name)[5:8].tolist()
+        for name, value in runner._dummy.items()
+        if bool((getattr(runner, name)[5:8] != value).any())
+    }
+    assert not stale, (
+        f"after a batch of 5 in the graph of 8, slots 5..7 of every buffer must hold the dummy "
+        f"request {runner._dummy}; they hold {stale}"
+    )
+    written = [loc for loc in gone if not bool((flat[:, :, loc] == 7.0).all())]
+    assert not written, (
+        f"a batch of 5 in the graph of 8 wrote KV at location(s) {written} of requests of the "
+        "previous step (a padding slot that kept one of them)"
+    )

@@ -519,3 +519,47 @@ def test_blame_reruns_stay_inside_the_runs_time_limit(monkeypatch):
     assert started == [] and [e.status for e in exercises] == [judging.FAILING] * 2
     judging._blame(verdict, [], None, judging.RunOptions(), deadline=time.monotonic() + 30)
     assert len(started) == 2 and all(t <= 30 for t in started)  # each rerun gets what is left
+
+
+def test_an_exercise_whose_tests_crash_after_another_corrupted_the_process_is_judged_alone(
+    project, capsys, monkeypatch
+):
+    """As a Triton kernel that stores past a tensor's end does in the interpreter (ch19): the
+    memory it corrupts ends the process later, in a test of another exercise. That exercise is
+    rerun without the culprit and passes on its own; in a chapter of kernels the crash line says
+    where to look."""
+    import judge.judging
+
+    monkeypatch.setenv("MINISGL_JUDGE_JOBS", "1")  # one process: the crash comes a test later
+    monkeypatch.setattr(judge.judging, "check_requirements", lambda chapters: None)
+    registry = project.root / "registry.toml"
+    registry.write_text(
+        registry.read_text().replace(
+            'title = "A fake chapter"', 'title = "A fake chapter"\nrequires = ["triton"]'
+        )
+    )
+    # bump is wrong, and leaves the process poisoned: the third Counter made after it aborts it,
+    # which is in test_starting_at (test_is_big makes two), a test only starting_at's
+    src = SOLUTION.replace(
+        "    self.n += by\n",
+        "    self.n += by + 1\n"
+        "    import os\n"
+        "    made = []\n"
+        "    def poisoned(counter):\n"
+        "        made.append(1)\n"
+        "        if len(made) == 3:\n"
+        "            os.abort()\n"
+        "        counter.n = 0\n"
+        "    type(self).__init__ = poisoned\n",
+    )
+    assert src != SOLUTION
+    code, v = judge_json(capsys, "ch42", "--file", str(project.write("mine.py", src)))
+    assert code == 1
+    crashed = by_test(v)["test_starting_at"]
+    assert crashed["outcome"] == "crashed", crashed
+    assert "killed by SIGABRT" in crashed["message"]
+    assert "tl.load or tl.store outside its tensor (check the masks)" in crashed["message"]
+    exercises = by_exercise(v)
+    assert exercises["bump"]["status"] == "failing"
+    assert exercises["starting_at"]["status"] == "passing", exercises["starting_at"]
+    assert "in a test process that crashed" in exercises["starting_at"]["note"]
