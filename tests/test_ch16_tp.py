@@ -82,6 +82,23 @@ def test_row_parallel_without_bias_and_for_one_row():
         assert torch.allclose(y, F.linear(x, weight), atol=1e-5), f"rank {r}: one row, no bias"
 
 
+def _row_parallel_counted(comm, weight, bias, x):
+    y = _row_parallel(comm, weight, bias, x)
+    return y, comm.counts["all_reduce"]
+
+
+def test_row_parallel_makes_one_all_reduce_through_the_groups_collectives():
+    weight, bias, x = _tensors((8, 16), (8,), (3, 16), seed=4)
+    want = F.linear(x, weight, bias)
+    for r, (y, count) in enumerate(run_ranks(2, _row_parallel_counted, weight, bias, x,
+                                             timeout_s=RANK_TIMEOUT_S)):
+        assert torch.allclose(y, want, atol=1e-5), f"rank {r}: differs from the whole linear layer"
+        assert count == 1, (
+            f"rank {r}: Collectives.counts['all_reduce'] is {count} after one forward, expected 1 "
+            "(one all-reduce, through self._comm)"
+        )
+
+
 # ---------------------------------------------------------------- lookup_own_rows
 
 
@@ -170,6 +187,20 @@ def test_all_gather_of_a_non_contiguous_piece_is_counted_once():
     for r, (y, count) in enumerate(run_ranks(2, _gather_transposed, timeout_s=RANK_TIMEOUT_S)):
         assert torch.equal(y, want), f"rank {r}: a transposed piece gathered as {y.tolist()}"
         assert count == 1, f"rank {r}: Collectives.counts['all_gather'] is {count} after one gather"
+
+
+def _gather_bfloat16(comm):
+    x = (torch.arange(6.0).reshape(2, 3) + 100 * comm.rank).to(torch.bfloat16)
+    return comm.all_gather(x, dim=-1)
+
+
+def test_all_gather_keeps_the_pieces_dtype():
+    want = torch.cat([torch.arange(6.0).reshape(2, 3) + 100 * r for r in range(2)], dim=-1)
+    for r, y in enumerate(run_ranks(2, _gather_bfloat16, timeout_s=RANK_TIMEOUT_S)):
+        assert y.dtype == torch.bfloat16, (
+            f"rank {r}: bfloat16 pieces gathered as {y.dtype}, expected bfloat16 (the pieces' dtype)"
+        )
+        assert torch.equal(y.float(), want), f"rank {r}: bfloat16 pieces gathered as {y.tolist()}"
 
 
 def test_all_gather_of_one_rank_is_its_input_without_a_group():
