@@ -26,8 +26,8 @@ from minisgl.distributed import SINGLE, Collectives
 from minisgl.layers.parallel import RowParallelLinear, lookup_own_rows
 from minisgl.models.sharding import vocab_rows
 
-RANK_TIMEOUT_S = 20.0
-TP_TIMEOUT_S = "20"  # MINISGL_TP_TIMEOUT for the engine's ranks
+RANK_TIMEOUT_S = 10.0  # a group of 2 to 4 ranks does its work in well under a second
+TP_TIMEOUT_S = "10"  # MINISGL_TP_TIMEOUT for the engine's ranks: a step takes milliseconds
 
 
 def _row_parallel(comm, weight, bias, x):
@@ -90,8 +90,9 @@ def _row_parallel_counted(comm, weight, bias, x):
 def test_row_parallel_makes_one_all_reduce_through_the_groups_collectives():
     weight, bias, x = _tensors((8, 16), (8,), (3, 16), seed=4)
     want = F.linear(x, weight, bias)
-    for r, (y, count) in enumerate(run_ranks(2, _row_parallel_counted, weight, bias, x,
-                                             timeout_s=RANK_TIMEOUT_S)):
+    for r, (y, count) in enumerate(
+        run_ranks(2, _row_parallel_counted, weight, bias, x, timeout_s=RANK_TIMEOUT_S)
+    ):
         assert torch.allclose(y, want, atol=1e-5), f"rank {r}: differs from the whole linear layer"
         assert count == 1, (
             f"rank {r}: Collectives.counts['all_reduce'] is {count} after one forward, expected 1 "
@@ -198,7 +199,8 @@ def test_all_gather_keeps_the_pieces_dtype():
     want = torch.cat([torch.arange(6.0).reshape(2, 3) + 100 * r for r in range(2)], dim=-1)
     for r, y in enumerate(run_ranks(2, _gather_bfloat16, timeout_s=RANK_TIMEOUT_S)):
         assert y.dtype == torch.bfloat16, (
-            f"rank {r}: bfloat16 pieces gathered as {y.dtype}, expected bfloat16 (the pieces' dtype)"
+            f"rank {r}: bfloat16 pieces gathered as {y.dtype}, "
+            "expected bfloat16 (the pieces' dtype)"
         )
         assert torch.equal(y.float(), want), f"rank {r}: bfloat16 pieces gathered as {y.tolist()}"
 
