@@ -153,3 +153,42 @@ def largest_difference(got: torch.Tensor, want: torch.Tensor) -> float:
     """The largest absolute difference, inf where one holds NaN and the other does not."""
     diff = (got.float() - want.float()).abs()
     return float("inf") if torch.isnan(diff).any() else float(diff.max())
+
+
+# Why a kernel's output holds NaN or inf where the answer is a number: each of these makes one.
+NAN_CAUSES = "a masked location's value read, exp overflowing, or -inf minus -inf"
+
+
+def _place(index: Sequence[int], new: Sequence[int] | None) -> str:
+    """Where a value of a [tokens, heads, dim] output is: its request (and new token), its head."""
+    token, head = index[0], index[1]
+    if new is None:  # decode: one token a request
+        return f"request {token}, head {head}"
+    start = 0
+    for i, n in enumerate(new):
+        if token < start + n:
+            return f"request {i}'s new token {token - start}, head {head}"
+        start += n
+    return f"token {token}, head {head}"
+
+
+def difference_note(got: torch.Tensor, want: torch.Tensor, new: Sequence[int] | None = None) -> str:
+    """What `got` (a kernel's [tokens, heads, dim] output) does differently from `want`, in one
+    phrase: the largest difference and where, or where NaN or inf came instead of a number. `new`:
+    the requests' new tokens of a prefill (None for a decode, one token a request)."""
+    if got.shape != want.shape:
+        return f"shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
+    bad = ~torch.isfinite(got) & torch.isfinite(want)
+    if bad.any():
+        kinds = [
+            k for k, m in (("NaN", torch.isnan(got)), ("inf", torch.isinf(got))) if (m & bad).any()
+        ]
+        first = bad.nonzero()[0].tolist()
+        return (
+            f"{' and '.join(kinds)} in {int(bad.sum())} of {got.numel()} values, the first at "
+            f"{_place(first, new)} (possible causes: {NAN_CAUSES})"
+        )
+    diff = (got - want).abs()
+    where = torch.nonzero(diff == diff.max())[0].tolist()
+    return f"largest difference {float(diff.max()):.3g}, at {_place(where, new)}"

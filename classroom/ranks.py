@@ -9,9 +9,9 @@ spawned, and run the judge's swap through MINISGL_SERVER_INIT instead: distribut
 
 A rank that raises stops them all: `RanksFailed` carries its traceback (a NotImplementedError, an
 exercise's stub, is raised as itself, so that a try-out's `attempt` recognises it). A rank that is
-still running after `timeout_s` is killed with the others, and `RanksFailed` names it and the
-ranks that had finished: a rank left waiting in a collective that another rank never called is the
-usual reason, and the message says so. Nothing of a rank outlives the call.
+still running after `timeout_s` is killed with the others, and `RanksTimedOut` (a `RanksFailed`)
+names it and the ranks that had finished: a rank left waiting in a collective that another rank
+never called is the usual reason, and the message says so. Nothing of a rank outlives the call.
 """
 
 from __future__ import annotations
@@ -35,6 +35,14 @@ from minisgl.distributed import Collectives
 
 class RanksFailed(RuntimeError):
     """A rank raised, or did not finish in time; every rank has been stopped."""
+
+
+class RanksTimedOut(RanksFailed):
+    """A rank did not finish in time; every rank has been stopped. `hung` tells the judge
+    (judge/timer.py) that the code under test hung where its sampler cannot see it, in another
+    process: it counts as the test's timeout, and the exercise's other tests are not run."""
+
+    hung = True
 
 
 def run_ranks(
@@ -95,7 +103,7 @@ def _collect(pipes, procs, timeout_s: float) -> List[Any]:
         if not ready:
             hung = sorted(waiting.values())
             done = sorted(results)
-            raise RanksFailed(
+            raise RanksTimedOut(
                 f"rank {', '.join(map(str, hung))} did not finish in {timeout_s:g} s "
                 f"(finished: {', '.join(map(str, done)) or 'none'}); every rank was stopped. "
                 "A rank left waiting in a collective that another rank never called (or called "

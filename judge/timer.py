@@ -16,6 +16,11 @@ reported as "not run: <exercise> already timed out in <test>". A timeout with no
 stack, or with the code of several exercises on it (one calling the other), is put on every swapped
 exercise the test judges.
 
+Code that runs in other processes (the ranks of a group, forked or spawned) is out of the sampler's
+sight; the test's harness waits for it with a timeout of its own and raises when it passes. An
+exception that sets `hung = True` says that: the test counts as a timeout, put on the one
+swapped exercise the test judges (else on every one), and that exercise's other tests are not run.
+
 In a reference run (nothing swapped) nothing is stopped at its budget; a test whose engine time
 passes it is reported as an `over_budget` event: the budgets file is stale.
 """
@@ -233,6 +238,11 @@ class _Timer:
             with open(self.shared, "a", encoding="utf-8") as f:  # one short append: atomic
                 f.write("".join(f"{i}\t{item.nodeid}\n" for i in ids))
 
+    def sole_judge(self, item: pytest.Item) -> str | None:
+        """The one swapped exercise that `item` judges, if only one does."""
+        ids = [i for i, e in self.exercises.items() if _judges(e, item.nodeid)]
+        return ids[0] if len(ids) == 1 else None
+
     def blocked_by(self, item: pytest.Item) -> str | None:
         if self.shared:  # what the run's other shares have recorded
             try:
@@ -248,6 +258,16 @@ class _Timer:
             if ex is not None and _judges(ex, item.nodeid):
                 return f"not run: {ex.name} already timed out in {test.split('::', 1)[-1]}"
         return None
+
+
+def _stopped_elsewhere(exc: BaseException) -> BaseException | None:
+    """The exception in `exc`'s chain by which a test's harness says it stopped the code under test
+    after its own timeout, in a process the sampler does not see: one that sets `hung = True`
+    (classroom/ranks.py's RanksTimedOut, the engine's RankFailure after a collective timed out)."""
+    for e in plugin._chain(exc):
+        if getattr(e, "hung", False) is True:
+            return e
+    return None
 
 
 def _judges(exercise: ExerciseSpec, nodeid: str) -> bool:
@@ -334,6 +354,15 @@ def describe(excinfo: pytest.ExceptionInfo, item: pytest.Item) -> Dict[str, Any]
             "where": None,
             "timeout": False,
         }
+    stopped = _stopped_elsewhere(exc)
+    if stopped is not None:
+        # the test's own harness stopped code that ran in another process (a rank of a group):
+        # the sampler could not see it, but it hung all the same
+        info = plugin._describe(excinfo)
+        culprit = _timer.sole_judge(item) if _timer is not None else None
+        if _timer is not None:
+            _timer.record(item, culprit)
+        return {**info, "timeout": True, "culprit": culprit}
     if isinstance(exc, BudgetTimeout):
         culprit = _timer.pending.get("culprit") if _timer is not None and _timer.pending else None
         if _timer is not None:

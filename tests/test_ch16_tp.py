@@ -26,8 +26,8 @@ from minisgl.distributed import SINGLE, Collectives
 from minisgl.layers.parallel import RowParallelLinear, lookup_own_rows
 from minisgl.models.sharding import vocab_rows
 
-RANK_TIMEOUT_S = 20.0
-TP_TIMEOUT_S = "20"  # MINISGL_TP_TIMEOUT for the engine's ranks
+RANK_TIMEOUT_S = 10.0  # a group of 2 to 4 ranks does its work in well under a second
+TP_TIMEOUT_S = "10"  # MINISGL_TP_TIMEOUT for the engine's ranks: a step takes milliseconds
 
 
 def _row_parallel(comm, weight, bias, x):
@@ -78,8 +78,36 @@ def test_row_parallel_bias_is_added_once_after_the_sum():
 def test_row_parallel_without_bias_and_for_one_row():
     weight, x = _tensors((12, 16), (1, 16), seed=3)
     got = run_ranks(2, _row_parallel, weight, None, x, timeout_s=RANK_TIMEOUT_S)
+    want = F.linear(x, weight)
     for r, y in enumerate(got):
-        assert torch.allclose(y, F.linear(x, weight), atol=1e-5), f"rank {r}: one row, no bias"
+        shape = tuple(y.shape)
+        assert y.shape == want.shape, (
+            f"rank {r}: one row, no bias: shape {shape}, expected {tuple(want.shape)}"
+        )
+        diff = float((y - want).abs().max())
+        assert diff < 1e-5, (
+            f"rank {r}: one row, no bias: differs from x W^T (the sum of the ranks' partial "
+            f"products) by {diff:.3g}"
+        )
+
+
+def _row_parallel_counted(comm, weight, bias, x):
+    y = _row_parallel(comm, weight, bias, x)
+    return y, comm.counts["all_reduce"]
+
+
+def test_row_parallel_makes_one_all_reduce_through_the_groups_collectives():
+    weight, bias, x = _tensors((8, 16), (8,), (3, 16), seed=4)
+    want = F.linear(x, weight, bias)
+    for r, (y, count) in enumerate(
+        run_ranks(2, _row_parallel_counted, weight, bias, x, timeout_s=RANK_TIMEOUT_S)
+    ):
+        diff = float((y - want).abs().max())
+        assert diff < 1e-5, f"rank {r}: differs from the whole linear layer by {diff:.3g}"
+        assert count == 1, (
+            f"rank {r}: Collectives.counts['all_reduce'] is {count} after one forward, expected 1 "
+            "(one all-reduce, through self._comm)"
+        )
 
 
 # ---------------------------------------------------------------- lookup_own_rows
@@ -92,7 +120,15 @@ def test_the_ranks_lookups_add_up_to_the_whole_embedding_with_a_padded_vocabular
     per = vocab_rows(vocab, ranks)
     padded = torch.cat([table, torch.zeros(per * ranks - vocab, hidden)])
     ids = torch.tensor([0, 1, per - 1, per, per + 1, min(2 * per, vocab) - 1, vocab - 1, 5, 5, 200])
-    parts = [lookup_own_rows(ids, padded[r * per : (r + 1) * per], r * per) for r in range(ranks)]
+    given = ids.clone()
+    parts = []
+    for r in range(ranks):
+        parts.append(lookup_own_rows(ids, padded[r * per : (r + 1) * per], r * per))
+        assert torch.equal(ids, given), (
+            f"rank {r}'s lookup (start {r * per}) changed the ids it was given: "
+            f"{given.tolist()} became {ids.tolist()}; every rank looks up the same ids, so "
+            "lookup_own_rows must leave them as they are"
+        )
     for r, part in enumerate(parts):
         assert part.shape == (len(ids), hidden), f"rank {r}: shape {tuple(part.shape)}"
     total = torch.stack(parts).sum(0)
@@ -114,8 +150,14 @@ def test_lookup_keeps_the_weights_dtype_and_the_ids_shape():
     weight = torch.randn(8, 4).to(torch.bfloat16)
     ids = torch.tensor([[1, 9], [15, 8]])
     got = lookup_own_rows(ids, weight, 8)
-    assert got.dtype == torch.bfloat16 and got.shape == (2, 2, 4), (got.dtype, got.shape)
-    assert torch.equal(got[0, 1], weight[1]) and not got[0, 0].any()
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 2, 4), (
+        f"dtype {got.dtype}, expected torch.bfloat16 (the weight's); shape {tuple(got.shape)}, "
+        "expected (2, 2, 4) (the ids' [2, 2], then hidden 4)"
+    )
+    assert torch.equal(got[0, 1], weight[1]) and not got[0, 0].any(), (
+        f"ids [[1, 9], ...] with this rank's rows starting at 8: id 9 should get row 1 and id 1 "
+        f"zeros, got {got[0].float().tolist()}"
+    )
 
 
 def test_lookup_runs_in_every_rank_of_a_group():
@@ -170,6 +212,21 @@ def test_all_gather_of_a_non_contiguous_piece_is_counted_once():
     for r, (y, count) in enumerate(run_ranks(2, _gather_transposed, timeout_s=RANK_TIMEOUT_S)):
         assert torch.equal(y, want), f"rank {r}: a transposed piece gathered as {y.tolist()}"
         assert count == 1, f"rank {r}: Collectives.counts['all_gather'] is {count} after one gather"
+
+
+def _gather_bfloat16(comm):
+    x = (torch.arange(6.0).reshape(2, 3) + 100 * comm.rank).to(torch.bfloat16)
+    return comm.all_gather(x, dim=-1)
+
+
+def test_all_gather_keeps_the_pieces_dtype():
+    want = torch.cat([torch.arange(6.0).reshape(2, 3) + 100 * r for r in range(2)], dim=-1)
+    for r, y in enumerate(run_ranks(2, _gather_bfloat16, timeout_s=RANK_TIMEOUT_S)):
+        assert y.dtype == torch.bfloat16, (
+            f"rank {r}: bfloat16 pieces gathered as {y.dtype}, "
+            "expected bfloat16 (the pieces' dtype)"
+        )
+        assert torch.equal(y.float(), want), f"rank {r}: bfloat16 pieces gathered as {y.tolist()}"
 
 
 def test_all_gather_of_one_rank_is_its_input_without_a_group():

@@ -21,6 +21,7 @@ import torch
 
 pytest.importorskip("triton", reason='chapter 17 needs triton: pip install -e ".[triton]"')
 
+from classroom.kernels import difference_note  # noqa: E402
 from helpers import test_device  # noqa: E402
 from minisgl.attention import TorchAttentionBackend, prepare_metadata  # noqa: E402
 from minisgl.attention.triton_backend import TritonAttentionBackend  # noqa: E402
@@ -35,6 +36,25 @@ TOL = dict(atol=2e-5, rtol=2e-5)
 
 def device() -> torch.device:
     return torch.device(test_device())
+
+
+def assert_attention(got, want, case: str, rule: str, new=None, tol: float = TOL["atol"]) -> None:
+    """`got` within `tol` of `want` (as torch.testing.assert_close with atol = rtol = tol), or a
+    one-line failure: the case, the rule, and the largest difference or where NaN or inf came."""
+    close = got.shape == want.shape and torch.allclose(
+        got.float(), want.float(), atol=tol, rtol=tol
+    )
+    note = difference_note(got, want, new)
+    bound = f" (tolerance {tol:g})" if note.startswith("largest difference") else ""
+    assert close, f"{case}: {rule}: {note}{bound}"
+
+
+def _case(kind: str, scene: "Scene", heads: int, kv_heads: int, page_size: int, splits=None) -> str:
+    slices = "" if splits is None else f", {splits} slice(s)"
+    return (
+        f"{kind} of requests of {scene.lengths} keys{slices}, page size {page_size}, "
+        f"{heads // kv_heads} query head(s) per KV head"
+    )
 
 
 class Scene:
@@ -140,8 +160,13 @@ def test_decode_equals_attention_over_each_requests_own_keys(page_size, heads, k
     scene = Scene([1, 7, 32, 70], page_size, kv_heads, seed=page_size * 10 + heads)
     q = scene.queries(4, heads)
     got = decode(scene, q)
-    assert got.shape == q.shape and got.dtype == q.dtype
-    torch.testing.assert_close(got, decode_reference(scene, q), **TOL)
+    case = _case("decode", scene, heads, kv_heads, page_size, num_splits(4, kv_heads))
+    assert got.shape == q.shape and got.dtype == q.dtype, (
+        f"{case}: shape {tuple(got.shape)} and {got.dtype}, expected the queries' "
+        f"{tuple(q.shape)} and {q.dtype}"
+    )
+    rule = "each request's query attends over its own keys as float64 torch does"
+    assert_attention(got, decode_reference(scene, q), case, rule)
 
 
 @pytest.mark.parametrize("splits", [1, 2, 4, 16], ids=lambda n: f"splits{n}")
@@ -150,7 +175,9 @@ def test_every_split_count_gives_the_same_attention(splits):
     # partial slices
     scene = Scene([9, 100, 33], 4, 2, seed=splits)
     q = scene.queries(3, 4)
-    torch.testing.assert_close(decode(scene, q, splits), decode_reference(scene, q), **TOL)
+    case = _case("decode", scene, 4, 2, 4, splits)
+    rule = "the slices' partial results combine into float64 torch's attention (some slices empty)"
+    assert_attention(decode(scene, q, splits), decode_reference(scene, q), case, rule)
 
 
 def test_the_default_split_count_depends_on_the_batch_alone():
@@ -166,8 +193,26 @@ def test_decode_with_large_scores_rescales_by_the_running_max():
     q = scene.queries(2, 4, scale=12.0)
     for splits in (1, 4):
         got = decode(scene, q, splits)
-        assert torch.isfinite(got).all(), f"{splits} slices: not finite"
-        torch.testing.assert_close(got, decode_reference(scene, q), atol=1e-4, rtol=1e-4)
+        case = _case("decode", scene, 4, 2, 1, splits) + ", scores up to a few hundred"
+        rule = "the largest scores come last: rescaled to each new running maximum"
+        assert_attention(got, decode_reference(scene, q), case, rule, tol=1e-4)
+
+
+def test_decode_with_the_largest_scores_first_keeps_the_running_max():
+    # the largest scores sit in the first 10 keys (the first block): every later block's own
+    # maximum is smaller, and the running maximum must stay the first block's; a step that took
+    # the block's maximum alone would rescale what it holds by exp(old - new), which overflows
+    scene = Scene([90, 50], 1, 1, seed=3)
+    scene.k_cache[scene.locations[0][:10]] *= 6.0
+    q = scene.queries(2, 2, scale=12.0)
+    for splits in (1, 2):  # 2 slices: request 0's first slice is two blocks
+        got = decode(scene, q, splits)
+        case = _case("decode", scene, 2, 1, 1, splits) + ", scores up to a few hundred"
+        rule = (
+            "the largest scores come first: the running maximum is the larger of the old one "
+            "and the block's"
+        )
+        assert_attention(got, decode_reference(scene, q), case, rule, tol=1e-4)
 
 
 def test_decode_of_a_slice_whose_keys_outweigh_the_others():
@@ -179,8 +224,13 @@ def test_decode_of_a_slice_whose_keys_outweigh_the_others():
     scene.k_cache[loc] = q[0] * 8.0
     got = decode(scene, q, 4)
     want = decode_reference(scene, q)
-    torch.testing.assert_close(got, want, **TOL)
-    assert (got[0, 0] - scene.v_cache[loc, 0]).abs().max() < 0.05  # almost exactly that value
+    case = _case("decode", scene, 1, 1, 1, 4)
+    rule = "key 60 (in the last slice) matches the query far better than the rest"
+    assert_attention(got, want, case, rule)
+    off = float((got[0, 0] - scene.v_cache[loc, 0]).abs().max())
+    assert off < 0.05, (
+        f"{case}: {rule}: the output is {off:.3g} from key 60's value, expected < 0.05"
+    )
 
 
 # ---------------------------------------------------------------- prefill
@@ -195,8 +245,13 @@ def test_prefill_is_causal_after_each_requests_cached_prefix(page_size, heads, k
     scene = Scene([n + c for n, c in zip(new, cached)], page_size, kv_heads, seed=heads)
     q = scene.queries(sum(new), heads)
     got = prefill(scene, q, new)
-    assert got.shape == q.shape and got.dtype == q.dtype
-    torch.testing.assert_close(got, prefill_reference(scene, q, new), **TOL)
+    case = _case("prefill", scene, heads, kv_heads, page_size) + f", {new} new tokens"
+    assert got.shape == q.shape and got.dtype == q.dtype, (
+        f"{case}: shape {tuple(got.shape)} and {got.dtype}, expected the queries' "
+        f"{tuple(q.shape)} and {q.dtype}"
+    )
+    rule = "each new token attends to the cached prefix and the new tokens up to its own"
+    assert_attention(got, prefill_reference(scene, q, new), case, rule, new=new)
 
 
 def test_the_first_token_of_a_fresh_prompt_attends_to_itself_alone():
@@ -204,8 +259,12 @@ def test_the_first_token_of_a_fresh_prompt_attends_to_itself_alone():
     q = scene.queries(5, 2)
     got = prefill(scene, q, [5])
     first = scene.v_cache[scene.locations[0][0]]  # [1, D]: its own value, for both query heads
-    torch.testing.assert_close(got[0], first.expand(2, DIM), **TOL)
-    torch.testing.assert_close(got, prefill_reference(scene, q, [5]), **TOL)
+    case = _case("prefill", scene, 2, 1, 1) + ", a fresh prompt of 5 tokens"
+    assert_attention(
+        got[:1], first.expand(1, 2, DIM), case, "token 0 sees its own key alone: its value", new=[1]
+    )
+    rule = "each token attends to the tokens up to its own"
+    assert_attention(got, prefill_reference(scene, q, [5]), case, rule, new=[5])
 
 
 def test_a_chunk_sees_the_whole_cached_prefix():
@@ -216,8 +275,13 @@ def test_a_chunk_sees_the_whole_cached_prefix():
     loc = scene.locations[0][59]
     scene.k_cache[loc] = (q[0] + q[1]) * 8.0
     got = prefill(scene, q, [2])
-    torch.testing.assert_close(got, prefill_reference(scene, q, [2]), **TOL)
-    assert (got[:, 0] - scene.v_cache[loc, 0]).abs().max() < 0.05
+    case = _case("prefill", scene, 1, 1, 1) + ", 2 new tokens after 60 cached"
+    rule = "both new tokens see the whole cached prefix, whose key 59 outweighs the rest"
+    assert_attention(got, prefill_reference(scene, q, [2]), case, rule, new=[2])
+    off = float((got[:, 0] - scene.v_cache[loc, 0]).abs().max())
+    assert off < 0.05, (
+        f"{case}: {rule}: the output is {off:.3g} from key 59's value, expected < 0.05"
+    )
 
 
 # ---------------------------------------------------------------- the backends
@@ -252,13 +316,21 @@ def test_triton_backend_equals_the_torch_backend_through_the_engines_metadata():
     batch.attn_metadata = prepare_metadata(batch, table, dev)
     tokens = sum(r.extend_len for r in prefill_reqs)
     q = torch.randn(tokens, heads, DIM, generator=g).to(dev)
-    torch.testing.assert_close(
-        triton_backend.attend(q, 0, batch), torch_backend.attend(q, 0, batch), **TOL
+    case = "the engine's metadata, page size 4, 2 query heads per KV head"
+    assert_attention(
+        triton_backend.attend(q, 0, batch),
+        torch_backend.attend(q, 0, batch),
+        f"{case}, prefill of 8 new tokens after 5 cached and of 7 fresh ones",
+        "the Triton backend gives the torch backend's attention",
+        new=[8, 7],
     )
     batch = Batch(reqs[2:] + reqs[:1], "decode")  # request 0 now decodes its 13th token
     reqs[0].cached_len = reqs[0].device_len - 1
     batch.attn_metadata = prepare_metadata(batch, table, dev)
     q = torch.randn(2, heads, DIM, generator=g).to(dev)
-    torch.testing.assert_close(
-        triton_backend.attend(q, 0, batch), torch_backend.attend(q, 0, batch), **TOL
+    assert_attention(
+        triton_backend.attend(q, 0, batch),
+        torch_backend.attend(q, 0, batch),
+        f"{case}, decode of requests of 20 and 13 keys",
+        "the Triton backend gives the torch backend's attention",
     )

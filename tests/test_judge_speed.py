@@ -613,3 +613,78 @@ def test_the_warm_up_never_compiles_an_engine_kernel():
     for name in ("minisgl.kernel", "LLM(", "launch(", "[grid]"):
         assert name not in code, f"device_warmup runs {name!r}: a kernel compiled before the swap"
     assert all(not m.startswith("minisgl.kernel") for m in device_warmup.GPU_MODULES)
+
+
+ELSEWHERE_TESTS = """
+import multiprocessing as mp
+
+from fakepkg.engine import Engine
+
+
+class StoppedElsewhere(RuntimeError):
+    hung = True  # as classroom/ranks.py's RanksTimedOut: the code under test hung in a child
+
+
+def _in_a_child(x):
+    # the code under test runs in a forked child, out of the test process's sampler's sight; the
+    # harness waits for it with a timeout of its own, as run_ranks waits for a group's ranks
+    p = mp.get_context("fork").Process(target=Engine().step, args=(x,), daemon=True)
+    p.start()
+    p.join(0.5)
+    if p.is_alive():
+        p.kill()
+        p.join()
+        raise StoppedElsewhere("the child did not finish in 0.5 s; it was stopped")
+    return p.exitcode
+
+
+def test_step_in_a_child():
+    assert _in_a_child(1) == 0, "the child failed"
+
+
+def test_step_in_another_child():
+    assert _in_a_child(2) == 0, "the child failed"
+
+
+def test_step_here():
+    assert Engine().step(1) == 2, "step(1) should be 2"
+"""
+
+ELSEWHERE_REGISTRY = """
+
+[ch45]
+title = "A fake engine run in other processes"
+test_files = ["fake_tests/test_elsewhere.py"]
+
+[[ch45.exercises]]
+name = "step"
+target = "fakepkg.engine:Engine.step"
+tests = ["test_elsewhere.py::test_step_in_a_child", "test_elsewhere.py::test_step_in_another_child",
+         "test_elsewhere.py::test_step_here"]
+"""
+
+
+def test_a_hang_that_a_harness_stopped_in_another_process_counts_as_the_exercises_timeout(
+    project, capsys, tmp_path
+):
+    """The ranks of chapter 16 run the learner's code in processes the sampler does not see; the
+    harness stops them after its own timeout and raises an exception with `hung = True`. That is
+    the exercise's timeout, once: its other tests are not run (a hang cost 20 s a test before)."""
+    (tmp_path / "fake_tests" / "test_elsewhere.py").write_text(ELSEWHERE_TESTS)
+    with open(tmp_path / "registry.toml", "a") as f:
+        f.write(ELSEWHERE_REGISTRY)
+    mine = project.write("mine.py", HANG)
+    code = main(["ch45", "--file", str(mine), "--json"])
+    v = json.loads(capsys.readouterr().out)
+    tests = by_test(v)
+    first = tests["test_step_in_a_child"]
+    assert code == 1 and first["outcome"] == "timeout", (
+        f"expected a timeout, got {first['outcome']}: {first['message']}"
+    )
+    assert "the child did not finish in 0.5 s" in first["message"], first["message"]
+    for name in ("test_step_in_another_child", "test_step_here"):
+        why = tests[name]["message"]
+        assert why == "not run: step already timed out in test_step_in_a_child", (
+            f"{name}: {tests[name]['outcome']}, {why}"
+        )
+    assert v["counts"].get("timeout") == 1 and by_exercise(v)["step"]["status"] == "failing"

@@ -83,9 +83,8 @@ class Collectives:
         Returns: a new tensor, `x`'s shape with `dim` `self.size` times as long: rank r's piece
             at positions [r * n, (r + 1) * n) along `dim`. With one rank, `x` itself.
         Leaves: `x` unchanged; the count of all-gathers one higher (with more than one rank).
-        Uses: `torch.distributed.all_gather` on `self._group`, into `self.size` tensors
-            like `x` (NCCL needs `x` contiguous); `self._timed("all_gather")` to count and time
-            it; `torch.cat`.
+        Uses: `torch.distributed.all_gather` on `self._group` (NCCL takes contiguous tensors
+            only); `self._timed("all_gather")`, which counts and times it; `torch.cat`.
         Checked: each row's pieces joined in rank order for a batch of several rows on 2 and 4
             ranks; along the first dimension too; a non-contiguous piece; counted once; one rank
             returns its input without touching a group; TP=2 greedy tokens equal transformers'

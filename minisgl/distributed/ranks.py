@@ -16,6 +16,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import queue
+import re
 import signal
 import sys
 import time
@@ -42,7 +43,21 @@ def collective_timeout_s() -> float:
 
 
 class RankFailure(RuntimeError):
-    """A rank of a tensor-parallel engine raised or died; every rank has been stopped."""
+    """A rank of a tensor-parallel engine raised or died; every rank has been stopped. `hung` is
+    true when a collective ran out of MINISGL_TP_TIMEOUT waiting for a rank: a rank that never
+    came (the judge counts that as a timeout, judge/timer.py)."""
+
+    hung = False
+
+
+# how gloo ("Timed out waiting 20000ms for recv operation to complete") and NCCL's watchdog
+# ("Watchdog caught collective operation timeout") say that a collective waited too long
+_TIMED_OUT = re.compile(r"Timed out waiting \d+ ?ms|collective operation timeout")
+
+
+def timed_out(report: str) -> bool:
+    """Whether a rank's error report says a collective waited past its timeout."""
+    return _TIMED_OUT.search(report) is not None
 
 
 def rank_main(target: Callable, rank: int, size: int, port: int, backend: str, errors, args):

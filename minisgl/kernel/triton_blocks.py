@@ -58,7 +58,7 @@ def online_softmax_step(
     Uses: `tl.maximum`, `tl.max`, `tl.exp`, `tl.sum`, `tl.load` with a mask, `block_dot`.
     Checked: against float64 torch attention for 1 to 70 keys (up to three blocks), GQA 1/2/8,
         pages of 1 and 4, 1 to 16 slices, scores in the hundreds with the largest in the last
-        block, prefill after cached prefixes; unowned cache locations hold NaN.
+        block and in the first, prefill after cached prefixes; unowned cache locations hold NaN.
     """
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp(m_i - m_new)

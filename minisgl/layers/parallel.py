@@ -89,8 +89,8 @@ def lookup_own_rows(ids: torch.Tensor, weight: torch.Tensor, start: int) -> torc
     Uses: only torch: `F.embedding`, `torch.where`; a mask of the ids this rank owns.
     Checked: the ranks' lookups add up to the whole embedding on 2 and 4 ranks, with a vocabulary
         padded to a multiple of the ranks; an id another rank owns looks up zeros (the ids just
-        outside the range too); the weight's dtype and the ids' shape kept; runs in every rank
-        of a real group.
+        outside the range too); the weight's dtype and the ids' shape kept; the ids left as they
+        were; runs in every rank of a real group.
     """
     rows = weight.shape[0]
     local = ids - start

@@ -25,7 +25,7 @@ from typing import List
 import torch.distributed as dist
 
 from minisgl.distributed import current
-from minisgl.distributed.ranks import RankFailure, Ranks
+from minisgl.distributed.ranks import RankFailure, Ranks, timed_out
 from minisgl.env import ENV
 from minisgl.models import BUNDLED_MODEL, ModelConfig
 from minisgl.models.sharding import check_tp_size
@@ -116,9 +116,11 @@ class RankZero(Lockstep):
         if report is None:
             report = f"rank 0 raised {type(error).__name__}: {error}"
         self._stopped = f"a rank failed: {report.splitlines()[0]}"
-        return RankFailure(
+        failure = RankFailure(
             f"tensor parallelism over {self._ranks.size} ranks stopped, every rank ended: {report}"
         )
+        failure.hung = timed_out(report)
+        return failure
 
 
 class TensorParallelScheduler(RankZero, Scheduler):
