@@ -141,6 +141,29 @@ def hf_logits(ids: Sequence[int], model: Path = MODEL) -> torch.Tensor:
         return hf_model(model)(torch.tensor([list(ids)])).logits[0]
 
 
+def assert_tensors_close(got, want, what: str, atol: float, rtol: float = 0.0) -> None:
+    """One line on a mismatch (torch.testing's report runs over several): the rule `what`, how
+    many values differ, the first with its expected value, the largest difference. NaN counts as
+    a difference."""
+    import pytest
+
+    assert isinstance(got, torch.Tensor), f"{what}: expected a tensor, got {type(got).__name__}"
+    assert got.shape == want.shape, (
+        f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    )
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
+    diff = (got.float() - want.float()).abs()
+    bad = ~(diff <= atol + rtol * want.float().abs())
+    if bad.any():
+        i = tuple(int(v) for v in bad.nonzero()[0])
+        pytest.fail(
+            f"{what}: {int(bad.sum())} of {want.numel()} values differ; the first at {list(i)}: "
+            f"{got[i].item():.9g}, expected {want[i].item():.9g} (largest difference "
+            f"{diff.nan_to_num(float('inf')).max().item():.3g}, allowed {atol:g} + {rtol:g} x "
+            "|expected|)"
+        )
+
+
 def assert_tokens_equal(
     got: Sequence[Sequence[int]], want: Sequence[Sequence[int]], what: str = "tokens"
 ) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import test_device
+from helpers import assert_tensors_close, test_device
 from minisgl.kernel import ops
 
 pytest.importorskip("triton", reason='the kernels need triton: pip install -e ".[triton]"')
@@ -33,20 +33,7 @@ def rand(*shape, dtype=torch.float32, seed=0, scale=1.0) -> torch.Tensor:
     return (torch.randn(*shape, generator=g) * scale).to(dtype).to(test_device())
 
 
-def assert_close(got, want, what: str, atol: float, rtol: float = 0.0) -> None:
-    shapes = f"{tuple(got.shape)}, expected {tuple(want.shape)}"
-    assert got.shape == want.shape, f"{what}: shape {shapes}"
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
-    diff = (got.float() - want.float()).abs()
-    bound = atol + rtol * want.float().abs()
-    bad = diff > bound
-    if bad.any():
-        i = tuple(int(v) for v in bad.nonzero()[0])
-        pytest.fail(
-            f"{what}: {int(bad.sum())} of {want.numel()} values differ from torch's; the first at "
-            f"{i}: {got[i].item():.9g}, expected {want[i].item():.9g} (largest difference "
-            f"{diff.max().item():.3g}, allowed {atol:g} + {rtol:g} x |expected|)"
-        )
+assert_close = assert_tensors_close  # one line on a mismatch (tests/helpers.py)
 
 
 # ---------------------------------------------------------------------- add + RMSNorm

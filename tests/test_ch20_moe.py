@@ -6,14 +6,13 @@ transformers wrote (tests/checkpoints.py).
 from __future__ import annotations
 
 import re
-from typing import List
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from checkpoints import checkpoint
-from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy
+from classroom.experts import Products  # what the try-out counts, the tests count
+from helpers import assert_tensors_close, assert_tokens_equal, build_llm, greedy, hf_greedy
 from minisgl.kernel.moe import group_by_expert, moe_experts, route
 
 HIDDEN, INTER, EXPERTS = 64, 32, 8
@@ -61,49 +60,7 @@ def logits(n: int, experts: int = EXPERTS, seed: int = 3) -> torch.Tensor:
 
 
 def assert_close(got, want, what: str, atol: float = 1e-5, rtol: float = 1.3e-6) -> None:
-    """One line on a mismatch: the rule, the first value that differs and the largest difference
-    (torch.testing's report runs over several lines)."""
-    assert isinstance(got, torch.Tensor), f"{what}: expected a tensor, got {type(got).__name__}"
-    assert got.shape == want.shape, (
-        f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-    )
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
-    diff = (got.float() - want.float()).abs()
-    bad = ~(diff <= atol + rtol * want.float().abs())  # NaN counts as a difference
-    if bad.any():
-        i = tuple(int(v) for v in bad.nonzero()[0])
-        pytest.fail(
-            f"{what}: {int(bad.sum())} of {want.numel()} values differ; the first at {list(i)}: "
-            f"{got[i].item():.6g}, expected {want[i].item():.6g} (largest difference "
-            f"{diff.nan_to_num(float('inf')).max().item():.3g}, allowed {atol:g} + {rtol:g} x "
-            "|expected|)"
-        )
-
-
-class Products(TorchFunctionMode):
-    """Records the matrix products run inside it: for each, which experts' slices of `gate_up`
-    and `down` it read (by where the operand lies in their storage) and whether an operand had
-    no rows."""
-
-    NAMES = ("matmul", "__matmul__", "mm", "bmm", "addmm", "linear", "einsum")
-
-    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor):
-        super().__init__()
-        self.stacks = [(w, w.untyped_storage().data_ptr(), w.stride(0)) for w in (gate_up, down)]
-        self.experts_read: List[set] = []
-        self.empty = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in self.NAMES:
-            operands = [a for a in args if isinstance(a, torch.Tensor)]
-            read = set()
-            for a in operands:
-                for _, ptr, stride in self.stacks:
-                    if a.untyped_storage().data_ptr() == ptr:
-                        read.add(a.storage_offset() // stride)
-            self.experts_read.append(read)
-            self.empty += any(a.numel() == 0 for a in operands)
-        return func(*args, **(kwargs or {}))
+    assert_tensors_close(got, want, what, atol, rtol)  # torch.testing's tolerances for float32
 
 
 # ---------------------------------------------------------------- route
