@@ -119,16 +119,26 @@ class Registry:
         return [c for c in self.chapters.values() if c.number <= last]
 
 
+def missing_extras(extras) -> List[str]:
+    """The extras of pyproject.toml (each named after the package it installs: "triton") that
+    this Python cannot import, looked up without importing them (triton takes seconds)."""
+    return [m for m in extras if importlib.util.find_spec(m) is None]
+
+
+def install_command(extras) -> str:
+    """The command that installs these extras into the checkout's editable install."""
+    return f'pip install -e ".[{",".join(extras)}]"'
+
+
 def check_requirements(chapters) -> None:
     """Raise MissingPackage, naming the install command, when a chapter's `requires` is not
-    importable here (looked up without importing it: triton takes seconds to import)."""
+    importable here."""
     for c in chapters:
-        missing = [m for m in c.requires if importlib.util.find_spec(m) is None]
+        missing = missing_extras(c.requires)
         if missing:
-            extras = ",".join(missing)
             raise MissingPackage(
                 f"{c.key} ({c.title}) needs {' and '.join(missing)}, which is not installed here: "
-                f'pip install -e ".[{extras}]"'
+                + install_command(missing)
             )
 
 

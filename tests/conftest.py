@@ -9,6 +9,7 @@ from typing import List
 import pytest
 import torch
 
+from extras import missing_reason
 from minisgl import env
 from minisgl.env import ENV
 from minisgl.utils.threads import apply_thread_policy
@@ -43,6 +44,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    for item in items:
+        for mark in item.iter_markers("needs_extra"):
+            reason = missing_reason(mark.args[0], mark.args[1:])
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,9 @@ from typing import List, Sequence
 import pytest
 import torch
 
-pytest.importorskip("triton", reason='chapter 17 needs triton: pip install -e ".[triton]"')
+from extras import module_needs_extra
+
+pytestmark = module_needs_extra("triton")  # before the imports that need it
 
 from classroom.kernels import difference_note  # noqa: E402
 from helpers import test_device  # noqa: E402

@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from extras import module_needs_extra
 from helpers import test_device
 from judge import swap
 from judge.protocol import ExerciseSpec, SnippetSpec, UnitSpec
 
-pytest.importorskip("triton", reason='the kernels need triton: pip install -e ".[triton]"')
+pytestmark = module_needs_extra("triton")  # before the imports that need it
 
 from minisgl.kernel import triton_ops  # noqa: E402  (imports triton)
 

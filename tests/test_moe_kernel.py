@@ -8,7 +8,6 @@ kernels gives transformers' tokens.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -17,9 +16,8 @@ import textwrap
 import pytest
 import torch
 
+from extras import needs_extra
 from helpers import REPO, assert_tokens_equal, build_llm, greedy, hf_greedy, test_device
-
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
 # Cases: (tokens, hidden, inter, experts, top_k): a decode step of one, a batch where some experts
 # get nothing, more entries than one block of a busy expert holds, shapes that are not multiples
@@ -65,7 +63,7 @@ def check(tokens, hidden, inter, experts, top_k, dtype, device, tol):
 """
 
 
-@pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed (the 'triton' extra)")
+@needs_extra("triton")
 def test_fused_moe_interpreted_on_the_cpu_equals_the_torch_path():
     # float16 too: the kernel rounds each product as the torch path does; only the sum over a
     # token's experts rounds once, not once per expert: an ulp apart at most, from top-3 on (the

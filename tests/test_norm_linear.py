@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from extras import module_needs_extra
 from helpers import test_device
 from minisgl.kernel import ops
 
-pytest.importorskip("triton", reason='the kernels need triton: pip install -e ".[triton]"')
+pytestmark = module_needs_extra("triton")  # before the imports that need it
 
 from minisgl.kernel import triton_norm_linear, triton_silu  # noqa: E402  (imports triton)
 
