@@ -4,19 +4,22 @@
   import, also the ones inside functions and the type-only ones under `if TYPE_CHECKING:`, and a
   package's __init__ as a module of its own wherever a name defined in it is imported;
 * the engine (minisgl/) imports no notebook library (IPython, ipywidgets, matplotlib: those
-  belong to classroom/), and none of its files is over 400 lines.
+  belong to classroom/), and none of its files is over 400 lines;
+* the judge's code (judge/, less its known-wrong variants) has no file over 400 lines and no
+  function over 60.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Sequence, Set
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("minisgl", "classroom", "judge", "tools")
 NOTEBOOK_LIBRARIES = ("IPython", "ipywidgets", "matplotlib")
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 60
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -146,3 +149,37 @@ def test_the_engine_imports_no_notebook_library_and_keeps_its_files_short():
         "the engine imports a notebook library (move it to classroom/): " + "; ".join(notebook)
     )
     assert not long_files, f"files of minisgl/ over {MAX_LINES} lines: " + ", ".join(long_files)
+
+
+def long_code(root: Path, skip: Sequence[str] = ()) -> List[str]:
+    """The files over MAX_LINES lines and the functions over MAX_FUNCTION_LINES under `root`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if any(part in skip for part in path.relative_to(root).parts):
+            continue
+        text = path.read_text(encoding="utf-8")
+        rel = path.relative_to(root.parent).as_posix()
+        if len(text.splitlines()) > MAX_LINES:
+            found.append(f"{rel} ({len(text.splitlines())} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    found.append(f"{rel}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_the_judge_keeps_its_files_and_functions_short():
+    found = long_code(REPO / "judge", skip=("variants",))
+    assert not found, (
+        f"judge/ has files over {MAX_LINES} lines or functions over {MAX_FUNCTION_LINES} "
+        "(split them by moving and naming pieces): " + "; ".join(found)
+    )
+
+
+def test_a_long_function_is_found_and_named(tmp_path):
+    pkg = tmp_path / "judge"
+    pkg.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (pkg / "long.py").write_text(f"def long():\n{body}")
+    assert long_code(pkg) == [f"judge/long.py:1 long ({MAX_FUNCTION_LINES + 1} lines)"]
