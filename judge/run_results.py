@@ -57,7 +57,7 @@ class TestResult:
     cpu: float | None = None  # the test process's CPU time in the test (budgets.py measures by it)
     # run in a test process that then crashed, or not run since it had: code that corrupts the
     # process (a kernel writing past a tensor's end) may fail or crash a later test of another
-    # exercise, so judging._blame reruns such tests without it
+    # exercise, so rerun_alone.py reruns such tests without it
     process_died: bool = False
 
     __test__ = False  # not a pytest test class

@@ -67,9 +67,8 @@ _WHERE = re.compile(r", line \d+, in (\w+)(?: \(called from (\w+)\))?(?::|$)")
 
 
 def where_owner(where: str) -> str | None:
-    """The exercise function a `where` line (plugin._learner_frame) belongs to: the function it is
-    in,
-    or for a helper, the exercise function that called it."""
+    """The exercise function a `where` line (failure_messages.learner_frame) belongs to: the
+    function it is in, or for a helper, the exercise function that called it."""
     m = _WHERE.search(where)
     return (m.group(2) or m.group(1)) if m else None
 
