@@ -4,123 +4,29 @@ sort the outcomes per exercise."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Dict, List, Sequence
 
 from .protocol import ExerciseSpec, SnippetSpec, UnitSpec
 from .registry import Chapter, Exercise, check_requirements
 from .runner import RunOptions, RunResult, TestResult, run_pytest
 from .sources import LearnerCode
-
-# An exercise's status, in the order a learner cares about them.
-PASSING, FAILING, NOT_ATTEMPTED, ERROR, NO_TESTS, REFERENCE = (
-    "passing",
-    "failing",
-    "not attempted",
-    "error",
-    "no tests",
-    "reference",
+from .verdicts import (
+    ERROR,
+    FAILING,
+    NO_TESTS,
+    NOT_ATTEMPTED,
+    PASSING,
+    REFERENCE,
+    ExerciseVerdict,
+    Verdict,
 )
 
-
-@dataclass
-class ExerciseVerdict:
-    chapter: str
-    name: str
-    target: str
-    status: str
-    problem: str | None = None
-    attempted: bool = True
-    tests: List[TestResult] = field(default_factory=list)
-    note: str | None = None  # e.g. why a passing exercise still has failed tests listed
-
-    @property
-    def id(self) -> str:
-        return f"{self.chapter}.{self.name}"
-
-    @property
-    def attr(self) -> str:
-        """The function's name in the learner's code: `Scheduler._free_req_resources` ->
-        `_free_req_resources`."""
-        return self.target.rpartition(":")[2].rpartition(".")[2]
-
-    @property
-    def passed_count(self) -> int:
-        """Its tests that pass. A passing exercise passes all of them: here, or (`alone`) when rerun
-        with the reference in place of the learner's other exercises."""
-        return len(self.tests) if self.status == PASSING else sum(t.ok for t in self.tests)
-
-    @property
-    def alone(self) -> bool:
-        """Passing, although some of its tests failed in this run: they passed when it was rerun on
-        its own."""
-        return self.status == PASSING and any(not t.ok for t in self.tests)
-
-    def where(self, test: TestResult) -> str | None:
-        """The learner's line to look at for this exercise's failed `test`: the traceback's
-        innermost
-        learner line, only when it is in this exercise's own code (or a helper it called)."""
-        return test.where if test.where and where_owner(test.where) == self.attr else None
-
-
-_WHERE = re.compile(r", line \d+, in (\w+)(?: \(called from (\w+)\))?(?::|$)")
-
-
-def where_owner(where: str) -> str | None:
-    """The exercise function a `where` line (plugin._learner_frame) belongs to: the function it is
-    in,
-    or for a helper, the exercise function that called it."""
-    m = _WHERE.search(where)
-    return (m.group(2) or m.group(1)) if m else None
-
-
-@dataclass
-class Verdict:
-    chapters: List[str]
-    # "learner" | "solution" | "variant <name>" | "hints"; the self-check: "reference" | "stub" |
-    # "variant"
-    mode: str
-    origin: str  # where the code came from
-    device: str
-    exercises: List[ExerciseVerdict]
-    tests: List[TestResult]  # every test, in run order
-    general: List[str]
-    wall: float
-
-    @property
-    def passed(self) -> bool:
-        return self._all_pass(self.tests, self.exercises)
-
-    def passed_in(self, chapter: Chapter) -> bool:
-        """Whether this chapter's own tests and exercises all passed (a cumulative run judges
-        several)."""
-        return self._all_pass(
-            self.tests_of(chapter), [e for e in self.exercises if e.chapter == chapter.key]
-        )
-
-    def tests_of(self, chapter: Chapter) -> List[TestResult]:
-        files = {f.name for f in chapter.test_files}
-        return [t for t in self.tests if t.test.split("::")[0].rsplit("/", 1)[-1] in files]
-
-    def _all_pass(self, tests: Sequence[TestResult], exercises: Sequence[ExerciseVerdict]) -> bool:
-        return (
-            not self.general
-            and bool(tests)
-            and all(t.ok for t in tests)
-            and all(e.status in (PASSING, NO_TESTS, REFERENCE) for e in exercises)
-        )
-
-    @property
-    def counts(self) -> Dict[str, int]:
-        out: Dict[str, int] = {}
-        for t in self.tests:
-            out[t.outcome] = out.get(t.outcome, 0) + 1
-        return out
+# the verdict's types live in verdicts.py; callers may take them from here with judge()
+__all__ = [
+    *("ERROR", "FAILING", "NO_TESTS", "NOT_ATTEMPTED", "PASSING", "REFERENCE"),
+    *("ExerciseVerdict", "Verdict", "judge", "not_attempted", "path_env", "spec_unit"),
+]
 
 
 def path_env(units: Sequence[UnitSpec], chapters: Sequence[Chapter]) -> Dict[str, str]:
@@ -175,19 +81,8 @@ def judge(
         if selectors is not None
         else [str(f) for c in chapters for f in c.test_files]
     )
-    general: List[str] = []
-    for c in chapters:
-        code = codes.get(c.key)
-        if code is not None:
-            general += [f"{c.key}: {g}" if len(chapters) > 1 else g for g in code.general_problems]
-        if not c.test_files:
-            general.append(f"{c.key} has no test files in the registry")
-    extra_env = path_env(units, chapters)
-    if extra_env:
-        options = dataclasses.replace(options, env={**options.env, **extra_env})
-    if not options.packages:  # the time a test spends in these counts against its budget
-        packages = sorted({e.target.split(".")[0] for c in chapters for e in c.exercises})
-        options = dataclasses.replace(options, packages=tuple(packages))
+    general = _general_problems(chapters, codes)
+    options = _with_environment_and_packages(options, units, chapters)
     server = (
         _fork_server(units, chapters, options) if mode == "learner" and len(chapters) == 1 else None
     )
@@ -219,6 +114,34 @@ def judge(
             server.close()
     verdict.wall = time.monotonic() - start
     return verdict
+
+
+def _general_problems(
+    chapters: Sequence[Chapter], codes: Dict[str, LearnerCode | None]
+) -> List[str]:
+    """Problems of the learner's code not tied to one exercise, and chapters without tests."""
+    general: List[str] = []
+    for c in chapters:
+        code = codes.get(c.key)
+        if code is not None:
+            general += [f"{c.key}: {g}" if len(chapters) > 1 else g for g in code.general_problems]
+        if not c.test_files:
+            general.append(f"{c.key} has no test files in the registry")
+    return general
+
+
+def _with_environment_and_packages(
+    options: RunOptions, units: List[UnitSpec], chapters: Sequence[Chapter]
+) -> RunOptions:
+    """The options with the swapped exercises' engine_env (path_env) and, unless given, the
+    packages whose running time counts against a test's budget."""
+    extra_env = path_env(units, chapters)
+    if extra_env:
+        options = dataclasses.replace(options, env={**options.env, **extra_env})
+    if not options.packages:  # the time a test spends in these counts against its budget
+        packages = sorted({e.target.split(".")[0] for c in chapters for e in c.exercises})
+        options = dataclasses.replace(options, packages=tuple(packages))
+    return options
 
 
 def _fork_server(units: List[UnitSpec], chapters: Sequence[Chapter], options: RunOptions):
@@ -287,115 +210,6 @@ def _stale_budgets(run: RunResult) -> List[str]:
     ]
 
 
-def _selector(nodeid: str, chapter: Chapter) -> str:
-    """A test's node id as a path pytest finds from anywhere: the chapter's test file, absolute."""
-    file, _, rest = nodeid.partition("::")
-    path = next((f for f in chapter.test_files if f.name == Path(file).name), Path(file))
-    return f"{path}::{rest}"
-
-
-def _blame(
-    verdict: Verdict, units: List[UnitSpec], chapter: Chapter, options: RunOptions, deadline: float
-) -> None:
-    """A test that goes through the whole engine judges several exercises at once, so one wrong
-    function fails the tests of its neighbours too. An exercise whose failed tests all judge
-    another of the learner's exercises that is not passing (failing, still a stub, or not loaded)
-    may be correct: it is rerun on those tests with the reference in place of the others, and if
-    they pass it is reported as passing. Nothing else can change the verdict, so nothing else is
-    rerun: an exercise with a failed test of its own, or that timed out in its own code, stays
-    failing.
-
-    Where some exercises are known to be wrong (those, stubs, code that did not load), the others
-    are first rerun together, in one process, with the reference in place of the known ones: if
-    all their failed tests pass, that settles them all. Otherwise each is rerun alone, stopping
-    at its first failed test, as many at a time as there are cores, forked from the
-    run's server when it has one. The reruns share what is left of the run's time limit; an
-    exercise not rerun in time stays failing."""
-    rerun = [
-        ex for ex in verdict.exercises if ex.status == FAILING and _may_be_correct(ex, verdict)
-    ]
-    if not rerun:
-        return
-    known = [
-        e
-        for e in verdict.exercises
-        if e.status in (FAILING, NOT_ATTEMPTED, ERROR) and e not in rerun
-    ]
-
-    def passes(exercises: List[ExerciseVerdict], stop: bool, jobs: int = options.jobs) -> bool:
-        left = deadline - time.monotonic()
-        if left < 1:
-            return False
-        failed = sorted(
-            {_selector(t.test, chapter) for ex in exercises for t in ex.tests if not t.ok}
-        )
-        run = run_pytest(
-            [u.only([ex.id for ex in exercises]) for u in units],
-            failed,
-            dataclasses.replace(options, time_limit=left, stop_at_first_failure=stop, jobs=jobs),
-        )
-        return bool(run.tests) and not run.general and all(t.ok for t in run.tests)
-
-    def cleared(ex: ExerciseVerdict, instead: str) -> None:
-        ex.status = PASSING
-        failed, total = sum(not t.ok for t in ex.tests), len(ex.tests)
-        crashed = any(t.process_died for t in ex.tests if not t.ok)
-        # Two measurements, each named: this run (all the learner's exercises in) and the rerun
-        # (the reference in place of the others); the row's count is the rerun's.
-        why = (
-            "in a test process that crashed (code that corrupts the process, such as a store "
-            "past a tensor's end, can crash or fail the tests that run after it)"
-            if crashed
-            else f"as they also go through {instead}"
-        )
-        ex.note = (
-            f"correct on its own: {failed} of its {total} tests failed in this run, {why}; "
-            f"rerun with the reference in place of {instead}, they pass, so all {total} pass "
-            "on its own"
-        )
-
-    if known and len(rerun) > 1 and passes(rerun, stop=True):
-        names = ", ".join(e.name for e in known)
-        for ex in rerun:
-            cleared(ex, names)
-        return
-
-    workers = max(1, min(len(rerun), os.cpu_count() or 1))
-
-    def alone(ex: ExerciseVerdict) -> None:  # the run's processes shared among the reruns
-        if passes([ex], stop=True, jobs=max(1, options.jobs // workers)):
-            cleared(ex, "your other exercises")
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(alone, rerun))
-
-
-def _may_be_correct(ex: ExerciseVerdict, verdict: Verdict) -> bool:
-    """Whether every failed test of `ex` may have failed because of another exercise."""
-    suspects = [
-        e for e in verdict.exercises if e is not ex and e.status in (FAILING, NOT_ATTEMPTED, ERROR)
-    ]
-    for t in ex.tests:
-        if t.ok or _not_run(t):
-            continue  # a test not run after a timeout says nothing: the timeout decides
-        if t.process_died and suspects:
-            continue  # another exercise's code may have corrupted the process that crashed
-        if t.outcome == "timeout" and t.culprit == ex.id:
-            return False  # its own code was running when the test ran out of time
-        if not any(t.test == u.test for e in suspects for u in e.tests):
-            return False
-    return True
-
-
-def _not_run(t: TestResult) -> bool:
-    """Not run because an exercise it judges had already timed out (timer.py)."""
-    return (
-        t.outcome == "error"
-        and (t.message or "").startswith("not run: ")
-        and "already timed out" in t.message
-    )
-
-
 def _exercise_verdict(
     ex: Exercise, code: LearnerCode | None, run: RunResult, filtered: bool
 ) -> ExerciseVerdict:
@@ -422,3 +236,12 @@ def _exercise_verdict(
     else:
         v.status = FAILING
     return v
+
+
+def _blame(
+    verdict: Verdict, units: List[UnitSpec], chapter: Chapter, options: RunOptions, deadline: float
+) -> None:
+    """See rerun_alone.py; the reruns go through this module's run_pytest."""
+    from .rerun_alone import rerun_alone
+
+    rerun_alone(verdict, units, chapter, options, deadline, run_pytest)

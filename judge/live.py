@@ -85,7 +85,7 @@ def _not_started(target: Chapter, code, device: str, hint: int):
     """Every exercise still its stub, as the notebook opens: say what to do next and run nothing
     (as `python judge.py` does), instead of minutes of tests that each meet a NotImplementedError
     (chapter 14's servers wait out their timeouts on the stubs). Hints, if asked, below."""
-    from . import notebook_report, progress, report
+    from . import hints_report, notebook_report, progress, report
     from .judging import not_attempted
 
     verdict = not_attempted([target], "the live notebook", device)
@@ -96,7 +96,9 @@ def _not_started(target: Chapter, code, device: str, hint: int):
         report.render_not_started(v, [target], console, hint_command, in_kernel=True)
         if hint:
             status = {e.id: e.status for e in v.exercises}
-            report.render_hints(report.hinted([target], status), console, hint, in_notebook=True)
+            hints_report.render_hints(
+                hints_report.hinted([target], status), console, hint, in_notebook=True
+            )
 
     return _Shown(notebook_report.shown(f"judging {target.key}", lambda: verdict, render))
 

@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from .budgets import device_key, load, path, test_key
 from .judging import judge
@@ -40,6 +40,45 @@ def save(file, data: dict, key: str, times: Dict[str, float], first_test: Dict[s
     file.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
 
+def _time_chapter(
+    chapter, device: str, repeat: int
+) -> Tuple[Dict[str, float], str, List[float], bool]:
+    """The reference's tests of one chapter, timed: (each test's largest CPU time over the counted
+    runs, the first collected test, its times as a process's first test, whether a run failed)."""
+    failed = False
+    best: Dict[str, float] = {}
+    first, firsts = "", []  # the first collected test; its times as the process's first
+    # The first run warms the caches (Hugging Face references, the page cache): not counted.
+    # Then runs in the collected order (odd i) and with the first test moved last (even i).
+    for i in range(1 + 2 * max(1, (repeat + 1) // 2)):
+        t0 = time.monotonic()
+        options = RunOptions(device=device, budgets={}, first_last=i > 0 and i % 2 == 0)
+        verdict = judge([chapter], {}, options, mode="measure")
+        bad = [t.test for t in verdict.tests if not t.ok]
+        if verdict.general or bad or not verdict.tests:
+            print(
+                f"{chapter.key}: the reference does not pass "
+                f"({'; '.join(verdict.general + bad)[:300]}); "
+                "its times are left as they were",
+                file=sys.stderr,
+            )
+            failed = True
+            break
+        if i == 0:
+            continue
+        for n, t in enumerate(verdict.tests):  # in run order: a measure run is one process
+            # CPU time (load stretches wall time); the largest of the counted runs
+            spent = t.cpu if t.cpu is not None else t.duration
+            if n == 0:  # it started the process: its time is not its own
+                if not options.first_last:
+                    first = test_key(t.test)
+                    firsts.append(spent)
+                continue
+            best[test_key(t.test)] = max(best.get(test_key(t.test), 0.0), spent)
+        print(f"{chapter.key}: run {i}: {len(verdict.tests)} tests, {time.monotonic() - t0:.1f} s")
+    return best, first, firsts, failed
+
+
 def measure(chapter_keys: List[str], device: str, repeat: int) -> int:
     registry = load_registry()
     chapters = (
@@ -54,38 +93,8 @@ def measure(chapter_keys: List[str], device: str, repeat: int) -> int:
     first_test: Dict[str, float] = dict(data.get("first_test", {}).get(key) or {})  # file -> s
     failed = False
     for chapter in chapters:
-        best: Dict[str, float] = {}
-        first, firsts = "", []  # the first collected test; its times as the process's first
-        # The first run warms the caches (Hugging Face references, the page cache): not counted.
-        # Then runs in the collected order (odd i) and with the first test moved last (even i).
-        for i in range(1 + 2 * max(1, (repeat + 1) // 2)):
-            t0 = time.monotonic()
-            options = RunOptions(device=device, budgets={}, first_last=i > 0 and i % 2 == 0)
-            verdict = judge([chapter], {}, options, mode="measure")
-            bad = [t.test for t in verdict.tests if not t.ok]
-            if verdict.general or bad or not verdict.tests:
-                print(
-                    f"{chapter.key}: the reference does not pass "
-                    f"({'; '.join(verdict.general + bad)[:300]}); "
-                    "its times are left as they were",
-                    file=sys.stderr,
-                )
-                failed = True
-                break
-            if i == 0:
-                continue
-            for n, t in enumerate(verdict.tests):  # in run order: a measure run is one process
-                # CPU time (load stretches wall time); the largest of the counted runs
-                spent = t.cpu if t.cpu is not None else t.duration
-                if n == 0:  # it started the process: its time is not its own
-                    if not options.first_last:
-                        first = test_key(t.test)
-                        firsts.append(spent)
-                    continue
-                best[test_key(t.test)] = max(best.get(test_key(t.test), 0.0), spent)
-            print(
-                f"{chapter.key}: run {i}: {len(verdict.tests)} tests, {time.monotonic() - t0:.1f} s"
-            )
+        best, first, firsts, chapter_failed = _time_chapter(chapter, device, repeat)
+        failed = failed or chapter_failed
         if firsts and first in best:
             start = max(0.0, min(firsts) - best[first])
             print(f"{chapter.key}: a process's first test spends {start:.2f} s more")

@@ -19,9 +19,9 @@ from rich.table import Table
 from rich.text import Text
 
 from . import settings
-from .judging import NO_TESTS, PASSING, Verdict
 from .registry import REPO, Chapter, Registry
 from .sources import LearnerCode, SourceError, find_notebook, from_notebook
+from .verdicts import NO_TESTS, PASSING, Verdict
 
 PROGRESS_ENV = settings.PROGRESS.name  # tests point this elsewhere
 

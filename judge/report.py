@@ -6,14 +6,16 @@ The reference code is never shown; hints come from the registry, gentlest first.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Dict, List, Sequence
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .judging import (
+from .hints_report import hinted, render_hints
+from .registry import Chapter
+from .run_results import TestResult
+from .verdicts import (
     ERROR,
     FAILING,
     NO_TESTS,
@@ -23,8 +25,6 @@ from .judging import (
     ExerciseVerdict,
     Verdict,
 )
-from .registry import Chapter, Exercise
-from .runner import TestResult
 
 STATUS_STYLE = {
     PASSING: ("✔ passing", "green"),
@@ -59,6 +59,19 @@ def render(
     if verdict.general:
         for g in verdict.general:
             console.print(Text("! ", style="bold red") + Text(g))
+    _exercise_table(verdict, console)
+    console.print()
+    for ex in verdict.exercises:
+        _exercise_details(ex, verdict, console, verbose)
+    _other_tests(verdict, console, verbose)
+    _summary(verdict, console)
+    _hint_footer(verdict, chapters, console, hint_level, hint_command)
+    if not_recorded:
+        console.print(Text(f"not recorded in your progress: {not_recorded}", style="dim"))
+
+
+def _exercise_table(verdict: Verdict, console: Console) -> None:
+    """One row per exercise: its status and its own tests that pass."""
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
     table.add_column("exercise")
     table.add_column("status")
@@ -80,11 +93,12 @@ def render(
     if verdict.exercises:
         console.print(table)
         console.print(Text(_table_note(verdict, not_in_file), style="dim"))
-    console.print()
-    for ex in verdict.exercises:
-        _exercise_details(ex, verdict, console, verbose)
-    _other_tests(verdict, console, verbose)
-    _summary(verdict, console)
+
+
+def _hint_footer(
+    verdict: Verdict, chapters, console: Console, hint_level: int, hint_command
+) -> None:
+    """The hints asked for, else (a learner's run with unfinished exercises) how to ask."""
     key = verdict.chapters[-1]
     if hint_level:
         render_hints(
@@ -106,8 +120,6 @@ def render(
                 style="dim",
             )
         )
-    if not_recorded:
-        console.print(Text(f"not recorded in your progress: {not_recorded}", style="dim"))
 
 
 def render_not_started(
@@ -336,91 +348,6 @@ def _summary(verdict: Verdict, console: Console) -> None:
     console.print(
         Text(f"{head}: ", style=style) + Text(", ".join(parts) + f" ({verdict.wall:.1f} s)")
     )
-
-
-def hinted(
-    chapters: Sequence[Chapter], status: Dict[str, str], only: str | None = None
-) -> List[Exercise]:
-    """The exercises to give hints for: `only` (a name or id), else every one whose status (by id)
-    is not passing."""
-    exercises = [ex for chapter in chapters for ex in chapter.exercises]
-    if only:
-        return [ex for ex in exercises if only in (ex.name, ex.attr, ex.id)]
-    return [ex for ex in exercises if status.get(ex.id) not in (PASSING, REFERENCE)]
-
-
-def render_hints(
-    exercises: Sequence[Exercise], console: Console, level: int, in_notebook: bool = False
-) -> None:
-    """Hints 1..level for each of `exercises` (see `hinted`); `in_notebook`: asked with
-    judge.check."""
-    for ex in exercises:
-        console.print(Text(f"Hints for {ex.id} (`def {ex.attr}`):", style="bold cyan"))
-        if not ex.hints:
-            console.print(
-                Text(
-                    "   (no hints written for this exercise yet: read its docstring and the "
-                    "chapter's notebook)",
-                    style="dim",
-                )
-            )
-        for i, h in enumerate(ex.hints[:level], start=1):
-            console.print(Text(f"   {i}. ") + Text(h))
-        if ex.hints and level < len(ex.hints):
-            more = min(level + 1, len(ex.hints))
-            console.print(
-                Text(
-                    f"   ({len(ex.hints) - level} more: "
-                    f"{f'hint={more}' if in_notebook else f'--hint {more}'})",
-                    style="dim",
-                )
-            )
-    if not exercises:
-        console.print(
-            Text(
-                "Every exercise here passed when your notebook was last judged, and none has "
-                "changed "
-                "since: no hints needed (--exercise NAME shows one exercise's hints anyway).",
-                style="green",
-            )
-        )
-
-
-def to_json(verdict: Verdict, chapters: Sequence[Chapter], not_recorded: str | None = None) -> Dict:
-    """The verdict as the screen shows it: per exercise its status, its tests that pass out of its
-    own (`passed`/`total`, overlapping between exercises), whether it passes only on its own, and
-    the learner lines the report shows under it (`where`, by test)."""
-    return {
-        "recorded": verdict.mode == "learner" and not not_recorded,
-        "not_recorded": not_recorded,
-        "chapters": verdict.chapters,
-        "mode": verdict.mode,
-        "origin": verdict.origin,
-        "device": verdict.device,
-        "passed": verdict.passed,
-        "wall_s": round(verdict.wall, 2),
-        "counts": verdict.counts,
-        "general": verdict.general,
-        "exercises": [
-            {
-                "id": e.id,
-                "chapter": e.chapter,
-                "name": e.name,
-                "target": e.target,
-                "status": e.status,
-                "problem": e.problem,
-                "attempted": e.attempted,
-                "note": e.note,
-                "alone": e.alone,
-                "passed": e.passed_count,
-                "total": len(e.tests),
-                "tests": [t.test for t in e.tests],
-                "where": {t.test: e.where(t) for t in e.tests if not t.ok and e.where(t)},
-            }
-            for e in verdict.exercises
-        ],
-        "tests": [dataclasses.asdict(t) for t in verdict.tests],
-    }
 
 
 def _short_id(nodeid: str) -> str:

@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 from rich.console import Console
 from rich.table import Table
@@ -60,6 +60,35 @@ def selfcheck(
     device: str = "cpu",
 ) -> int:
     start = time.monotonic()
+    jobs, static = _jobs(registry, chapters)
+    threads = 1 if workers > 1 else None
+    console.print(
+        Text(
+            f"selfcheck: {len(jobs)} runs over {len(chapters)} chapter(s), {workers} at a time",
+            style="bold",
+        )
+    )
+    # One server forks every run (several at once), on a GPU too where its children can use it.
+    server = forkserver.server_for(
+        device, sorted({e.module for c in chapters for e in c.exercises})
+    )
+
+    def run(job: Job) -> Outcome:
+        return _run_job(job, device, threads, server, console)
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            outcomes = static + list(pool.map(run, jobs))
+    finally:
+        if server is not None:
+            server.close()
+    _summary(chapters, outcomes, console, time.monotonic() - start)
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+def _jobs(registry: Registry, chapters: Sequence[Chapter]) -> Tuple[List[Job], List[Outcome]]:
+    """The runs to make per chapter (the reference, each exercise's stub, each known-wrong variant,
+    each solution notebook), and the outcomes known without a run (a stub that cannot be made)."""
     jobs: List[Job] = []
     static: List[Outcome] = []
     for chapter in chapters:
@@ -90,58 +119,39 @@ def selfcheck(
             jobs.append(Job(chapter, "variant", path.stem[len(chapter.key) + 1 :], code))
         for path in solution_notebooks(registry, chapter):
             jobs.append(Job(chapter, "notebook", path.name, from_notebook(path, chapter)))
-    threads = 1 if workers > 1 else None
+    return jobs, static
+
+
+def _run_job(job: Job, device: str, threads: int | None, server, console: Console) -> Outcome:
+    """Judge one job's code and evaluate the verdict as its kind expects (EVALUATE)."""
+    t0 = time.monotonic()
+    options = RunOptions(
+        device=device,
+        test_timeout=120.0,
+        time_limit=900.0,
+        threads=threads,
+        launcher=server,
+        # a correct notebook judged on a busy machine: it is its names that are checked here,
+        # not its speed, so no test of it is stopped before 30 s (60 s on a GPU)
+        budgets={**load_budgets(), "floor": {"cpu": 30.0, "cuda": 60.0}}
+        if job.kind == "notebook"
+        else None,
+    )
+    verdict = judge(
+        [job.chapter],
+        {job.chapter.key: job.code} if job.code else {},
+        options,
+        mode=job.kind,
+        origin=job.name,
+    )
+    outcome = EVALUATE[job.kind](job, verdict)
+    outcome.wall = time.monotonic() - t0
+    mark = Text("ok  ", style="green") if outcome.ok else Text("FAIL", style="bold red")
     console.print(
-        Text(
-            f"selfcheck: {len(jobs)} runs over {len(chapters)} chapter(s), {workers} at a time",
-            style="bold",
-        )
+        mark
+        + Text(f" {job.chapter.key} {job.kind} {job.name}".rstrip() + f"  ({outcome.wall:.1f} s)")
     )
-    # One server forks every run (several at once), on a GPU too where its children can use it.
-    server = forkserver.server_for(
-        device, sorted({e.module for c in chapters for e in c.exercises})
-    )
-
-    def run(job: Job) -> Outcome:
-        t0 = time.monotonic()
-        options = RunOptions(
-            device=device,
-            test_timeout=120.0,
-            time_limit=900.0,
-            threads=threads,
-            launcher=server,
-            # a correct notebook judged on a busy machine: it is its names that are checked here,
-            # not its speed, so no test of it is stopped before 30 s (60 s on a GPU)
-            budgets={**load_budgets(), "floor": {"cpu": 30.0, "cuda": 60.0}}
-            if job.kind == "notebook"
-            else None,
-        )
-        verdict = judge(
-            [job.chapter],
-            {job.chapter.key: job.code} if job.code else {},
-            options,
-            mode=job.kind,
-            origin=job.name,
-        )
-        outcome = EVALUATE[job.kind](job, verdict)
-        outcome.wall = time.monotonic() - t0
-        mark = Text("ok  ", style="green") if outcome.ok else Text("FAIL", style="bold red")
-        console.print(
-            mark
-            + Text(
-                f" {job.chapter.key} {job.kind} {job.name}".rstrip() + f"  ({outcome.wall:.1f} s)"
-            )
-        )
-        return outcome
-
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            outcomes = static + list(pool.map(run, jobs))
-    finally:
-        if server is not None:
-            server.close()
-    _summary(chapters, outcomes, console, time.monotonic() - start)
-    return 0 if all(o.ok for o in outcomes) else 1
+    return outcome
 
 
 # ---------------------------------------------------------------------- evaluating one run

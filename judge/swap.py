@@ -24,7 +24,6 @@ from __future__ import annotations
 import __future__
 
 import builtins
-import functools
 import importlib
 import inspect
 import linecache
@@ -32,14 +31,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Set
 
+from .function_wrapping import rewrap, standin_for, unwrap_kind
 from .protocol import ExerciseSpec, SnippetSpec, UnitSpec
 
 # stubs' annotations may name TYPE_CHECKING-only types
 ANNOTATIONS_FLAG = __future__.annotations.compiler_flag
-
-
-class LearnerCodeError(Exception):
-    """Raised by the stand-in of an exercise whose code could not be put in place."""
 
 
 @dataclass
@@ -117,7 +113,7 @@ def _apply_unit(unit: UnitSpec, state: SwapState) -> None:
                     continue  # not defined, and the reference stays (variants, stubs)
             if problem is not None:
                 report.problems[ex.id] = problem
-                fn = _standin(ex.id, problem, raw)
+                fn = standin_for(ex.id, problem, raw)
             _install(owner, attr, raw, fn, state)
 
 
@@ -203,24 +199,6 @@ def _resolve(module, target: str):
     return owner, attr, getattr(owner, attr)
 
 
-def _is_kernel(obj) -> bool:
-    """A Triton kernel (@triton.jit: a JITFunction, or an InterpretedFunction under
-    TRITON_INTERPRET=1), told without importing triton: it holds its Python function as `.fn`."""
-    return type(obj).__module__.startswith("triton.") and inspect.isfunction(
-        getattr(obj, "fn", None)
-    )
-
-
-def _unwrap_kind(obj):
-    if _is_kernel(obj):  # the learner's function is compared, and jitted again, as plain Python
-        return obj.fn
-    if isinstance(obj, property):
-        return obj.fget
-    if isinstance(obj, (classmethod, staticmethod)):
-        return obj.__func__
-    return obj
-
-
 _ABSENT = object()
 
 
@@ -231,14 +209,14 @@ def _learner_function(namespace, module, attr: str, raw, missing: str):
     # is still the module's own object (a module-level function's original, or an unrelated global).
     if namespace.get(attr, _ABSENT) is vars(module).get(attr, _ABSENT) or namespace.get(
         attr
-    ) is _unwrap_kind(raw):
+    ) is unwrap_kind(raw):
         if missing == "reference":
             return None, None
         return None, f"no `def {attr}(...)` was defined by your code"
-    fn = _unwrap_kind(namespace[attr])
+    fn = unwrap_kind(namespace[attr])
     if not callable(fn):
         return None, f"`{attr}` is a {type(fn).__name__}, not a function"
-    problem = signature_problem(fn, _unwrap_kind(raw), attr)
+    problem = signature_problem(fn, unwrap_kind(raw), attr)
     return (None, problem) if problem else (fn, None)
 
 
@@ -275,116 +253,8 @@ def _plain(sig: inspect.Signature) -> str:
     return str(sig.replace(parameters=params, return_annotation=sig.empty))
 
 
-def _standin(exercise_id: str, problem: str, raw):
-    message = f"{exercise_id}: {problem}"
-
-    def standin(*args, **kwargs):
-        raise LearnerCodeError(message)
-
-    try:
-        standin.__signature__ = inspect.signature(_unwrap_kind(raw))  # type: ignore[attr-defined]
-    except (TypeError, ValueError):
-        pass
-    if _is_kernel(raw):
-        return _KernelStandin(standin)
-    return standin
-
-
-class _KernelStandin:
-    """A kernel's stand-in: launched as `kernel[grid](...)`, it raises the stand-in's error (a
-    stand-in jitted by Triton would be compiled, on a GPU, before it could raise)."""
-
-    def __init__(self, standin):
-        self.fn = standin
-
-    def __getitem__(self, grid):
-        return self.fn
-
-    def __call__(self, *args, **kwargs):  # a kernel's helper, called from an interpreted kernel
-        return self.fn(*args, **kwargs)
-
-
-def _rewrap(raw, fn):
-    """Re-apply the original's kind, and a torch grad-mode decorator (@torch.no_grad()) if it had
-    one. A Triton kernel's kind is @triton.jit: the learner's function is jitted afresh, with or
-    without their own decorator, so that what the launches compile (and Triton caches, by source)
-    is the learner's code."""
-    if _is_kernel(raw):
-        return fn if isinstance(fn, _KernelStandin) else _jit(fn)
-    inner = _unwrap_kind(raw)
-    factory = None
-    if getattr(inner, "__wrapped__", None) is not None:
-        try:
-            factory = inspect.getclosurevars(inner).nonlocals.get("ctx_factory")
-        except (TypeError, ValueError):
-            factory = None
-    if callable(factory) and getattr(fn, "__wrapped__", None) is None:
-        learner = fn
-
-        @functools.wraps(learner)
-        def fn(*args, **kwargs):
-            with factory():
-                return learner(*args, **kwargs)
-
-    if isinstance(raw, property):
-        return property(fn, raw.fset, raw.fdel, raw.__doc__)
-    if isinstance(raw, classmethod):
-        return classmethod(fn)
-    if isinstance(raw, staticmethod):
-        return staticmethod(fn)
-    return fn
-
-
-def _jit(fn):
-    """`fn` jitted as a kernel's helper. A kernel resolves its helpers' names when it runs (Triton's
-    interpreter) or when it is first compiled (GPU), both after the swap, so the learner's is the
-    one used, and the compiled kernel's cache key hashes the helper's source. An unwritten stub
-    cannot be compiled (Triton has no `raise`): jitted for a GPU, its stub's NotImplementedError
-    is raised when a kernel that calls it is compiled, so its tests fail as "not written yet"."""
-    import triton
-
-    jitted = triton.jit(fn)
-    message = _stub_message(fn)
-    if message is not None and hasattr(type(jitted), "cache_key"):  # compiled, not interpreted
-
-        class Unwritten(type(jitted)):
-            @property
-            def cache_key(self):
-                raise NotImplementedError(message)
-
-        jitted.__class__ = Unwritten
-    return jitted
-
-
-def _stub_message(fn) -> str | None:
-    """The sentinel message when `fn`'s body (past its docstring) is only the stub's
-    `raise NotImplementedError("chNN.<name>: ...")`, else None."""
-    import ast
-    import textwrap
-
-    try:
-        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return None
-    body = getattr(node, "body", [])
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    if len(body) != 1 or not isinstance(body[0], ast.Raise):
-        return None
-    call = body[0].exc
-    if not (
-        isinstance(call, ast.Call)
-        and getattr(call.func, "id", None) == "NotImplementedError"
-        and len(call.args) == 1
-        and isinstance(call.args[0], ast.Constant)
-        and isinstance(call.args[0].value, str)
-    ):
-        return None
-    return call.args[0].value
-
-
 def _install(owner, attr, raw, fn, state: SwapState) -> None:
-    new = _rewrap(raw, fn)
+    new = rewrap(raw, fn)
     if isinstance(owner, type):
         if not isinstance(new, (property, classmethod, staticmethod)):
             new.__qualname__ = f"{owner.__qualname__}.{attr}"

@@ -38,7 +38,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from . import plugin
+from . import failure_messages, plugin
 from .budgets import test_key
 from .protocol import CpuTime, ExerciseSpec, OverBudget, RunSpec
 from .registry import test_matches
@@ -264,7 +264,7 @@ def _stopped_elsewhere(exc: BaseException) -> BaseException | None:
     """The exception in `exc`'s chain by which a test's harness says it stopped the code under test
     after its own timeout, in a process the sampler does not see: one that sets `hung = True`
     (classroom/ranks.py's RanksTimedOut, the engine's RankFailure after a collective timed out)."""
-    for e in plugin._chain(exc):
+    for e in failure_messages.chain(exc):
         if getattr(e, "hung", False) is True:
             return e
     return None
@@ -358,7 +358,7 @@ def describe(excinfo: pytest.ExceptionInfo, item: pytest.Item) -> Dict[str, Any]
     if stopped is not None:
         # the test's own harness stopped code that ran in another process (a rank of a group):
         # the sampler could not see it, but it hung all the same
-        info = plugin._describe(excinfo)
+        info = failure_messages.describe(excinfo, plugin._judge)
         culprit = _timer.sole_judge(item) if _timer is not None else None
         if _timer is not None:
             _timer.record(item, culprit)
@@ -371,7 +371,7 @@ def describe(excinfo: pytest.ExceptionInfo, item: pytest.Item) -> Dict[str, Any]
             "message": str(exc),
             "sentinel": None,
             "standin": False,
-            "where": plugin._learner_frame(plugin._chain(exc)),
+            "where": failure_messages.learner_frame(failure_messages.chain(exc), plugin._judge),
             "timeout": True,
             "culprit": culprit,
         }

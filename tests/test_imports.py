@@ -1,21 +1,25 @@
 """The house rules of the packages, read from their source with `ast` (nothing is imported):
 
 * no import circle among the modules of minisgl/, classroom/, judge/ and tools/, counting every
-  import, also the ones inside functions and the type-only ones under `if TYPE_CHECKING:`;
+  import, also the ones inside functions and the type-only ones under `if TYPE_CHECKING:`, and a
+  package's __init__ as a module of its own wherever a name defined in it is imported;
 * the engine (minisgl/) imports no notebook library (IPython, ipywidgets, matplotlib: those
-  belong to classroom/), and none of its files is over 400 lines.
+  belong to classroom/), and none of its files is over 400 lines;
+* the judge's code (judge/, less its known-wrong variants) has no file over 400 lines and no
+  function over 60.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Sequence, Set
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("minisgl", "classroom", "judge", "tools")
 NOTEBOOK_LIBRARIES = ("IPython", "ipywidgets", "matplotlib")
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 60
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -23,9 +27,12 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_names(tree: ast.AST, module: str, is_package: bool) -> Set[str]:
-    """Every module name `module`'s source imports (absolute, relative ones resolved), with the
-    names imported from it as possible submodules (`from a import b` may mean module a.b)."""
+def imported_names(
+    tree: ast.AST, module: str, is_package: bool, modules: Set[str] | None = None
+) -> Set[str]:
+    """Every module name `module`'s source imports (absolute, relative ones resolved), anywhere in
+    it (inside functions too). `from a import b` imports module a.b where that is one of
+    `modules`, else the name b of module a, so it imports a; without `modules`, both."""
     names: Set[str] = set()
     package = module if is_package else module.rpartition(".")[0]
     for node in ast.walk(tree):
@@ -38,8 +45,14 @@ def imported_names(tree: ast.AST, module: str, is_package: bool) -> Set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            names.add(target)
-            names.update(f"{target}.{alias.name}" for alias in node.names)
+            submodules = {f"{target}.{alias.name}" for alias in node.names}
+            if modules is None:
+                names.add(target)
+                names.update(submodules)
+                continue
+            names.update(submodules & modules)
+            if submodules - modules:  # a name defined in `target` itself: its code runs first
+                names.add(target)
     return names
 
 
@@ -51,13 +64,12 @@ def import_graph(root: Path, packages=PACKAGES) -> Dict[str, Set[str]]:
     graph: Dict[str, Set[str]] = {}
     for module, path in files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        found = imported_names(tree, module, path.name == "__init__.py")
-        # a module's import of its own package's __init__ is how Python imports it: not an edge
-        graph[module] = {
-            name
-            for name in found
-            if name in files and name != module and not module.startswith(f"{name}.")
-        }
+        found = imported_names(tree, module, path.name == "__init__.py", set(files))
+        # A module that takes a name from its own package (`from . import check`, `import judge`
+        # then `judge.check`) depends on the package's __init__, and counts; `from . import
+        # settings` only imports the submodule settings, and Python running the package's
+        # __init__ before any of its modules is not an import the module makes.
+        graph[module] = {name for name in found if name in files and name != module}
     return graph
 
 
@@ -107,6 +119,21 @@ def test_a_planted_circle_is_found_and_named(tmp_path):
     assert cycle == ["minisgl.a", "minisgl.sub.b", "minisgl.c", "minisgl.a"], cycle
 
 
+def test_a_name_taken_from_the_package_inside_a_function_closes_a_circle(tmp_path):
+    # judge/__init__.py's check() imports judge.live inside the function: a module under it that
+    # takes a name of the package itself, even inside a function, closes a circle; one that only
+    # imports a sibling module (`from . import settings`) does not.
+    pkg = tmp_path / "judge"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("def check():\n    from .live import check\n")
+    (pkg / "settings.py").write_text("")
+    (pkg / "live.py").write_text("from . import settings\n\ndef check():\n    pass\n")
+    assert find_cycle(import_graph(tmp_path, ("judge",))) is None
+    (pkg / "live.py").write_text("def again():\n    from judge import check\n")
+    cycle = find_cycle(import_graph(tmp_path, ("judge",)))
+    assert cycle == ["judge", "judge.live", "judge"], cycle
+
+
 def test_the_engine_imports_no_notebook_library_and_keeps_its_files_short():
     notebook, long_files = [], []
     for path in sorted((REPO / "minisgl").rglob("*.py")):
@@ -122,3 +149,37 @@ def test_the_engine_imports_no_notebook_library_and_keeps_its_files_short():
         "the engine imports a notebook library (move it to classroom/): " + "; ".join(notebook)
     )
     assert not long_files, f"files of minisgl/ over {MAX_LINES} lines: " + ", ".join(long_files)
+
+
+def long_code(root: Path, skip: Sequence[str] = ()) -> List[str]:
+    """The files over MAX_LINES lines and the functions over MAX_FUNCTION_LINES under `root`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if any(part in skip for part in path.relative_to(root).parts):
+            continue
+        text = path.read_text(encoding="utf-8")
+        rel = path.relative_to(root.parent).as_posix()
+        if len(text.splitlines()) > MAX_LINES:
+            found.append(f"{rel} ({len(text.splitlines())} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    found.append(f"{rel}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_the_judge_keeps_its_files_and_functions_short():
+    found = long_code(REPO / "judge", skip=("variants",))
+    assert not found, (
+        f"judge/ has files over {MAX_LINES} lines or functions over {MAX_FUNCTION_LINES} "
+        "(split them by moving and naming pieces): " + "; ".join(found)
+    )
+
+
+def test_a_long_function_is_found_and_named(tmp_path):
+    pkg = tmp_path / "judge"
+    pkg.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (pkg / "long.py").write_text(f"def long():\n{body}")
+    assert long_code(pkg) == [f"judge/long.py:1 long ({MAX_FUNCTION_LINES + 1} lines)"]

@@ -12,6 +12,7 @@ import torch
 from extras import module_needs_extra
 from helpers import test_device
 from judge import swap
+from judge.function_wrapping import LearnerCodeError
 from judge.protocol import ExerciseSpec, SnippetSpec, UnitSpec
 
 pytestmark = module_needs_extra("triton")  # before the imports that need it
@@ -72,5 +73,5 @@ def test_a_kernel_that_cannot_load_fails_its_launches_with_the_reason(restored):
     state = swap_in(DOUBLES.replace("row = tl.program_id(0)", "row = = 1"))
     assert "ch19.add_rms_norm_kernel" in state.report.problems
     x = torch.randn(2, 8, device=test_device())
-    with pytest.raises(swap.LearnerCodeError, match="SyntaxError"):
+    with pytest.raises(LearnerCodeError, match="SyntaxError"):
         triton_ops.rms_norm(x, torch.ones(8, device=test_device()), 1e-6)

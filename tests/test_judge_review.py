@@ -155,10 +155,10 @@ def test_a_mutant_that_breaks_a_test_modules_import_is_killed(project, capsys, m
 def test_without_signals_a_hang_is_a_timeout_not_a_crash(project, capsys, monkeypatch):
     # Where a test cannot be interrupted (Windows), pytest-timeout's thread method ends the whole
     # process on a hang: the learner must read "did not finish", not "a crash".
-    from judge import runner
+    from judge import pytest_process
 
-    monkeypatch.setattr(runner, "_timer_usable", lambda: False)
-    monkeypatch.setattr(runner, "_timeout_method", lambda: "thread")
+    monkeypatch.setattr(pytest_process, "_timer_usable", lambda: False)
+    monkeypatch.setattr(pytest_process, "_timeout_method", lambda: "thread")
     code, v = judge_file(
         project,
         capsys,
