@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("minisgl", "classroom", "judge", "tools")
 NOTEBOOK_LIBRARIES = ("IPython", "ipywidgets", "matplotlib")
 MAX_LINES = 400
+WORKBOOK = ("judge", "classroom", "tools")  # packages built on the engine
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -122,3 +123,16 @@ def test_the_engine_imports_no_notebook_library_and_keeps_its_files_short():
         "the engine imports a notebook library (move it to classroom/): " + "; ".join(notebook)
     )
     assert not long_files, f"files of minisgl/ over {MAX_LINES} lines: " + ", ".join(long_files)
+
+
+def test_the_engine_imports_nothing_of_the_workbook():
+    """The engine stands alone: the grader (judge/), the notebooks' helpers (classroom/) and the
+    workbook's tools (tools/) build on it, never the other way (a learner's code is served by
+    `python judge.py serve`, and swapped-in code finds its names through the judge)."""
+    found = []
+    for path in sorted((REPO / "minisgl").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = imported_names(tree, module_name(path, REPO), path.name == "__init__.py")
+        rel = path.relative_to(REPO).as_posix()
+        found += [f"{rel} imports {n}" for n in sorted(names) if n.split(".")[0] in WORKBOOK]
+    assert not found, "the engine imports the workbook: " + "; ".join(found)
