@@ -7,7 +7,7 @@ of tokens whose probability adds up to top-p, and draw from what is left.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, List, Tuple
 
 import torch
@@ -28,6 +28,16 @@ class BatchSamplingArgs:
     seeds: List[Tuple[int, int]] | None = None
     logprob_plan: Any = None
     logprobs_out: Any = None
+
+    def rows(self, rows: slice) -> "BatchSamplingArgs":
+        """The draw settings of some rows only, as a batch of their own (every per-row tensor
+        sliced; what a single request asks beyond the draw is not carried)."""
+        per_row = {
+            f.name: value[rows]
+            for f in fields(self)
+            if isinstance(value := getattr(self, f.name), torch.Tensor)
+        }
+        return BatchSamplingArgs(**{"temperatures": None, "top_k": None, "top_p": None, **per_row})
 
     @classmethod
     def from_params(
