@@ -13,99 +13,21 @@ produced k tokens on the device:
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Iterator, List, Literal
+from typing import Any, Iterator, List, Literal
 
 import torch
+
+from minisgl import sampling_checks as checks
 
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for at each position (OpenAI's limit)
 
 
-# The checks of SamplingParams' fields, `check(name, value)`: each raises TypeError (wrong type) or
-# ValueError (wrong value) naming the field, or returns. Defined before the class that names them.
-Check = Callable[[str, Any], None]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value}")
-
-
-def _integer(name: str, value: Any) -> None:
-    if not _is_int(value):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-
-
-def _boolean(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-
-
-def _at_least(low: float) -> Check:
-    def check(name: str, value: Any) -> None:
-        if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
-
-    return check
-
-
-def _at_most(high: float) -> Check:
-    def check(name: str, value: Any) -> None:
-        if not 0 <= value <= high:
-            raise ValueError(f"{name} must be in [0, {high}], got {value}")
-
-    return check
-
-
-def _optional(check: Check) -> Check:
-    """`check`, with None allowed (and said so when the type is wrong)."""
-
-    def optional(name: str, value: Any) -> None:
-        try:
-            if value is not None:
-                check(name, value)
-        except TypeError as e:
-            raise TypeError(str(e).replace(" must be ", " must be None or ", 1)) from None
-
-    return optional
-
-
-def _top_k(name: str, value: int) -> None:
-    if value == 0 or value < -1:
-        raise ValueError(f"{name} must be -1 (off) or an integer >= 1, got {value!r}")
-
-
-def _top_p(name: str, value: float) -> None:
-    if not (0.0 < value <= 1.0):
-        raise ValueError(f"{name} must be in (0, 1], got {value}")
-
-
-def _strings(name: str, value: Any) -> None:
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise TypeError(f"{name} must be a string or a list of strings, got {value!r}")
-    if any(s == "" for s in value):
-        raise ValueError(f"{name} must not hold an empty string (it would end every request)")
-
-
-def _token_ids(name: str, value: Any) -> None:
-    if not isinstance(value, list) or not all(_is_int(i) for i in value):
-        raise TypeError(f"{name} must be a list of integers, got {value!r}")
-    if any(i < 0 for i in value):
-        raise ValueError(f"{name} must be token ids >= 0, got {value!r}")
-
-
-def _rule(default: Any, *checks: Check) -> Any:
+def _rule(default: Any, *rules: checks.Check) -> Any:
     """A SamplingParams field: its default (a list is copied for each instance) and the checks its
-    value must pass, in order."""
-    metadata = {"checks": checks}
+    value must pass, in order (minisgl/sampling_checks.py)."""
+    metadata = {"checks": rules}
     if isinstance(default, list):
         return field(default_factory=default.copy, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -133,16 +55,18 @@ class SamplingParams:
     what it says. The edges that know what a caller left out fill it in: the OpenAI server (the
     fields a client sent, pydantic's `model_fields_set`) and `LLM.generate`'s keyword arguments."""
 
-    temperature: float = _rule(0.0, _number, _at_least(0))
-    top_k: int = _rule(-1, _integer, _top_k)  # -1: no top-k filtering
-    top_p: float = _rule(1.0, _number, _top_p)
-    max_tokens: int = _rule(16, _integer)  # >= 1, or 0 with prompt_logprobs (validate)
-    ignore_eos: bool = _rule(False, _boolean)
-    stop: List[str] = _rule([], _strings)
-    stop_token_ids: List[int] = _rule([], _token_ids)
-    seed: int | None = _rule(None, _optional(_integer))
-    logprobs: int | None = _rule(None, _optional(_integer), _optional(_at_most(MAX_LOGPROBS)))
-    prompt_logprobs: bool = _rule(False, _boolean)
+    temperature: float = _rule(0.0, checks.number, checks.at_least(0))
+    top_k: int = _rule(-1, checks.integer, checks.top_k)  # -1: no top-k filtering
+    top_p: float = _rule(1.0, checks.number, checks.top_p)
+    max_tokens: int = _rule(16, checks.integer)  # >= 1, or 0 with prompt_logprobs (validate)
+    ignore_eos: bool = _rule(False, checks.boolean)
+    stop: List[str] = _rule([], checks.strings)
+    stop_token_ids: List[int] = _rule([], checks.token_ids)
+    seed: int | None = _rule(None, checks.optional(checks.integer))
+    logprobs: int | None = _rule(
+        None, checks.optional(checks.integer), checks.optional(checks.between(0, MAX_LOGPROBS))
+    )
+    prompt_logprobs: bool = _rule(False, checks.boolean)
     # a list, not a set: it travels in messages as plain JSON (minisgl/message/wire.py)
     fields_set: List[str] | None = field(default=None, compare=False, repr=False)
 
@@ -204,10 +128,6 @@ class SamplingParams:
         Checked: greedy detection over temperature, top_k and top_p combinations.
         """
         return self.temperature == 0.0 or self.top_k == 1
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(eq=False)
