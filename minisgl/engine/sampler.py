@@ -3,6 +3,10 @@
 Greedy requests take the argmax (and if the whole batch is greedy, nothing else is computed).
 Otherwise, per request: divide by the temperature, keep the top-k logits, then keep the smallest set
 of tokens whose probability adds up to top-p, and draw from what is left.
+
+`Sampler.sample` is the one place that rule is written: a request with its own seed is drawn again
+by it, alone, with a generator of its own (minisgl/engine/request_sampling.py), so a step added
+to the rule (a mask on the logits, another filter) reaches every row.
 """
 
 from __future__ import annotations
