@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
         "chapter's tests. With no chapter: show your progress.",
         epilog="examples:  python judge.py ch03 | python judge.py ch11 --device cuda | "
         "python judge.py ch09 --hint | python judge.py ch11 --variant upstream | "
-        "python judge.py --selfcheck ch09",
+        "python judge.py --selfcheck ch09 | python judge.py serve ch13 (your code behind the "
+        "HTTP API; python judge.py serve --help)",
     )
     p.add_argument("chapter", nargs="?", help=f"a chapter: {_chapter_range()} (or just 11)")
     _add_source_arguments(p)

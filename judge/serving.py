@@ -6,10 +6,11 @@ Two users:
   server a test starts (`python -m minisgl serve` in a subprocess, which spawns the scheduler and
   the tokenizer worker) swaps in the same code from the same spec file (MINISGL_JUDGE_SPEC) in each
   of its three processes, and the test talks to the learner's server;
-* `python -m minisgl serve --exercises ch13 [--notebook PATH]`: the learner's notebook served for
-  real (`serve_learner_code`), written to a spec file that the three processes read the same way.
-  Exercises still a stub stay the reference there (a server that answers a 500 to everything
-  helps no one), and the line printed says which ones serve.
+* `python judge.py serve ch13 [--notebook PATH | --file PATH]` (serve_command.py): the learner's
+  notebook or file served for real (`serve_learner_code`), written to a spec file that the three
+  processes read the same way. Exercises still a stub (or, from a file, not defined there) stay the
+  reference (a server that answers a 500 to everything helps no one), and the line printed says
+  which ones serve.
 """
 
 from __future__ import annotations
@@ -46,18 +47,28 @@ def hook_into_servers() -> None:
     os.environ.setdefault(SERVER_INIT, HOOK)
 
 
-def serve_learner_code(chapter_name: str, notebook: Path | None) -> str:
-    """Write the spec of the learner's code of `chapter_name`, point this process and the ones it
-    starts at it, and say what is served."""
+def serve_learner_code(
+    chapter_name: str, notebook: Path | None = None, file: Path | None = None
+) -> str:
+    """Write the spec of the learner's code of `chapter_name` (its notebook, `notebook`, or the
+    functions `file` defines), point this process and the ones it starts at it, and say what is
+    served."""
     from .judging import spec_unit
     from .protocol import RunSpec
     from .registry import RegistryError, UnknownChapter, load_registry
-    from .sources import SourceError, find_notebook, from_notebook
+    from .sources import SourceError, find_notebook, from_file, from_notebook, require_some_exercise
 
+    if notebook is not None and file is not None:
+        raise ServeError("serve a notebook or a file, not both")
     try:
         chapter = load_registry().chapter(chapter_name)
-        path = Path(notebook) if notebook else find_notebook(chapter, _notebooks_dir())
-        code = from_notebook(path, chapter)
+        if file is not None:
+            path = Path(file)
+            code = from_file(path, chapter, missing="reference")
+            require_some_exercise(code, chapter, path)
+        else:
+            path = Path(notebook) if notebook else find_notebook(chapter, _notebooks_dir())
+            code = from_notebook(path, chapter)
     except (RegistryError, UnknownChapter, SourceError) as e:
         raise ServeError(str(e)) from None
     broken = {n: p for n, p in code.problems.items() if code.attempted.get(n, True)}

@@ -3,7 +3,8 @@ subprocess (see plugin.py), never in the parent process or a learner's kernel.
 
 For each target module, the learner's snippets are executed in a namespace that starts as a copy of
 that module's globals, so the reference module's imports and names are there for the learner's
-code. The function of the target's name is then taken from that namespace and installed:
+code, with its package neighbours' public names where the module has none (neighbours.py). The
+function of the target's name is then taken from that namespace and installed:
 
 * a method (`Class.name`): set on the class, wrapped as the original was (property, classmethod,
   staticmethod; a `torch.no_grad()`-style decorator is re-applied); a `@triton.jit` helper of a
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Set
 
 from .function_wrapping import rewrap, standin_for, unwrap_kind
+from .neighbours import neighbour_names
 from .protocol import ExerciseSpec, SnippetSpec, UnitSpec
 
 # stubs' annotations may name TYPE_CHECKING-only types
@@ -124,9 +126,10 @@ def _run_snippets(
     problems: Dict[str, str],
     report: SwapReport,
 ) -> Dict[str, Any]:
-    namespace = dict(vars(module))
-    namespace["__builtins__"] = builtins
     here = {ex.name for ex in exs}
+    keep_out = {ex.target.split(":", 1)[1].rsplit(".", 1)[-1] for ex in exs}
+    namespace = {**neighbour_names(module, keep_out), **vars(module)}
+    namespace["__builtins__"] = builtins
     for snip in snippets:
         source, label = snip.source, snip.label
         # tracebacks show lines

@@ -1,4 +1,7 @@
-"""`python -m minisgl serve [--model DIR] [--port N] ...`: the OpenAI-compatible server."""
+"""`python -m minisgl serve [--model DIR] [--port N] ...`: the OpenAI-compatible server.
+
+It serves the reference engine; `python judge.py serve chNN` serves a learner's functions of a
+chapter, through the init hook every server process runs (minisgl/server/init.py)."""
 
 from __future__ import annotations
 
@@ -52,30 +55,7 @@ def main(argv=None) -> int:
     s.add_argument(
         "--log-level", default="warning", help="uvicorn's log level (info shows each request)"
     )
-    s.add_argument(
-        "--exercises",
-        metavar="CHNN",
-        default=None,
-        help="serve your own code: the exercises of notebooks/chNN_*.ipynb (12 to 15, or any "
-        "chapter) in place of the reference, in all three processes; the rest stays the reference",
-    )
-    s.add_argument(
-        "--notebook",
-        type=Path,
-        default=None,
-        help="with --exercises: take them from this notebook instead of notebooks/chNN_*.ipynb",
-    )
     args = parser.parse_args(argv)
-    if args.notebook is not None and args.exercises is None:
-        parser.error("--notebook needs --exercises chNN (the chapter whose exercises it holds)")
-    if args.exercises is not None:
-        from judge.serving import ServeError, serve_learner_code
-
-        try:
-            print(serve_learner_code(args.exercises, args.notebook), flush=True)
-        except ServeError as e:
-            print(f"minisgl: {e}", file=sys.stderr)
-            return 2
 
     from minisgl.server.args import ServerArgs
     from minisgl.server.launcher import serve

@@ -13,30 +13,27 @@ produced k tokens on the device:
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, List, Literal
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Iterator, List, Literal
 
 import torch
 
-_UNSET: Any = object()  # a SamplingParams argument the caller did not give
-SAMPLING_FIELDS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "max_tokens",
-    "ignore_eos",
-    "stop",
-    "stop_token_ids",
-    "seed",
-    "logprobs",
-    "prompt_logprobs",
-)
+from minisgl import sampling_checks as checks
+
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for at each position (OpenAI's limit)
 
 
-@dataclass(init=False)
+def _rule(default: Any, *rules: checks.Check) -> Any:
+    """A SamplingParams field: its default (a list is copied for each instance) and the checks its
+    value must pass, in order (minisgl/sampling_checks.py)."""
+    metadata = {"checks": rules}
+    if isinstance(default, list):
+        return field(default_factory=default.copy, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
 class SamplingParams:
     """How to pick each next token. `temperature == 0` (or `top_k == 1`) means greedy.
 
@@ -52,113 +49,68 @@ class SamplingParams:
                       cache (a cached prefix has no logits). With it, `max_tokens` may be 0: the
                       prompt is scored and nothing is generated
 
-    `fields_set` names the fields the caller gave the constructor; the others hold the defaults
-    below, which a model's generation_config.json may replace when the request is taken in
-    (`with_defaults`). Assigning a field later does not add it: build a new SamplingParams."""
+    A field is one line here: its default and its checks. `fields_set` says which fields the caller
+    chose; the others may take a model's generation_config.json defaults when the request is taken
+    in (`with_defaults`). None, the default, means all of them: a SamplingParams built in code means
+    what it says. The edges that know what a caller left out fill it in: the OpenAI server (the
+    fields a client sent, pydantic's `model_fields_set`) and `LLM.generate`'s keyword arguments."""
 
-    temperature: float = 0.0
-    top_k: int = -1  # -1: no top-k filtering
-    top_p: float = 1.0
-    max_tokens: int = 16
-    ignore_eos: bool = False
-    stop: List[str] = field(default_factory=list)
-    stop_token_ids: List[int] = field(default_factory=list)
-    seed: int | None = None
-    logprobs: int | None = None
-    prompt_logprobs: bool = False
+    temperature: float = _rule(0.0, checks.number, checks.at_least(0))
+    top_k: int = _rule(-1, checks.integer, checks.top_k)  # -1: no top-k filtering
+    top_p: float = _rule(1.0, checks.number, checks.top_p)
+    max_tokens: int = _rule(16, checks.integer)  # >= 1, or 0 with prompt_logprobs (validate)
+    ignore_eos: bool = _rule(False, checks.boolean)
+    stop: List[str] = _rule([], checks.strings)
+    stop_token_ids: List[int] = _rule([], checks.token_ids)
+    seed: int | None = _rule(None, checks.optional(checks.integer))
+    logprobs: int | None = _rule(
+        None, checks.optional(checks.integer), checks.optional(checks.between(0, MAX_LOGPROBS))
+    )
+    prompt_logprobs: bool = _rule(False, checks.boolean)
     # a list, not a set: it travels in messages as plain JSON (minisgl/message/wire.py)
-    fields_set: List[str] = field(default_factory=list, compare=False, repr=False)
+    fields_set: List[str] | None = field(default=None, compare=False, repr=False)
 
-    def __init__(
-        self,
-        temperature: float = _UNSET,
-        top_k: int = _UNSET,
-        top_p: float = _UNSET,
-        max_tokens: int = _UNSET,
-        ignore_eos: bool = _UNSET,
-        stop: str | List[str] = _UNSET,
-        stop_token_ids: List[int] = _UNSET,
-        seed: int | None = _UNSET,
-        logprobs: int | None = _UNSET,
-        prompt_logprobs: bool = _UNSET,
-        fields_set: Iterable[str] | None = None,
-    ) -> None:
-        """`fields_set`: which fields count as given, when the values come with defaults of their
-        own (the OpenAI API's: a field the client did not send) or from a message (wire.py)."""
-        values = (temperature, top_k, top_p, max_tokens, ignore_eos)
-        values += (stop, stop_token_ids, seed, logprobs, prompt_logprobs)
-        given = dict(zip(SAMPLING_FIELDS, values))
-        given = {name: value for name, value in given.items() if value is not _UNSET}
-        if isinstance(given.get("stop"), str):
-            given["stop"] = [given["stop"]]
-        for name in SAMPLING_FIELDS:
-            default = [] if name in ("stop", "stop_token_ids") else getattr(SamplingParams, name)
-            value = given.get(name, default)
-            # lists are copied: a caller's list changed later must not change this request
-            setattr(self, name, list(value) if isinstance(value, (list, tuple)) else value)
-        names = sorted(given) if fields_set is None else sorted(set(fields_set))
-        unknown = [n for n in names if n not in SAMPLING_FIELDS]
-        if unknown:
-            raise ValueError(f"fields_set names no sampling field: {unknown}")
-        self.fields_set = names
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        for f in fields(self):  # lists are copied: a caller's list changed later stays theirs
+            value = getattr(self, f.name)
+            if isinstance(value, (list, tuple)):
+                setattr(self, f.name, list(value))
+        if isinstance(self.fields_set, (list, set, frozenset)):
+            self.fields_set = sorted(set(self.fields_set))
         self.validate()
+
+    def is_set(self, name: str) -> bool:
+        """Whether the caller chose field `name` (a model's default may replace it otherwise)."""
+        return self.fields_set is None or name in self.fields_set
 
     def with_defaults(self, defaults: "dict[str, Any]") -> "SamplingParams":
         """A copy in which each field not set here takes its value from `defaults` (a model's
         generation defaults), if `defaults` has one; set fields are kept."""
-        values = {f: getattr(self, f) for f in SAMPLING_FIELDS}
-        values.update({k: v for k, v in defaults.items() if k not in self.fields_set})
-        return SamplingParams(**values, fields_set=self.fields_set)
+        return replace(self, **{k: v for k, v in defaults.items() if not self.is_set(k)})
 
     def validate(self) -> None:
         """Raise TypeError (wrong type; a bool is not a number here) or ValueError (NaN, infinite,
         out of range) naming the field. `generate` calls it again: fields can change after
         __init__."""
-        for name in ("temperature", "top_p"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-            if not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value}")
-        for name in ("top_k", "max_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-        if not isinstance(self.ignore_eos, bool):
-            raise TypeError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
-        self._validate_extras()
+        for f in fields(self):
+            for check in f.metadata.get("checks", ()):
+                check(f.name, getattr(self, f.name))
         if self.max_tokens < 0 or (self.max_tokens == 0 and not self.prompt_logprobs):
             raise ValueError(
                 f"max_tokens must be an integer >= 1 (0 only with prompt_logprobs), "
                 f"got {self.max_tokens!r}"
             )
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or an integer >= 1, got {self.top_k!r}")
-
-    def _validate_extras(self) -> None:
-        """The fields beyond the draw: stops, seed, logprobs (validate's TypeError/ValueError)."""
-        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
-            raise TypeError(f"stop must be a string or a list of strings, got {self.stop!r}")
-        if any(s == "" for s in self.stop):
-            raise ValueError("stop must not hold an empty string (it would end every request)")
-        ids = self.stop_token_ids
-        if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
-            raise TypeError(f"stop_token_ids must be a list of integers, got {ids!r}")
-        if any(i < 0 for i in ids):
-            raise ValueError(f"stop_token_ids must be token ids >= 0, got {ids!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise TypeError(f"seed must be an integer or None, got {self.seed!r}")
-        if self.logprobs is not None:
-            if not _is_int(self.logprobs):
-                raise TypeError(f"logprobs must be an integer or None, got {self.logprobs!r}")
-            if not 0 <= self.logprobs <= MAX_LOGPROBS:
-                raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-        if not isinstance(self.prompt_logprobs, bool):
-            raise TypeError(f"prompt_logprobs must be True or False, got {self.prompt_logprobs!r}")
+        chosen = self.fields_set
+        if chosen is not None and (
+            not isinstance(chosen, list) or not all(isinstance(n, str) for n in chosen)
+        ):
+            raise TypeError(f"fields_set must be None or a list of field names, got {chosen!r}")
+        names = {f.name for f in fields(self)} - {"fields_set"}
+        unknown = [n for n in chosen or () if n not in names]
+        if unknown:
+            raise ValueError(f"fields_set names no sampling field: {unknown}")
 
     @property
     def top_logprobs(self) -> int:
@@ -176,10 +128,6 @@ class SamplingParams:
         Checked: greedy detection over temperature, top_k and top_p combinations.
         """
         return self.temperature == 0.0 or self.top_k == 1
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(eq=False)

@@ -23,7 +23,11 @@ from minisgl.message import (
 )
 from minisgl.message.wire import decode_batch, encode_batch, encode_value, revive
 
-PARAMS = SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_tokens=4, ignore_eos=True)
+# as the server builds them: the fields the client sent are the ones set
+SET = ["ignore_eos", "max_tokens", "temperature", "top_k", "top_p"]
+PARAMS = SamplingParams(
+    temperature=0.7, top_k=5, top_p=0.9, max_tokens=4, ignore_eos=True, fields_set=SET
+)
 MESSAGES = [
     UserMsg(uid=3, input_ids=torch.tensor([5, 6, 7], dtype=torch.int32), sampling_params=PARAMS),
     AbortBackendMsg(uid=3),
@@ -84,14 +88,14 @@ def test_sampling_params_travel_as_their_fields():
             "prompt_logprobs": False,
             # which fields the client gave: the scheduler fills the others from the model's
             # generation_config.json, so it must know them after the trip too
-            "fields_set": ["ignore_eos", "max_tokens", "temperature", "top_k", "top_p"],
+            "fields_set": SET,
         }
     }
     assert got == want, f"SamplingParams should encode as {want}, got {got}"
 
 
 def test_sampling_params_keep_which_fields_were_given_across_the_wire():
-    sent = SamplingParams(temperature=0.5, max_tokens=3)
+    sent = SamplingParams(temperature=0.5, max_tokens=3, fields_set=["temperature", "max_tokens"])
     (msg,) = decode_batch(
         encode_batch(
             [

@@ -319,24 +319,24 @@ def test_generation_config_sampling_defaults_fill_only_unset_fields(tmp_path):
         max_new_tokens=5,
     )
     llm = build_llm(model)
-    params = SamplingParams(temperature=0.0, ignore_eos=True).with_defaults(
-        llm.limits.sampling_defaults
-    )
+    chosen = SamplingParams(temperature=0.0, ignore_eos=True, fields_set=["temperature"])
+    params = chosen.with_defaults(llm.limits.sampling_defaults)
     got = (params.temperature, params.top_k, params.top_p, params.max_tokens)
     assert got == (0.0, 20, 0.95, 5), (
         "temperature set to 0, the rest from generation_config.json: expected (0.0, 20, 0.95, "
         f"5), got {got}"
     )
-    # and generate applies them: greedy (set), 5 tokens (the file's max_new_tokens)
+    # and generate applies them to the fields its keywords leave out: greedy (set), 5 tokens (the
+    # file's max_new_tokens)
     ref = hf_greedy(prompts(), NEW_TOKENS, model=checkpoint("qwen3"))[0]
-    out = llm.generate([prompts()[0]], SamplingParams(temperature=0.0, ignore_eos=True))[0][
-        "token_ids"
-    ]
+    out = llm.generate([prompts()[0]], temperature=0.0, ignore_eos=True)[0]["token_ids"]
     assert out == ref[:5], f"greedy with the file's max_new_tokens 5: expected {ref[:5]}, got {out}"
+    # a SamplingParams given whole means what it says: its max_tokens (16), not the file's 5
+    whole = llm.generate([prompts()[0]], SamplingParams(temperature=0.0, ignore_eos=True))
+    got = len(whole[0]["token_ids"])
+    assert got == 16, f"SamplingParams() given whole keeps max_tokens 16, got {got} tokens"
     greedy_file = with_generation_config(tmp_path, "greedy", do_sample=False, temperature=0.6)
-    out = build_llm(greedy_file).generate(
-        [prompts()[0]], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
-    )
+    out = build_llm(greedy_file).generate([prompts()[0]], max_tokens=NEW_TOKENS, ignore_eos=True)
     assert out[0]["token_ids"] == ref, "do_sample false in generation_config.json means greedy"
 
 

@@ -20,6 +20,7 @@ PACKAGES = ("minisgl", "classroom", "judge", "tools")
 NOTEBOOK_LIBRARIES = ("IPython", "ipywidgets", "matplotlib")
 MAX_LINES = 400
 MAX_FUNCTION_LINES = 60
+WORKBOOK = ("judge", "classroom", "tools")  # packages built on the engine
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -183,3 +184,16 @@ def test_a_long_function_is_found_and_named(tmp_path):
     body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
     (pkg / "long.py").write_text(f"def long():\n{body}")
     assert long_code(pkg) == [f"judge/long.py:1 long ({MAX_FUNCTION_LINES + 1} lines)"]
+
+
+def test_the_engine_imports_nothing_of_the_workbook():
+    """The engine stands alone: the grader (judge/), the notebooks' helpers (classroom/) and the
+    workbook's tools (tools/) build on it, never the other way (a learner's code is served by
+    `python judge.py serve`, and swapped-in code finds its names through the judge)."""
+    found = []
+    for path in sorted((REPO / "minisgl").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = imported_names(tree, module_name(path, REPO), path.name == "__init__.py")
+        rel = path.relative_to(REPO).as_posix()
+        found += [f"{rel} imports {n}" for n in sorted(names) if n.split(".")[0] in WORKBOOK]
+    assert not found, "the engine imports the workbook: " + "; ".join(found)

@@ -58,7 +58,7 @@ def served(llm, model: Path, body: dict) -> list:
 
 def test_the_server_applies_the_models_generation_defaults(model):
     llm = build_llm(model)
-    offline = llm.generate(["ROMEO:"], SamplingParams(ignore_eos=True))[0]["token_ids"]
+    offline = llm.generate(["ROMEO:"], ignore_eos=True)[0]["token_ids"]
     assert len(offline) == MODEL_MAX, (
         f"offline: max_tokens unset should take max_new_tokens={MODEL_MAX} from "
         f"generation_config.json, got {len(offline)} tokens"

@@ -11,12 +11,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def serve(*args: str, timeout: float = 120):
+SERVE = ("-m", "minisgl", "serve")
+SERVE_CH13 = (str(REPO / "judge.py"), "serve", "ch13")  # the learner's code: the judge's command
+
+
+def serve(*args: str, timeout: float = 120, command=SERVE):
     # the repository first, then whatever the caller had on the path (packages installed there)
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "minisgl", "serve", *args],
+        [sys.executable, *command, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -92,16 +96,16 @@ def _notebook_with(tmp_path, chapter: str, source: str, exercise: str) -> Path:
     return out
 
 
-def test_serve_exercises_serves_the_learners_code(tmp_path):
-    """`serve --exercises ch13 --notebook NB`: a detokenize of the notebook that always says
-    "stop" is what answers (the tokenizer worker is a spawned process of the server)."""
+def test_judge_serve_serves_the_learners_code(tmp_path):
+    """`judge.py serve ch13 --notebook NB`: a detokenize of the notebook that always says "stop" is
+    what answers (the tokenizer worker is a spawned process of the server)."""
     import openai
 
     from minisgl.server.background import BackgroundServer
 
     always_stop = (REPO / "judge" / "variants" / "ch13_finished_is_always_stop.py").read_text()
     nb = _notebook_with(tmp_path, "ch13", always_stop, "detokenize")
-    server = BackgroundServer("--exercises", "ch13", "--notebook", str(nb), timeout=120)
+    server = BackgroundServer("--notebook", str(nb), timeout=120, command=SERVE_CH13)
     with server as url:
         first = server.log[0]
         assert first.startswith("minisgl: serving your ch13 code from") and "detokenize" in first, (
@@ -117,9 +121,17 @@ def test_serve_exercises_serves_the_learners_code(tmp_path):
     )
 
 
-def test_serve_exercises_refuses_code_that_does_not_load(tmp_path):
+def test_judge_serve_refuses_code_that_does_not_load(tmp_path):
     nb = _notebook_with(tmp_path, "ch13", "def detokenize(self, msg:\n", "detokenize")
-    r = serve("--exercises", "ch13", "--notebook", str(nb), "--port", "0")
+    r = serve("--notebook", str(nb), "--port", "0", command=SERVE_CH13)
     assert r.returncode == 2 and "cannot be served" in r.stderr and "syntax error" in r.stderr, (
         r.stderr[-300:]
     )
+
+
+def test_judge_serve_refuses_a_file_that_defines_no_exercise(tmp_path):
+    f = tmp_path / "mine.py"
+    f.write_text("def detokenise(self, msg):\n    return None\n")
+    r = serve("--file", str(f), "--port", "0", command=SERVE_CH13)
+    assert r.returncode == 2 and "defines none of ch13's exercises" in r.stderr, r.stderr[-300:]
+    assert "did you mean" in r.stderr.lower() or "detokenize" in r.stderr, r.stderr[-300:]

@@ -24,7 +24,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from .sampler import BatchSamplingArgs, Sampler, top_k_top_p_filter
+from .sampler import BatchSamplingArgs, Sampler
 
 _MASK = (1 << 63) - 1
 
@@ -84,15 +84,12 @@ class RequestSampler(Sampler):
         return tokens
 
     def _draw_seeded(self, logits, args, seeds, tokens) -> torch.Tensor:
-        """Each seeded row drawn again, alone, from its own (seed, position) generator."""
+        """Each seeded row drawn again, alone, by the batch's own draw rule (`Sampler.sample`)
+        with a generator of its (seed, position)."""
         tokens = tokens.clone()
         for row, seed in seeds:
             r = slice(row, row + 1)
-            scaled = logits[r].float() / args.temperatures[r].clamp_min(1e-6).unsqueeze(1)
-            probs = top_k_top_p_filter(scaled, args.top_k[r], args.top_p[r]).softmax(dim=-1)
-            generator = torch.Generator(device=logits.device)
-            generator.manual_seed(seed)
-            tokens[r] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            tokens[r] = Sampler(logits.device, seed).sample(logits[r], args.rows(r))
         return tokens
 
     def _logprobs(self, logits, last, tokens, plan: LogprobPlan) -> StepLogprobs:

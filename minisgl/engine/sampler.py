@@ -3,11 +3,15 @@
 Greedy requests take the argmax (and if the whole batch is greedy, nothing else is computed).
 Otherwise, per request: divide by the temperature, keep the top-k logits, then keep the smallest set
 of tokens whose probability adds up to top-p, and draw from what is left.
+
+`Sampler.sample` is the one place that rule is written: a request with its own seed is drawn again
+by it, alone, with a generator of its own (minisgl/engine/request_sampling.py), so a step added
+to the rule (a mask on the logits, another filter) reaches every row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, List, Tuple
 
 import torch
@@ -28,6 +32,16 @@ class BatchSamplingArgs:
     seeds: List[Tuple[int, int]] | None = None
     logprob_plan: Any = None
     logprobs_out: Any = None
+
+    def rows(self, rows: slice) -> "BatchSamplingArgs":
+        """The draw settings of some rows only, as a batch of their own (every per-row tensor
+        sliced; what a single request asks beyond the draw is not carried)."""
+        per_row = {
+            f.name: value[rows]
+            for f in fields(self)
+            if isinstance(value := getattr(self, f.name), torch.Tensor)
+        }
+        return BatchSamplingArgs(**{"temperatures": None, "top_k": None, "top_p": None, **per_row})
 
     @classmethod
     def from_params(

@@ -14,7 +14,7 @@ A prompt is one of:
 from __future__ import annotations
 
 import numbers
-from typing import Any, List
+from typing import Any, Dict, List
 
 import torch
 
@@ -82,11 +82,23 @@ def token_ids(prompt: Any, tokenizer) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int32)
 
 
-def sampling_list(sampling_params: Any, n: int) -> List[SamplingParams]:
-    """`generate`'s second argument as one SamplingParams per prompt, each checked again (a
-    SamplingParams is a plain dataclass: a field may have been changed since it was made)."""
+def sampling_list(
+    sampling_params: Any, n: int, fields: Dict[str, Any] | None = None
+) -> List[SamplingParams]:
+    """`generate`'s sampling settings as one SamplingParams per prompt, each checked again (a
+    SamplingParams is a plain dataclass: a field may have been changed since it was made).
+
+    `sampling_params` is taken as it is: every field counts as the caller's. `fields`, the
+    keyword arguments, name only some: they alone count as set, and the others may take the
+    model's defaults (none given: all of them). One or the other, not both."""
+    fields = fields or {}
+    if sampling_params is not None and fields:
+        raise TypeError(
+            f"give sampling_params or SamplingParams' fields as keywords ({', '.join(fields)}), "
+            "not both"
+        )
     if sampling_params is None:
-        params = [SamplingParams()] * n
+        params = [SamplingParams(**fields, fields_set=list(fields))] * n
     elif isinstance(sampling_params, SamplingParams):
         params = [sampling_params] * n
     elif isinstance(sampling_params, (list, tuple)):

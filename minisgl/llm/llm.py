@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 import torch
 
@@ -89,10 +89,12 @@ class LLM(Scheduler):
     def decode(self, token_ids: List[int]) -> str:
         return self.tokenizer.decode(token_ids) if self.tokenizer is not None else ""
 
-    def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
+    def add_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, **sampling: Any
+    ) -> int:
         """Queue one request; returns its uid. Raises TypeError or ValueError (and queues nothing)
-        if it can never run."""
-        ids, params = self._admitted(prompt, inputs.sampling_list(params, 1)[0])
+        if it can never run. Sampling settings as for `generate`."""
+        ids, params = self._admitted(prompt, inputs.sampling_list(params, 1, sampling)[0])
         with self._lock:
             return self._enqueue(ids, params)
 
@@ -165,10 +167,16 @@ class LLM(Scheduler):
         prompts: Prompt | List[Prompt],
         sampling_params: SamplingParams | List[SamplingParams] | None = None,
         progress: bool | None = None,
+        **sampling: Any,
     ) -> List[Dict]:
         """Run every prompt to completion; returns [{"text", "token_ids", "finish_reason"}] in
         prompt order (plus "error" for a request the scheduler refused or whose step failed; the
-        text ends before a stop string, finish_reason is "stop" or "length"). `progress`: a bar
+        text ends before a stop string, finish_reason is "stop" or "length").
+
+        Sampling: either `sampling_params` (one for all prompts, or one each), taken as they are,
+        or SamplingParams' fields as keywords (`generate(prompts, max_tokens=30)`): the fields not
+        named take the model's generation_config.json defaults where it has some, else
+        SamplingParams' own (minisgl/scheduler/intake.py). `progress`: a bar
         counting tokens, True to show it, False never; None (default) shows it for runs longer than
         two seconds in a notebook or a terminal, never under pytest or CI
         (minisgl/llm/progress_bar.py, MINISGL_PROGRESS).
@@ -186,13 +194,13 @@ class LLM(Scheduler):
                 )
             self._generating = True
             try:
-                return self._generate(prompts, sampling_params, progress)
+                return self._generate(prompts, sampling_params, progress, sampling)
             finally:
                 self._generating = False
 
-    def _generate(self, prompts, sampling_params, progress) -> List[Dict]:
+    def _generate(self, prompts, sampling_params, progress, sampling) -> List[Dict]:
         prompts = inputs.prompt_list(prompts)
-        params = inputs.sampling_list(sampling_params, len(prompts))
+        params = inputs.sampling_list(sampling_params, len(prompts), sampling)
         # Check every prompt before queueing any, so a bad one loses nothing.
         admitted = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):

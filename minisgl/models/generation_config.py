@@ -6,9 +6,10 @@ two) and how they like to be sampled. The engine takes from it:
 - `eos_token_id` (an id or a list): generation stops after any of them. It replaces config.json's
   list, as in transformers; without the file (or without the field) config.json's is used.
 - `do_sample`, `temperature`, `top_k`, `top_p`, `max_new_tokens`: defaults for the SamplingParams
-  fields a request leaves unset (`SamplingParams.fields_set`). `do_sample` false (transformers'
-  default) means greedy; true takes temperature, top_k and top_p from the file, or 1.0, no top-k
-  and 1.0 where the file says nothing (transformers 5's defaults).
+  fields a request leaves unset (`SamplingParams.fields_set`: the fields an OpenAI client sent, or
+  `LLM.generate`'s keywords; a SamplingParams passed whole sets them all). `do_sample` false
+  (transformers' default) means greedy; true takes temperature, top_k and top_p from the file, or
+  1.0, no top-k and 1.0 where the file says nothing (transformers 5's defaults).
 
 Everything else in the file (repetition_penalty, min_p, num_beams, ...) is ignored: the engine
 has no such sampling. A request's own `ignore_eos` still runs it to max_tokens.

@@ -7,12 +7,8 @@ from __future__ import annotations
 import torch
 
 from minisgl.attention import prepare_metadata
-from minisgl.core import Batch, Req  # noqa: F401
+from minisgl.core import Batch
 from minisgl.engine import BatchSamplingArgs, ForwardInput
-
-# `isinstance(req, ChunkedReq)` is as right an answer as `req.is_chunk`: the judge runs a
-# learner's methods in this namespace.
-from .prefill import ChunkedReq  # noqa: F401
 
 
 class BatchInputs:

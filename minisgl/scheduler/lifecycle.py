@@ -15,10 +15,6 @@ from minisgl.core import Batch, Req
 from minisgl.engine import ForwardInput, ForwardOutput
 from minisgl.message import DetokenizeMsg
 
-# `isinstance(req, ChunkedReq)` is as right an answer as `req.is_chunk`: the judge runs a
-# learner's methods in this namespace.
-from .prefill import ChunkedReq  # noqa: F401
-
 if TYPE_CHECKING:
     ForwardData = Tuple[ForwardInput, ForwardOutput]
 

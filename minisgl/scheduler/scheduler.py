@@ -45,10 +45,7 @@ from .extras import RequestExtras, plan_extras
 from .intake import Intake
 from .io import SchedulerIO
 from .lifecycle import RequestLifecycle
-
-# The engine asks `req.is_chunk`; ChunkedReq stays in this namespace because the judge runs a
-# learner's methods here, and `isinstance(req, ChunkedReq)` is as right an answer.
-from .prefill import ChunkedReq, PrefillManager  # noqa: F401
+from .prefill import PrefillManager
 from .stops import StopChecker
 from .table import TableManager
 

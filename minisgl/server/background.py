@@ -10,17 +10,28 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Sequence
 
 READY = re.compile(r"^minisgl: serving (\S+) on (http://\S+)$")
 
 
+SERVE = ("-m", "minisgl", "serve")
+
+
 class BackgroundServer:
     """`python -m minisgl serve --port 0 ARGS` until it prints its ready line (a free port is picked
-    by the server itself, so two runs never race for one). Its output is kept in `self.log`."""
+    by the server itself, so two runs never race for one). Its output is kept in `self.log`.
+    `command`: what follows `python` in place of `-m minisgl serve`, for a command that ends by
+    running it (`judge.py serve ch13`)."""
 
-    def __init__(self, *args: str, timeout: float = 300.0, env: dict | None = None) -> None:
-        self.args, self.timeout = list(args), timeout
+    def __init__(
+        self,
+        *args: str,
+        timeout: float = 300.0,
+        env: dict | None = None,
+        command: Sequence[str] = SERVE,
+    ) -> None:
+        self.args, self.timeout, self.command = list(args), timeout, list(command)
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.url = ""
@@ -30,7 +41,7 @@ class BackgroundServer:
         root = str(Path(__file__).resolve().parents[2])
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, self.env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "minisgl", "serve", "--port", "0", *self.args],
+            [sys.executable, *self.command, "--port", "0", *self.args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -30,6 +30,7 @@ Nothing a request says is silently ignored. A request is checked in three steps:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Annotated, Any, Dict, List, Literal
 
@@ -247,11 +248,12 @@ def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
     Only the fields the client sent count as set (`fields_set`); the others hold the API's
     defaults until the scheduler's intake gives them the model's generation_config.json defaults
     where it has some, as the offline LLM's requests get them."""
-    # null counts as not sent: the field keeps its default
+    # null counts as not sent: the field keeps its default. A request field of a SamplingParams
+    # field's name is that field (max_tokens also comes as max_completion_tokens).
     sent = {name for name in req.model_fields_set if getattr(req, name) is not None}
-    given = [name for name in ("temperature", "top_k", "top_p", "ignore_eos") if name in sent]
-    if {"max_tokens", "max_completion_tokens"} & sent:
-        given.append("max_tokens")
+    if "max_completion_tokens" in sent:
+        sent.add("max_tokens")
+    given = sorted(sent & {f.name for f in dataclasses.fields(SamplingParams)})
     scoring = logprob_fields(req, max_tokens)
     if max_tokens == 0 and not scoring.get("prompt_logprobs"):
         echo = "" if isinstance(req, ChatRequest) else " (0 only with echo: the prompt is scored)"
