@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--variant",
         metavar="NAME",
-        help="run a known-wrong variant (judge/variants/chNN_NAME*.py) "
+        help="run a known-wrong variant (judge/variants/chNN_NAME*) "
         "and show which tests catch it; 'list' lists them",
     )
     p.add_argument(
@@ -442,7 +442,7 @@ def _variants(chapter: Chapter, chapters, args, console) -> int:
 
     from . import report
     from .judging import judge
-    from .sources import from_file
+    from .variant_edits import VariantError, variant_code, variant_diff
 
     known = [variant_name(chapter, p) for p in variant_files(chapter)]
     if args.variant == "list":
@@ -461,8 +461,17 @@ def _variants(chapter: Chapter, chapters, args, console) -> int:
     all_caught = True
     results = []
     for path in paths:
-        code = from_file(path, chapter, missing="reference", origin=f"judge/variants/{path.name}")
         name = variant_name(chapter, path)
+        try:
+            code = variant_code(path, chapter)
+        except (VariantError, LookupError) as e:
+            console.print(Text(f"variant {name} cannot be built: {e}", style="bold red"))
+            all_caught = False
+            results.append({"variant": name, "caught_by": [], "broken": True, "error": str(e)})
+            continue
+        if not args.json:
+            console.print(Text(f"variant {name}, what it changes:", style="bold"))
+            console.print(Text(variant_diff(path)))
         verdict = judge(
             chapters,
             {chapter.key: code},
@@ -501,13 +510,13 @@ def _variants(chapter: Chapter, chapters, args, console) -> int:
 
 
 def variant_doc(path: Path) -> str:
-    import ast
+    """The variant's summary: the first paragraph of its description, on one line."""
+    from .variant_edits import VariantError, read_variant
 
     try:
-        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-    except (OSError, SyntaxError):
-        return ""
-    return " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, on one line
+        return read_variant(path).summary()
+    except (OSError, VariantError) as e:
+        return f"(unreadable: {e})"
 
 
 def _escape(text: str) -> str:
