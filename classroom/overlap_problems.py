@@ -53,11 +53,17 @@ class ProblemRun:
 
 def subclass_from_file(path: str | Path, base: type = LLM) -> type:
     """A subclass of `base` whose methods are the top-level functions of the file at `path`,
-    compiled where the scheduler's own methods live (so they see the same names)."""
+    compiled where the scheduler's own methods live (so they see the same names). A known-wrong
+    variant of judge/variants/ that is an edit (`.diff`) is first applied to the reference."""
     from minisgl.scheduler import batch_inputs, intake, lifecycle, scheduler
 
     path = Path(path)
-    source = path.read_text(encoding="utf-8")
+    if path.suffix == ".diff":
+        from judge.variant_edits import variant_source
+
+        source = variant_source(path)
+    else:
+        source = path.read_text(encoding="utf-8")
     names = [n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
     namespace = {}  # the scheduler's modules together: a variant may replace any of its methods
     for module in (intake, lifecycle, batch_inputs, scheduler):

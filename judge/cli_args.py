@@ -66,7 +66,7 @@ def _add_source_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--variant",
         metavar="NAME",
-        help="run a known-wrong variant (judge/variants/chNN_NAME*.py) "
+        help="run a known-wrong variant (judge/variants/chNN_NAME*) "
         "and show which tests catch it; 'list' lists them",
     )
     p.add_argument(

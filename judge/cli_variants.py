@@ -19,7 +19,7 @@ def run_variants(chapter: Chapter, chapters, args, console) -> int:
 
     from . import report_json
     from .judging import judge
-    from .sources import from_file
+    from .variant_edits import VariantError, variant_code, variant_diff
 
     known = [variant_name(chapter, p) for p in variant_files(chapter)]
     if args.variant == "list":
@@ -38,8 +38,17 @@ def run_variants(chapter: Chapter, chapters, args, console) -> int:
     all_caught = True
     results = []
     for path in paths:
-        code = from_file(path, chapter, missing="reference", origin=f"judge/variants/{path.name}")
         name = variant_name(chapter, path)
+        try:
+            code = variant_code(path, chapter)
+        except (VariantError, LookupError) as e:
+            console.print(Text(f"variant {name} cannot be built: {e}", style="bold red"))
+            all_caught = False
+            results.append({"variant": name, "caught_by": [], "broken": True, "error": str(e)})
+            continue
+        if not args.json:
+            console.print(Text(f"variant {name}, what it changes:", style="bold"))
+            console.print(Text(variant_diff(path)))
         verdict = judge(
             chapters,
             {chapter.key: code},
@@ -84,10 +93,10 @@ def _show(verdict, chapters, console, verbose: bool, name: str, caught, broken: 
 
 
 def variant_doc(path: Path) -> str:
-    import ast
+    """The variant's summary: the first paragraph of its description, on one line."""
+    from .variant_edits import VariantError, read_variant
 
     try:
-        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-    except (OSError, SyntaxError):
-        return ""
-    return " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, on one line
+        return read_variant(path).summary()
+    except (OSError, VariantError) as e:
+        return f"(unreadable: {e})"

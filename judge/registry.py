@@ -272,10 +272,16 @@ def variants_dir() -> Path:
 
 
 def variant_files(chapter: Chapter, name: str | None = None) -> List[Path]:
-    """The known-wrong variants of `chapter` (judge/variants/chNN_*.py); with `name`, the file
-    chNN_<name>.py, or else every chNN_<name>_*.py."""
+    """The known-wrong variants of `chapter`: judge/variants/chNN_*.diff (edits of the reference,
+    judge/variant_edits.py) and chNN_*.py (whole functions); with `name`, the variant chNN_<name>,
+    or else every chNN_<name>_*."""
     folder = variants_dir()
+
+    def files(stem: str) -> List[Path]:
+        found = [p for s in (".diff", ".py") for p in folder.glob(stem + s)]
+        return sorted(found, key=lambda p: p.stem)
+
     if name is None:
-        return sorted(folder.glob(f"{chapter.key}_*.py"))
-    exact = folder / f"{chapter.key}_{name}.py"
-    return [exact] if exact.is_file() else sorted(folder.glob(f"{chapter.key}_{name}_*.py"))
+        return files(f"{chapter.key}_*")
+    exact = files(f"{chapter.key}_{name}")
+    return exact or files(f"{chapter.key}_{name}_*")

@@ -5,7 +5,9 @@ For every chapter:
 1. the reference passes all the chapter's tests (and every test the registry names exists);
 2. each exercise's stub, swapped in alone, fails exactly the tests the registry lists for it, each
    with the stub's NotImplementedError sentinel (not an ImportError, TypeError, ...);
-3. each known-wrong variant (judge/variants/chNN_*.py) fails at least one test and loads cleanly;
+3. each known-wrong variant (judge/variants/chNN_*) still applies exactly to the reference (an edit
+   whose lines are gone, or that changes nothing, fails: judge/variant_edits.py), fails at least one
+   test and loads cleanly;
 4. each stub's signature is the reference's;
 5. the chapter's solution notebook (solutions/chNN_*.ipynb), judged from its file as
    `python judge.py chNN --notebook ...` judges a learner's, passes every test: the judge accepts a
@@ -31,8 +33,9 @@ from .budgets import load as load_budgets
 from .judging import Verdict, judge
 from .registry import Chapter, Exercise, Registry, variant_files
 from .runner import RunOptions
-from .sources import LearnerCode, from_file, from_notebook, from_sources
+from .sources import LearnerCode, from_notebook, from_sources
 from .stubs import reference_source, stub_source
+from .variant_edits import VariantError, variant_code
 
 
 @dataclass
@@ -113,10 +116,11 @@ def _jobs(registry: Registry, chapters: Sequence[Chapter]) -> Tuple[List[Job], L
             )
             jobs.append(Job(chapter, "stub", ex.name, code, ex))
         for path in variant_files(chapter):
-            code = from_file(
-                path, chapter, missing="reference", origin=f"judge/variants/{path.name}"
-            )
-            jobs.append(Job(chapter, "variant", path.stem[len(chapter.key) + 1 :], code))
+            name = path.stem[len(chapter.key) + 1 :]
+            try:  # an edit that no longer applies exactly fails here, naming the variant
+                jobs.append(Job(chapter, "variant", name, variant_code(path, chapter)))
+            except (VariantError, LookupError, OSError) as e:
+                static.append(Outcome(Job(chapter, "variant", name), False, [str(e)]))
         for path in solution_notebooks(registry, chapter):
             jobs.append(Job(chapter, "notebook", path.name, from_notebook(path, chapter)))
     return jobs, static

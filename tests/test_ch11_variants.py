@@ -1,4 +1,4 @@
-"""Each upstream variant (judge/variants/ch11_upstream_*.py) must be caught by the test written for
+"""Each upstream variant (judge/variants/ch11_upstream_*) must be caught by the test written for
 its bug: a regression test that passes on the bug proves nothing.
 
 The variant's functions are put on a *subclass* of LLM (nothing is patched on the engine itself),
@@ -7,14 +7,12 @@ and the same check the chapter-11 test runs against LLM is run against the subcl
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
 import test_ch11_overlap as ch11
+from judge.variant_edits import variant_path, variant_source
 from minisgl.llm import LLM
-
-VARIANTS = Path(__file__).resolve().parent.parent / "judge" / "variants"
 
 
 def variant_llm(name: str) -> type:
@@ -22,8 +20,8 @@ def variant_llm(name: str) -> type:
     namespace of the scheduler's modules (where the reference versions live)."""
     from minisgl.scheduler import batch_inputs, intake, lifecycle, scheduler
 
-    path = VARIANTS / f"{name}.py"
-    source = path.read_text()
+    path = variant_path(name)
+    source = variant_source(path)
     names = [n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
     namespace = {}  # the scheduler's modules together: a variant may replace any of its methods
     for module in (intake, lifecycle, batch_inputs, scheduler):

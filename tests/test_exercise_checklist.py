@@ -91,12 +91,12 @@ def test_an_exercise_without_its_files_is_named_with_each_thing_it_lacks(bare):
     lacks = missing(chapter, layout)["ch42.double"]
     assert [kind for kind, _ in lacks] == [VARIANT, BUDGET, TRYOUT, TABLE], lacks
     text = report({"ch42.double": lacks})
-    for words in ("judge/variants/ch42_<mistake>.py defining `double`", "a CPU budget for 3",
+    for words in ("judge/variants/ch42_<mistake>.diff editing `double`", "a CPU budget for 3",
                   "{exercise} ch42.double cell", "a row for double under ch42"):  # fmt: skip
         assert words in text, f"the message does not say {words!r}: {text}"
 
-    (tmp_path / "variants" / "ch42_off_by_one.py").write_text(
-        '"""Adds one."""\n\n\ndef double(x):\n    return x * 2 + 1\n'
+    (tmp_path / "variants" / "ch42_off_by_one.diff").write_text(
+        "Adds one.\n\n@@ double\n-    return x * SCALE\n+    return x * SCALE + 1\n"
     )
     times = {t: 0.1 for t in chapter.exercise("double").tests}
     (tmp_path / "budgets.json").write_text(json.dumps({"times": {"cpu": times}}))

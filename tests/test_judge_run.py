@@ -296,10 +296,12 @@ def test_progress_table_and_hints(project, capsys):
 
 def test_variants_are_caught_or_not(project, capsys):
     (project.variants / "ch42_triple.py").write_text(
-        '"""Triples instead of doubling."""\n\ndef double(x):\n    return 3 * x\n'
+        '"""Triples instead of doubling."""\n# whole function: a test of the .py form\n\n'
+        "def double(x):\n    return 3 * x\n"
     )
-    (project.variants / "ch42_harmless.py").write_text(
-        '"""Same as the reference."""\n\ndef double(x):\n    return x + x\n'
+    (project.variants / "ch42_harmless.diff").write_text(
+        "Adds instead of multiplying: the same.\n\n"
+        "@@ double\n-    return x * SCALE\n+    return x + x\n"
     )
     assert main(["ch42", "--variant", "list"]) == 0
     assert "triple: Triples instead of doubling." in capsys.readouterr().out
@@ -316,8 +318,8 @@ def test_variants_are_caught_or_not(project, capsys):
 
 
 def test_selfcheck_proves_the_fake_chapter(project, capsys):
-    (project.variants / "ch42_triple.py").write_text(
-        '"""Triples."""\n\ndef double(x):\n    return 3 * x\n'
+    (project.variants / "ch42_triple.diff").write_text(
+        "Triples.\n\n@@ double\n-    return x * SCALE\n+    return 3 * x\n"
     )
     assert main(["--selfcheck", "ch42"]) == 0
     out = capsys.readouterr().out
@@ -333,8 +335,8 @@ def test_selfcheck_counts_a_variant_that_kills_the_test_process_as_caught(
     import judge.runner
 
     monkeypatch.setattr(judge.runner, "MAX_RESTARTS", 1)  # three tests call double: 3 deaths > 2
-    (project.variants / "ch42_exits.py").write_text(
-        '"""Ends the process."""\n\ndef double(x):\n    import os\n    os._exit(3)\n'
+    (project.variants / "ch42_exits.diff").write_text(
+        "Ends the process.\n\n@@ double\n-    return x * SCALE\n+    import os\n+    os._exit(3)\n"
     )
     assert main(["--selfcheck", "ch42", "--workers", "1"]) == 0
     out = " ".join(capsys.readouterr().out.split())

@@ -101,9 +101,10 @@ def test_judge_serve_serves_the_learners_code(tmp_path):
     what answers (the tokenizer worker is a spawned process of the server)."""
     import openai
 
+    from judge.variant_edits import variant_path, variant_source
     from minisgl.server.background import BackgroundServer
 
-    always_stop = (REPO / "judge" / "variants" / "ch13_finished_is_always_stop.py").read_text()
+    always_stop = variant_source(variant_path("ch13_finished_is_always_stop"))
     nb = _notebook_with(tmp_path, "ch13", always_stop, "detokenize")
     server = BackgroundServer("--notebook", str(nb), timeout=120, command=SERVE_CH13)
     with server as url:

@@ -6,7 +6,7 @@ for the kinds of code a learner hands in.
 Cases (ch11; another chapter gets the cases that need no ch11 code):
   solution       --solution: the reference
   notebook       the untouched learner notebook (every exercise still its stub)
-  wrong          one wrong exercise in a file (judge/variants/ch11_upstream_finished.py)
+  wrong          one wrong exercise in a file (the variant ch11_upstream_finished, applied)
   wrong-of-4     all four exercises handed in, _process_last_data the wrong one (blame reruns)
   hang           overlap_loop is `while True: pass`
   hang-of-4      all four handed in, overlap_loop the endless one
@@ -82,6 +82,8 @@ def all_four(chapter: str, replace: dict) -> str:
 
 
 def cases(chapter: str, tmp: Path):
+    from judge.variant_edits import variant_path, variant_source
+
     files = {}
 
     def write(name, text):
@@ -91,9 +93,9 @@ def cases(chapter: str, tmp: Path):
 
     out = [("solution", [chapter, "--solution"]), ("notebook", [chapter])]
     if chapter == "ch11":
-        wrong = (REPO / "judge/variants/ch11_upstream_finished.py").read_text()
+        wrong = variant_source(variant_path("ch11_upstream_finished"))
         out += [
-            ("wrong", [chapter, "--file", str(REPO / "judge/variants/ch11_upstream_finished.py")]),
+            ("wrong", [chapter, "--file", write("wrong", wrong)]),
             (
                 "wrong-of-4",
                 [

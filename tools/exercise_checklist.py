@@ -28,7 +28,8 @@ from typing import Dict, Iterable, List, Set, Tuple
 
 from judge.budgets import test_key
 from judge.registry import REPO, Chapter, Exercise, load_registry, variant_files
-from judge.sources import SourceError, from_file
+from judge.sources import SourceError
+from judge.variant_edits import VariantError, variant_code
 
 try:
     import tomllib
@@ -67,7 +68,7 @@ def missing(chapter: Chapter, layout: Layout = Layout()) -> Dict[str, List[Gap]]
             lacks.append(
                 (
                     VARIANT,
-                    f"a known-wrong variant (judge/variants/{chapter.key}_<mistake>.py defining "
+                    f"a known-wrong variant (judge/variants/{chapter.key}_<mistake>.diff editing "
                     f'`{ex.attr}`), or no_variant = "<why>" in its registry entry',
                 )
             )
@@ -133,8 +134,8 @@ def _exercises_with_variants(chapter: Chapter) -> Set[str]:
     names: Set[str] = set()
     for path in variant_files(chapter):
         try:
-            code = from_file(path, chapter, missing="reference")
-        except SourceError:
+            code = variant_code(path, chapter)
+        except (SourceError, VariantError, LookupError):
             continue  # a variant that does not load is the self-check's to report
         names.update(ex.name for ex in chapter.exercises if code.swaps(ex.name))
     return names

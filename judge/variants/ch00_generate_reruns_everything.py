@@ -4,6 +4,7 @@ The tokens are right (it is what a model without a KV cache does), but step n co
 and values of all n tokens again: the work grows with the square of the length, which is what the
 KV cache exists to avoid.
 """
+# whole function: no cache kept across steps, a loop of its own (an edit would be the whole body)
 
 
 @torch.no_grad()

@@ -3,6 +3,7 @@
 Every product is one row, and an expert's weights are read once per token that chose it instead
 of once per step: the loop the chapter's grouping exists to avoid.
 """
+# whole function: a per-token loop in place of the grouped one (an edit would be the whole body)
 
 
 def moe_experts(x, gate_up, down, weights, ids):

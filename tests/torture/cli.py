@@ -49,7 +49,7 @@ def _parse(argv) -> argparse.Namespace:
     ap.add_argument(
         "--variant",
         default=None,
-        help="run a known-wrong scheduler variant (judge/variants/NAME.py) instead of the "
+        help="run a known-wrong scheduler variant (judge/variants/NAME.diff or .py) instead of the "
         "reference",
     )
     ap.add_argument("--model", type=Path, default=MODEL)

@@ -1,5 +1,6 @@
-"""The known-wrong variants (judge/variants/chNN_<bug>.py) as exercise cells: the variant's function
-in place of the reference one, the cell's try-out after it as written (learner_run.py runs them)."""
+"""The known-wrong variants (judge/variants/chNN_<bug>.diff or .py) as exercise cells: the variant's
+function in place of the reference one, the cell's try-out after it as written (learner_run.py runs
+them)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import List, Tuple
 
 def variant_functions(path, exercises) -> List[Tuple[object, str, str]]:
     """[(exercise, the variant's def of it, the variant's imports)] for the exercises it changes."""
-    source = path.read_text(encoding="utf-8")
+    from judge.variant_edits import variant_source
+
+    source = variant_source(path)  # an edit is applied to the current reference
     tree = ast.parse(source)
     lines = source.splitlines()
     imports = "\n".join(
