@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from minisgl.env import API_KEY
+from minisgl.server.args import DEFAULT_MAX_BYTES
 
 
 def main(argv=None) -> int:
@@ -33,6 +34,13 @@ def main(argv=None) -> int:
         default=API_KEY.read() or None,
         help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
         "(default: $MINISGL_API_KEY; unset: no key)",
+    )
+    s.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_BYTES,
+        help="the largest request body accepted; a larger one is answered 413 without being "
+        f"read (default {DEFAULT_MAX_BYTES}, 4 MiB)",
     )
     s.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:1, ...")
     s.add_argument(
@@ -66,6 +74,8 @@ def main(argv=None) -> int:
         help="with --exercises: take them from this notebook instead of notebooks/chNN_*.ipynb",
     )
     args = parser.parse_args(argv)
+    if args.max_request_bytes < 1:
+        parser.error(f"--max-request-bytes must be at least 1, got {args.max_request_bytes}")
     if args.notebook is not None and args.exercises is None:
         parser.error("--notebook needs --exercises chNN (the chapter whose exercises it holds)")
     if args.exercises is not None:
@@ -101,6 +111,7 @@ def main(argv=None) -> int:
         served_model_name=args.served_model_name,
         engine=engine,
         api_key=args.api_key,
+        max_request_bytes=args.max_request_bytes,
     )
     if args.model is not None:
         if not args.model.is_dir():
