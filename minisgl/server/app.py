@@ -23,7 +23,9 @@ inside. With `--api-key` (or MINISGL_API_KEY), /v1/*, /tokenize and /detokenize 
 Errors have the OpenAI API's body, {"error": {"message", "type", "param", "code"}}: 400 for a
 request that is wrong (bad JSON too: the OpenAI API answers 400, and its clients expect it, where
 FastAPI would say 422; a prompt too long for the context has code "context_length_exceeded"), 401
-without the key, 404 for an unknown model or path, 500 when the server failed, 503 after, and 503
+without the key (with WWW-Authenticate: Bearer), 404 for an unknown model or path, 413 for a body
+over `serve --max-request-bytes`, refused before it is read (body_guard.py, which also refuses a
+body that is not plain JSON, naming what it is), 500 when the server failed, 503 after, and 503
 for an answer cut short because the server is stopping (a stream gets it as its last event, with
 no [DONE]).
 """
