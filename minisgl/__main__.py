@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from minisgl.env import API_KEY
+from minisgl.server.args import DEFAULT_MAX_BYTES
 
 
 def main(argv=None) -> int:
@@ -37,6 +38,13 @@ def main(argv=None) -> int:
         help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
         "(default: $MINISGL_API_KEY; unset: no key)",
     )
+    s.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_BYTES,
+        help="the largest request body accepted; a larger one is answered 413 without being "
+        f"read (default {DEFAULT_MAX_BYTES}, 4 MiB)",
+    )
     s.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:1, ...")
     s.add_argument(
         "--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on a CPU)"
@@ -56,6 +64,8 @@ def main(argv=None) -> int:
         "--log-level", default="warning", help="uvicorn's log level (info shows each request)"
     )
     args = parser.parse_args(argv)
+    if args.max_request_bytes < 1:
+        parser.error(f"--max-request-bytes must be at least 1, got {args.max_request_bytes}")
 
     from minisgl.server.args import ServerArgs
     from minisgl.server.launcher import serve
@@ -81,6 +91,7 @@ def main(argv=None) -> int:
         served_model_name=args.served_model_name,
         engine=engine,
         api_key=args.api_key,
+        max_request_bytes=args.max_request_bytes,
     )
     if args.model is not None:
         if not args.model.is_dir():

@@ -56,6 +56,13 @@ def test_a_directory_that_is_not_a_model_is_named(tmp_path):
     assert "Traceback" not in r.stderr, "a bad model directory deserves one line, not a traceback"
 
 
+def test_a_request_body_limit_below_one_byte_is_named():
+    r = serve("--max-request-bytes", "0", "--port", "0")
+    assert r.returncode == 2 and "--max-request-bytes must be at least 1, got 0" in r.stderr, (
+        f"expected a usage error naming the option, got {r.returncode}: {r.stderr.strip()[-200:]}"
+    )
+
+
 def test_ctrl_c_stops_every_process():
     """Ctrl-C in a terminal sends SIGINT to the whole foreground process group, workers included."""
     import signal

@@ -53,6 +53,9 @@ def test_v1_needs_the_key(server, headers):
         assert r.status_code == 401, f"{path} without the key: expected 401, got {r.status_code}"
         error = r.json()["error"]
         assert error["code"] == "invalid_api_key" and "Authorization: Bearer" in error["message"]
+        assert r.headers.get("www-authenticate") == "Bearer", (
+            f"{path}: a 401 names its scheme (RFC 6750), got {r.headers.get('www-authenticate')!r}"
+        )
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
 

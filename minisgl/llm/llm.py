@@ -78,6 +78,7 @@ class LLM(Scheduler):
         # may call step; `_generating` refuses a generate nested in a running one.
         self._lock = threading.RLock()
         self._generating = False
+        self._shut_down = False  # after shutdown(), every call that would run a request raises
 
     # ------------------------------------------------------------------ requests
 
@@ -94,6 +95,7 @@ class LLM(Scheduler):
     ) -> int:
         """Queue one request; returns its uid. Raises TypeError or ValueError (and queues nothing)
         if it can never run. Sampling settings as for `generate`."""
+        self._refuse_if_shut_down("add_request")
         ids, params = self._admitted(prompt, inputs.sampling_list(params, 1, sampling)[0])
         with self._lock:
             return self._enqueue(ids, params)
@@ -147,8 +149,17 @@ class LLM(Scheduler):
         return self.in_flight or self.has_work or self._queue.pending > 0
 
     def step(self) -> None:
+        self._refuse_if_shut_down("step")
         with self._lock:
             super().step()
+
+    def _refuse_if_shut_down(self, call: str) -> None:
+        """A shut-down engine answers nothing: saying so beats an empty text (issue 44)."""
+        if getattr(self, "_shut_down", False):
+            raise RuntimeError(
+                f"LLM.{call}: this LLM was shut down (LLM.shutdown()) and runs no more requests; "
+                "make a new LLM"
+            )
 
     def run_until_idle(self, max_idle_steps: int = 3) -> None:
         idle = 0
@@ -185,6 +196,7 @@ class LLM(Scheduler):
         made from inside a running one (an event subscriber's) is refused with RuntimeError. An
         exception inside the call (Ctrl-C, a subscriber's error) leaves the engine as it was before
         the call (minisgl/llm/recover.py) and propagates."""
+        self._refuse_if_shut_down("generate")
         with self._lock:
             if self._generating:
                 raise RuntimeError(
@@ -253,3 +265,4 @@ class LLM(Scheduler):
         while self.in_flight:
             self.step()
         self.engine.synchronize()
+        self._shut_down = True

@@ -16,7 +16,7 @@ from .qwen2 import Qwen2ForCausalLM
 from .qwen3 import Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
 from .sharding import Shard, parallelize, rank_config
-from .weight import load_weight, reading_shard
+from .weight import check_cast_values, load_weight, reading_shard
 
 _CLASSES = {
     "qwen3": Qwen3ForCausalLM,
@@ -48,13 +48,14 @@ def load_model(
     cfg = ModelConfig.from_dir(model_dir)
     if comm.size == 1:
         model = create_model(cfg, dtype, torch.device("meta"), max_positions)
-        load_weight(model, model_dir, device)
+        state = load_weight(model, model_dir, device)
     else:
         local = rank_config(cfg, comm.size)
         model = create_model(local, dtype, torch.device("meta"), max_positions)
         parallelize(model, cfg, comm)
         with reading_shard(Shard(cfg, comm.rank, comm.size)):
-            load_weight(model, model_dir, device)
+            state = load_weight(model, model_dir, device)
+    check_cast_values(state or {})  # (a learner's load_weight may return nothing)
     model.move_rotary(device)
     return model
 

@@ -131,6 +131,26 @@ def check_weight_values(key: str, tensor: torch.Tensor, path: Path) -> None:
         )
 
 
+def check_cast_values(state: Dict[str, torch.Tensor], chunk: int = 1 << 24) -> None:
+    """Refuse a weight whose cast to the model's dtype overflowed, naming it and the dtype: a
+    bfloat16 or float32 checkpoint holds values beyond float16's 65504, which the cast made
+    infinite (the model would then compute NaN and sample token 0 again and again). The checkpoint
+    itself was checked finite (`check_weight_values`), so an infinity now is the cast's. Only
+    float16 has a narrower range than the checkpoints' dtypes; it is checked `chunk` elements at a
+    time, so the check never needs much memory beside the weight."""
+    for key, tensor in state.items():
+        if tensor.dtype != torch.float16:
+            continue
+        flat = tensor.reshape(-1)
+        bad = sum(int((~torch.isfinite(part)).sum()) for part in flat.split(chunk))
+        if bad:
+            raise ValueError(
+                f"weight {key} does not fit float16: {bad} of its {tensor.numel()} values are "
+                "beyond float16's range (65504) and became infinite; load the model with "
+                "dtype bfloat16 or float32"
+            )
+
+
 def load_weight(
     model: BaseOP, model_dir: str | Path, device: torch.device
 ) -> Dict[str, torch.Tensor]:

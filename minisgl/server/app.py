@@ -9,6 +9,7 @@
     POST /tokenize               {"prompt": text or ids} or {"messages": [...]} -> {"tokens",
                                  "count", "max_model_len"}, the ids a request's prompt would have
     POST /detokenize             {"tokens": [...]} -> {"prompt": text}
+    GET  /tokenizer_info         the special tokens, chat template and context length (vLLM's)
     GET  /metrics                Prometheus metrics (metrics.py)
     GET  /debug/scheduler        the scheduler's slots and pages (tests check nothing leaks)
 
@@ -22,7 +23,9 @@ inside. With `--api-key` (or MINISGL_API_KEY), /v1/*, /tokenize and /detokenize 
 Errors have the OpenAI API's body, {"error": {"message", "type", "param", "code"}}: 400 for a
 request that is wrong (bad JSON too: the OpenAI API answers 400, and its clients expect it, where
 FastAPI would say 422; a prompt too long for the context has code "context_length_exceeded"), 401
-without the key, 404 for an unknown model or path, 500 when the server failed, 503 after, and 503
+without the key (with WWW-Authenticate: Bearer), 404 for an unknown model or path, 413 for a body
+over `serve --max-request-bytes`, refused before it is read (body_guard.py, which also refuses a
+body that is not plain JSON, naming what it is), 500 when the server failed, 503 after, and 503
 for an answer cut short because the server is stopping (a stream gets it as its last event, with
 no [DONE]).
 """
@@ -46,14 +49,18 @@ from starlette.exceptions import HTTPException
 
 from minisgl.message import TokenizeMsg
 
-from . import choices
+from . import choices, schema
 from . import openai_api as api
 from .auth import RequireApiKey
+from .body_guard import DEFAULT_MAX_BYTES, GuardBody
 from .frontend import Frontend
 from .metrics import CountRequests, ServerMetrics
 from .openai_api import ErrorInfo
+from .prompt_bounds import ids_refusal
 from .responses import Answer, collect, disconnected, error_response, first_of, stream_events
-from .token_routes import PromptTokenizer, detokenize, tokenize
+from .running_usage import TokenCounter, with_running_usage
+from .schema import BODY_ERRORS, METRICS_TEXT, STREAMED
+from .token_routes import PromptTokenizer, detokenize, tokenize, tokenizer_info
 
 
 class AbortOnDisconnect(StreamingResponse):
@@ -129,12 +136,14 @@ def create_app(
     api_key: str | None = None,
     tokenizer: PromptTokenizer | None = None,
     stopping: Callable[[], bool] | None = None,
+    max_request_bytes: int = DEFAULT_MAX_BYTES,
 ) -> FastAPI:
     """The app; `on_startup()` returns the tasks to run beside it (the reply listener, a watchdog);
     `workers`, the worker processes' pids by name, is shown by /health; `api_key`: if set, the
     key every /v1/ request must bring; `tokenizer`: what /tokenize and /detokenize use (None: they
     answer 503); `stopping()`: True once the server has begun to stop (streams open then are ended
-    with an error event). The routes below read what they serve from `app.state`."""
+    with an error event); `max_request_bytes`: the largest body accepted (body_guard.py). The routes
+    below read what they serve from `app.state`."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -152,15 +161,37 @@ def create_app(
     app.state.metrics = frontend.metrics = ServerMetrics()
     app.add_exception_handler(RequestValidationError, bad_request)
     app.add_exception_handler(HTTPException, http_error)
-    app.add_api_route("/health", health, methods=["GET", "HEAD"])
-    app.add_api_route("/metrics", metrics, methods=["GET"])
-    app.add_api_route("/v1/models", models, methods=["GET"])
-    app.add_api_route("/v1/models/{model_id:path}", model, methods=["GET"])
-    app.add_api_route("/debug/scheduler", debug_scheduler, methods=["GET"])
-    app.add_api_route("/v1/completions", completions, methods=["POST"])
-    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
-    app.add_api_route("/tokenize", tokenize, methods=["POST"])
-    app.add_api_route("/detokenize", detokenize, methods=["POST"])
+    for method in ("GET", "HEAD"):
+        app.add_api_route(
+            "/health",
+            health,
+            methods=[method],
+            operation_id=f"health_{method.lower()}",
+            responses=schema.errors(503),
+        )
+    app.add_api_route(
+        "/metrics", metrics, methods=["GET"], response_class=Response, responses=METRICS_TEXT
+    )
+    app.add_api_route("/v1/models", models, methods=["GET"], responses=schema.errors(401))
+    app.add_api_route(
+        "/v1/models/{model_id:path}", model, methods=["GET"], responses=schema.errors(401, 404)
+    )
+    app.add_api_route(
+        "/debug/scheduler", debug_scheduler, methods=["GET"], responses=schema.errors(503)
+    )
+    for path, route in [
+        ("/v1/completions", completions),
+        ("/v1/chat/completions", chat_completions),
+    ]:
+        app.add_api_route(path, route, methods=["POST"], responses={**STREAMED, **BODY_ERRORS})
+    app.add_api_route("/tokenize", tokenize, methods=["POST"], responses=BODY_ERRORS)
+    app.add_api_route("/detokenize", detokenize, methods=["POST"], responses=BODY_ERRORS)
+    app.add_api_route(
+        "/tokenizer_info", tokenizer_info, methods=["GET"], responses=schema.errors(401, 503)
+    )
+    schema.install(app, model_name)
+    # inside the key's check: a client without the key has no body read
+    app.add_middleware(GuardBody, max_bytes=max_request_bytes)
     if api_key:
         app.add_middleware(RequireApiKey, key=api_key)
     app.add_middleware(CountRequests, metrics=app.state.metrics)  # outermost: counts the 401s
@@ -182,9 +213,9 @@ async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
     err = exc.errors()[0]
     loc = [str(x) for x in err.get("loc", ()) if x != "body"]
     if err.get("type") == "json_invalid":
-        return error_response(
-            ErrorInfo(400, f"the request body is not valid JSON: {err.get('msg')}")
-        )
+        why = err.get("ctx", {}).get("error") or err.get("msg")
+        at = f" at character {loc[0]}" if loc else ""
+        return error_response(ErrorInfo(400, f"the request body is not valid JSON: {why}{at}"))
     where = ".".join(loc) or "body"
     if err.get("type") == "extra_forbidden":  # the OpenAI API's words for a field it does not know
         return error_response(
@@ -196,7 +227,24 @@ async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
 
 
 async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-    return error_response(ErrorInfo(exc.status_code, str(exc.detail)))
+    return error_response(ErrorInfo(exc.status_code, unparsable_body(exc) or str(exc.detail)))
+
+
+def unparsable_body(exc: HTTPException) -> str | None:
+    """What FastAPI's bare "There was an error parsing the body" was, said: the JSON parser's own
+    exception is the HTTPException's cause."""
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return (
+            f"the request body is not valid UTF-8: byte 0x{cause.object[cause.start]:02x} at "
+            f"offset {cause.start} ({cause.reason})"
+        )
+    if isinstance(cause, RecursionError):
+        return (
+            "the request body's JSON is nested too deeply for the parser (no request of this API "
+            f"nests more than a few levels): {cause}"
+        )
+    return None
 
 
 # ---------------------------------------------------------------------- routes
@@ -262,6 +310,11 @@ async def completions(req: api.CompletionRequest, request: Request):
         )
 
     max_tokens = 16 if req.max_tokens is None else req.max_tokens  # null means the default
+    context_len = getattr(request.app.state.tokenizer, "context_len", None)
+    for p in prompts if context_len else ():  # ids too many for the context: refused unsent
+        refusal = isinstance(p, list) and ids_refusal(len(p), max_tokens, context_len)
+        if refusal:
+            return error_response(refusal)
     return await unless_stopping(
         serve(req, request, chat=False, max_tokens=max_tokens, makes=[message(p) for p in prompts]),
         request,
@@ -319,6 +372,9 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
         bad = req.unsupported()
         if bad:
             raise ErrorInfo(400, f"{bad[0]}: not supported by this server", param=bad[0])
+        contradiction = req.contradiction()
+        if contradiction is not None:
+            raise contradiction
         n = req.n_choices
         if not 1 <= n <= MAX_N:
             raise ErrorInfo(400, f"n must be between 1 and {MAX_N}, got {n}", param="n")
@@ -341,9 +397,13 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
     # Wait for the first tokens (or a refusal) before answering, so that an error gets its
     # status code; a client leaving meanwhile aborts the requests.
     gone = asyncio.ensure_future(disconnected(request))
+    gathered = asyncio.gather(*(frontend.next_reply(u) for u in uids))
+    # cancelled when the client leaves first, the gather holds a CancelledError that nobody awaits,
+    # which asyncio would log as a traceback ("exception was never retrieved"): retrieved here
+    gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
     firsts = None
     try:
-        firsts = await first_of(asyncio.gather(*(frontend.next_reply(u) for u in uids)), gone)
+        firsts = await first_of(gathered, gone)
     finally:  # also when cancelled: the server stops (unless_stopping)
         gone.cancel()
         if firsts is None:
@@ -364,6 +424,7 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
         model_name,
         bool(req.return_token_ids),
         req.include_usage,
+        req.continuous_usage,
     )
     if len(uids) > 1:
         if req.streams:
@@ -372,12 +433,15 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
         return await choices.collect_choices(frontend, uids, firsts, answer, request, n)
     uid, first = uids[0], firsts[0]
     if req.streams:
-        events = stream_events(frontend, uid, first, answer)
+        counter = TokenCounter(frontend, first) if answer.continuous_usage else frontend
+        events = stream_events(counter, uid, first, answer)
         if inspect.iscoroutine(events):  # an `async def` that never yields (a stub, a slip)
             try:  # its own error, raised here, says more than starlette's TypeError
                 await events
                 raise TypeError("stream_events must yield its events (an async generator)")
             finally:
                 frontend.release(uid, abort=True)
+        if answer.continuous_usage:
+            events = with_running_usage(events, counter, first.prompt_tokens)
         return AbortOnDisconnect(events, stopping, answer.rid, media_type="text/event-stream")
     return await collect(frontend, uid, first, answer, request)

@@ -8,6 +8,10 @@ from typing import Any, Dict
 
 from minisgl.models import BUNDLED_MODEL
 
+# The largest body a real request needs is a long prompt as token ids: 128k ids of 6 digits and a
+# comma each are under 1 MiB; a list of prompts for a batch a few times that (body_guard.py).
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+
 
 @dataclass
 class ServerArgs:
@@ -18,6 +22,7 @@ class ServerArgs:
         None  # the `model` clients ask for; default: the directory's name
     )
     api_key: str | None = None  # if set, every /v1/ request must send it as a Bearer token
+    max_request_bytes: int = DEFAULT_MAX_BYTES  # a larger body is refused (413) unread
     # SchedulerConfig options (max_running_req, ...)
     engine: Dict[str, Any] = field(default_factory=dict)
     ipc_dir: str = ""  # where the processes' sockets live; the launcher makes a temporary one

@@ -8,6 +8,7 @@ import hmac
 from .openai_api import ErrorInfo
 from .responses import error_response
 
+# ("/tokenize" covers /tokenizer_info too)
 PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health, /metrics and /debug stay open
 
 
@@ -31,6 +32,8 @@ class RequireApiKey:
                     "(the key given to `serve --api-key` or MINISGL_API_KEY)",
                     code="invalid_api_key",
                 )
-                await error_response(error)(scope, receive, send)
+                response = error_response(error)
+                response.headers["www-authenticate"] = "Bearer"  # the scheme to use (RFC 6750)
+                await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -24,6 +24,7 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         self._template = env.from_string(source)
+        self.source = source  # served by /tokenizer_info, for clients that render it themselves
         self._tokens = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
 
     def render(self, messages: List[Dict[str, str]]) -> str:

@@ -22,6 +22,7 @@ from . import openai_api as api
 from . import responses
 from .frontend import Frontend
 from .responses import Answer
+from .running_usage import TokenCounter, with_running_usage
 
 
 def usage_of(n: int, prompt_tokens: List[int], completion_tokens: List[int]) -> Dict[str, int]:
@@ -65,9 +66,15 @@ async def stream_choices(
     error event (the server failed) ends the stream, as it ends a one-choice stream; the stream
     ending early (its client left) aborts every request still running."""
     each = replace(answer, include_usage=True)  # their usage chunks are summed into one
-    streams = [
-        responses.stream_events(frontend, uid, first, each) for uid, first in zip(uids, firsts)
-    ]
+    streams = []
+    for uid, first in zip(uids, firsts):
+        if answer.continuous_usage:  # each chunk's usage so far, summed below over the choices
+            counter = TokenCounter(frontend, first)
+            stream = responses.stream_events(counter, uid, first, each)
+            streams.append(with_running_usage(stream, counter, first.prompt_tokens))
+        else:
+            streams.append(responses.stream_events(frontend, uid, first, each))
+    prompt_tokens = [f.prompt_tokens for f in firsts]
     events: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, stream) -> None:
@@ -101,10 +108,13 @@ async def stream_choices(
                 continue
             for choice in chunk["choices"]:
                 choice["index"] = i
+            if "usage" in chunk:  # this choice's tokens so far: the response's, every choice's
+                completion[i] = chunk["usage"]["completion_tokens"]
+                chunk["usage"] = usage_of(n, prompt_tokens, completion)
             yield api.sse_event(chunk)
         if answer.include_usage:
             tail = api.envelope(answer.chat, True, answer.rid, answer.created, answer.model, [])
-            tail["usage"] = usage_of(n, [f.prompt_tokens for f in firsts], completion)
+            tail["usage"] = usage_of(n, prompt_tokens, completion)
             yield api.sse_event(tail)
         yield api.SSE_DONE
     finally:

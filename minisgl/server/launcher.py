@@ -198,6 +198,7 @@ def serve(args: ServerArgs, log_level: str = "warning") -> int:
             api_key=args.api_key,
             tokenizer=PromptTokenizer(args.model, limits.context_len),
             stopping=lambda: server.should_exit,
+            max_request_bytes=args.max_request_bytes,
         )
         server = uvicorn.Server(
             uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2)

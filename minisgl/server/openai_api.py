@@ -7,7 +7,7 @@ Extensions, as other OpenAI-compatible servers have them: `top_k`, `ignore_eos` 
 carries the token ids it adds). `stop`, `seed`, `logprobs` (a completion's k, a chat's true with
 `top_logprobs`) and a completion's `echo` are honoured (SamplingParams, minisgl/core.py).
 
-Nothing a request says is silently ignored. A request is checked in three steps:
+Nothing a request says is silently ignored. A request is checked in four steps:
 
 - JSON types are strict (pydantic's strict mode): `"max_tokens": "5"`, `"max_tokens": true`,
   `"stream": "yes"` and `"temperature": "0"` are 400s naming the field (an int is a float, as
@@ -26,6 +26,12 @@ Nothing a request says is silently ignored. A request is checked in three steps:
   ("auto" or "default"), `parallel_tool_calls` (no tools are ever called). A chat message may
   carry `refusal`, `tool_calls`, `function_call`, `audio` and `annotations` as null or empty (the
   openai client sends them back with a message it received); `name` and other values are refused.
+- Values allowed alone that together, or here, would change nothing or not what was meant are a
+  400 naming the field (`contradiction()`), as the OpenAI API or vLLM refuses them:
+  `stream_options` without `stream: true`; an empty `stop` string; a chat's `max_tokens` and
+  `max_completion_tokens` both given; a `seed` outside [0, 2**63 - 1] (it would repeat another's
+  draws); `echo` with `max_tokens: 0` but no `logprobs` (it would score the prompt for nobody).
+  `stream_options.continuous_usage_stats` (vLLM's) puts the usage so far in every chunk.
 """
 
 from __future__ import annotations
@@ -34,10 +40,22 @@ import dataclasses
 import json
 from typing import Annotated, Any, Dict, List, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, WrapValidator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    WithJsonSchema,
+    WrapValidator,
+)
 from pydantic_core import PydanticCustomError
 
 from minisgl.core import MAX_LOGPROBS, SamplingParams
+
+# The engine mixes a seed into 63 bits (engine/request_sampling.py): a larger one repeats another
+MAX_SEED = 2**63 - 1
 
 
 class ErrorInfo(Exception):
@@ -86,9 +104,45 @@ def one_of(what: str) -> WrapValidator:
     return WrapValidator(check)
 
 
+PROMPT_KINDS = "a string, a list of strings, a list of token ids or a list of token-id lists"
+_PROMPT_LISTS = {
+    str: TypeAdapter(List[str]),
+    int: TypeAdapter(List[int]),
+    list: TypeAdapter(List[List[int]]),
+}
+
+
+def prompt_value(value: Any) -> str | List[str] | List[int] | List[List[int]]:
+    """A prompt, validated as the one kind its first element says it is. (pydantic's union tries
+    every kind: a million token ids failed as strings one by one first, 2 s in the event loop.)"""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        first = type(value[0]) if value else str
+        adapter = _PROMPT_LISTS.get(first)
+        if adapter is not None:
+            try:
+                return adapter.validate_python(value, strict=True)
+            except ValidationError:
+                pass
+    raise PydanticCustomError("type_error", f"must be {PROMPT_KINDS}")
+
+
+TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer"}, "minItems": 1}
 Prompt = Annotated[
     str | List[str] | List[int] | List[List[int]],
-    one_of("a string, a list of strings, a list of token ids or a list of token-id lists"),
+    PlainValidator(prompt_value),
+    # what is refused beyond the types (app.py: an empty list, an empty list of ids), declared
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                TOKEN_IDS_SCHEMA,
+                {"type": "array", "items": TOKEN_IDS_SCHEMA, "minItems": 1},
+            ]
+        }
+    ),
 ]
 
 
@@ -96,6 +150,8 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool | None = None
+    # vLLM's: usage in every chunk, the tokens so far (running_usage.py)
+    continuous_usage_stats: bool | None = None
 
 
 class _Request(BaseModel):
@@ -130,6 +186,30 @@ class _Request(BaseModel):
             bad.append("logit_bias")
         return bad
 
+    def contradiction(self) -> ErrorInfo | None:
+        """A 400 for values the API allows each alone but that would change nothing, or not
+        what the client meant, as sent: the OpenAI API's and vLLM's refusals."""
+        if self.stream_options is not None and not self.stream:
+            return ErrorInfo(
+                400, "stream_options is only allowed when stream is true", param="stream_options"
+            )
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if "" in stops:
+            return ErrorInfo(
+                400,
+                "stop: an empty string stops nothing; give non-empty strings (or null for none)",
+                param="stop",
+            )
+        last = (self.seed or 0) + self.n_choices - 1  # sample j of n draws with seed + j
+        if self.seed is not None and not (0 <= self.seed and last <= MAX_SEED):
+            return ErrorInfo(
+                400,
+                f"seed must be in [0, {MAX_SEED}] (63 bits; with n, seed + n - 1 too), "
+                f"got {self.seed}",
+                param="seed",
+            )
+        return None
+
     @property
     def n_choices(self) -> int:
         return 1 if self.n is None else self.n
@@ -141,6 +221,10 @@ class _Request(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class CompletionRequest(_Request):
@@ -201,7 +285,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(_Request):
-    messages: List[ChatMessage]
+    # (an empty list is refused by chat_completions, saying so: declared here)
+    messages: Annotated[List[ChatMessage], Field(json_schema_extra={"minItems": 1})]
     max_tokens: int | None = None  # None: as long as the context allows
     max_completion_tokens: int | None = None  # the newer name of max_tokens
     logprobs: bool | None = None
@@ -220,6 +305,16 @@ class ChatRequest(_Request):
     store: bool | None = None
     metadata: Dict[str, str] | None = None  # labels for stored completions: changes nothing
     service_tier: Literal["auto", "default"] | None = None  # one tier here: changes nothing
+
+    def contradiction(self) -> ErrorInfo | None:
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            return ErrorInfo(
+                400,
+                "give one of max_tokens and max_completion_tokens, not both (max_tokens is the "
+                "older name of max_completion_tokens)",
+                param="max_tokens",
+            )
+        return super().contradiction()
 
     def unsupported(self) -> List[str]:
         bad = super().unsupported()
@@ -256,7 +351,11 @@ def sampling_params(req: _Request, max_tokens: int) -> SamplingParams:
     given = sorted(sent & {f.name for f in dataclasses.fields(SamplingParams)})
     scoring = logprob_fields(req, max_tokens)
     if max_tokens == 0 and not scoring.get("prompt_logprobs"):
-        echo = "" if isinstance(req, ChatRequest) else " (0 only with echo: the prompt is scored)"
+        echo = (
+            ""
+            if isinstance(req, ChatRequest)
+            else " (0 only with echo and logprobs: the prompt is scored)"
+        )
         raise ErrorInfo(400, f"max_tokens must be >= 1{echo}", param="max_tokens")
     try:
         return SamplingParams(
@@ -287,8 +386,8 @@ def error_code(message: str) -> str | None:
 
 def logprob_fields(req: _Request, max_tokens: int) -> Dict[str, Any]:
     """SamplingParams' logprobs and prompt_logprobs for a request: a completion's `logprobs: k`
-    (with `echo`, the prompt's too; `echo` with `max_tokens: 0` scores the prompt alone, as
-    lm-eval's loglikelihood asks), a chat's `logprobs: true` with `top_logprobs: k`."""
+    (with `echo`, the prompt's too; `echo` and `logprobs` with `max_tokens: 0` score the prompt
+    alone, as lm-eval's loglikelihood asks), a chat's `logprobs: true` with `top_logprobs: k`."""
     if isinstance(req, ChatRequest):
         k = req.top_logprobs
         if k is not None and not req.logprobs:
@@ -299,10 +398,8 @@ def logprob_fields(req: _Request, max_tokens: int) -> Dict[str, Any]:
             )
         return {"logprobs": (req.top_logprobs or 0) if req.logprobs else None}
     echo = bool(getattr(req, "echo", False))
-    return {
-        "logprobs": req.logprobs,
-        "prompt_logprobs": echo and (req.logprobs is not None or max_tokens == 0),
-    }
+    # (`echo` with `max_tokens: 0` and no logprobs would score the prompt for nobody: refused)
+    return {"logprobs": req.logprobs, "prompt_logprobs": echo and req.logprobs is not None}
 
 
 def sse_event(data: Dict[str, Any] | str) -> str:

@@ -31,6 +31,7 @@ class Answer:
     model: str
     return_token_ids: bool = False
     include_usage: bool = False  # streams only: a last chunk with the usage
+    continuous_usage: bool = False  # streams only: the usage so far in every chunk too
     created: int = field(default_factory=lambda: int(time.time()))
 
 

@@ -27,6 +27,7 @@ from minisgl.message import (
 
 from .chat import ChatTemplate, ChatTemplateError
 from .detokenizer import DecodeState, next_text
+from .prompt_bounds import longest_token_chars, text_refusal
 from .reply_shaper import ReplyShaper, needs_shaping
 
 
@@ -49,6 +50,8 @@ class TokenizerWorker:
         self.chat_template = chat_template
         self.eos_token_ids = frozenset(eos_token_ids)  # any of them ends a request (empty: none)
         self.context_len = context_len
+        # a text longer than the context's tokens can hold is refused before it is tokenized
+        self.longest_token = longest_token_chars(tokenizer) if tokenizer is not None else 1
         self.requests: Dict[int, RequestInfo] = {}
         # uid -> what its replies need beyond text (stops, echo, logprobs: reply_shaper.py)
         self.shapers: Dict[int, ReplyShaper] = {}
@@ -142,11 +145,19 @@ class TokenizerWorker:
                 )
             # The template writes every special token itself.
             text = self.chat_template.render(msg.messages)
+            self._check_length(text)
             return torch.tensor(
                 self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=torch.int32
             )
         # as LLM.encode: outputs match LLM.generate
+        self._check_length(msg.text or "")
         return inputs.token_ids(msg.text or "", self.tokenizer)
+
+    def _check_length(self, text: str) -> None:
+        """A ValueError for a text whose characters alone show it cannot fit the context."""
+        why = text_refusal(len(text), self.longest_token, self.context_len)
+        if why is not None:
+            raise ValueError(why)
 
     def detokenize(self, msg: DetokenizeMsg) -> UserReply | None:
         """The API server's reply for one of the scheduler's tokens; None for an aborted request.
