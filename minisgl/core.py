@@ -13,12 +13,15 @@ produced k tokens on the device:
 
 from __future__ import annotations
 
+import copy
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, List, Literal
 
 import torch
+
+from minisgl.structured.constraint import check_constraint
 
 _UNSET: Any = object()  # a SamplingParams argument the caller did not give
 SAMPLING_FIELDS = (
@@ -32,6 +35,7 @@ SAMPLING_FIELDS = (
     "seed",
     "logprobs",
     "prompt_logprobs",
+    "constraint",
 )
 MAX_LOGPROBS = 20  # the most alternatives a request may ask for at each position (OpenAI's limit)
 
@@ -51,6 +55,11 @@ class SamplingParams:
       prompt_logprobs the same for every prompt token after the first; the prompt skips the prefix
                       cache (a cached prefix has no logits). With it, `max_tokens` may be 0: the
                       prompt is scored and nothing is generated
+      constraint      None, or what the output must be: {"json_schema": {...}}, {"json_object":
+                      True}, {"regex": "..."}, {"choice": [...]}, {"lark": "..."}
+                      (minisgl/structured/constraint.py); each step's logits are masked to the
+                      tokens the grammar allows before temperature, top-k and top-p, and EOS only
+                      where it may end
 
     `fields_set` names the fields the caller gave the constructor; the others hold the defaults
     below, which a model's generation_config.json may replace when the request is taken in
@@ -66,6 +75,7 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None
     prompt_logprobs: bool = False
+    constraint: dict | None = None
     # a list, not a set: it travels in messages as plain JSON (minisgl/message/wire.py)
     fields_set: List[str] = field(default_factory=list, compare=False, repr=False)
 
@@ -81,12 +91,13 @@ class SamplingParams:
         seed: int | None = _UNSET,
         logprobs: int | None = _UNSET,
         prompt_logprobs: bool = _UNSET,
+        constraint: dict | None = _UNSET,
         fields_set: Iterable[str] | None = None,
     ) -> None:
         """`fields_set`: which fields count as given, when the values come with defaults of their
         own (the OpenAI API's: a field the client did not send) or from a message (wire.py)."""
         values = (temperature, top_k, top_p, max_tokens, ignore_eos)
-        values += (stop, stop_token_ids, seed, logprobs, prompt_logprobs)
+        values += (stop, stop_token_ids, seed, logprobs, prompt_logprobs, constraint)
         given = dict(zip(SAMPLING_FIELDS, values))
         given = {name: value for name, value in given.items() if value is not _UNSET}
         if isinstance(given.get("stop"), str):
@@ -95,6 +106,8 @@ class SamplingParams:
             default = [] if name in ("stop", "stop_token_ids") else getattr(SamplingParams, name)
             value = given.get(name, default)
             # lists are copied: a caller's list changed later must not change this request
+            if isinstance(value, dict):  # a constraint: the caller's dict may change later too
+                value = copy.deepcopy(value)
             setattr(self, name, list(value) if isinstance(value, (list, tuple)) else value)
         names = sorted(given) if fields_set is None else sorted(set(fields_set))
         unknown = [n for n in names if n not in SAMPLING_FIELDS]
@@ -159,6 +172,12 @@ class SamplingParams:
                 raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if not isinstance(self.prompt_logprobs, bool):
             raise TypeError(f"prompt_logprobs must be True or False, got {self.prompt_logprobs!r}")
+        check_constraint(self.constraint)
+        if self.constraint is not None and self.ignore_eos:
+            raise ValueError(
+                "ignore_eos cannot go with a constraint: a constrained request ends with EOS where "
+                "its grammar ends"
+            )
 
     @property
     def top_logprobs(self) -> int:
