@@ -46,7 +46,7 @@ from starlette.exceptions import HTTPException
 
 from minisgl.message import TokenizeMsg
 
-from . import choices
+from . import choices, structured
 from . import openai_api as api
 from .auth import RequireApiKey
 from .frontend import Frontend
@@ -329,7 +329,10 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
                 f"got {len(makes)} prompts x n={n}",
                 param="prompt",
             )
+        structure = structured.structure_of(req)  # response_format, tools (structured.py)
+        structured.refuse_stream(req, structure)
         params = api.sampling_params(req, 1 if max_tokens is None else max_tokens)
+        params = structured.constrained(params, structure)
     except ErrorInfo as e:
         return error_response(e)
     # A seeded request's samples differ from each other, and repeat: sample j draws with seed + j.
@@ -369,7 +372,8 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
         if req.streams:
             events = choices.stream_choices(frontend, uids, firsts, answer, n)
             return AbortOnDisconnect(events, stopping, answer.rid, media_type="text/event-stream")
-        return await choices.collect_choices(frontend, uids, firsts, answer, request, n)
+        answered = await choices.collect_choices(frontend, uids, firsts, answer, request, n)
+        return structured.as_tool_calls(answered, structure)
     uid, first = uids[0], firsts[0]
     if req.streams:
         events = stream_events(frontend, uid, first, answer)
@@ -380,4 +384,4 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
             finally:
                 frontend.release(uid, abort=True)
         return AbortOnDisconnect(events, stopping, answer.rid, media_type="text/event-stream")
-    return await collect(frontend, uid, first, answer, request)
+    return structured.as_tool_calls(await collect(frontend, uid, first, answer, request), structure)
