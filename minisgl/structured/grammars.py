@@ -34,6 +34,10 @@ class GrammarBook:
             self._ll_tokenizer = llguidance.LLTokenizer(
                 self.tokenizer.to_str(), n_vocab=self.vocab_size, eos_token=self.end_ids
             )
+            # llguidance builds its tables of the vocabulary at the first mask (4 s for 151,936
+            # tokens, once per tokenizer; then ~0.2 ms a mask): here, at the first constrained
+            # request's admission, rather than inside a step with other requests waiting
+            self.bitmask([self.matcher({"regex": "a"})])
         return self._ll_tokenizer
 
     def refusal(self, constraint: dict | None) -> str | None:
