@@ -25,6 +25,7 @@ class GrammarBook:
         self.vocab_size = vocab_size
         self.end_ids = sorted(end_ids)
         self._ll_tokenizer = None
+        self._executor = None
 
     @property
     def ll_tokenizer(self):
@@ -75,6 +76,18 @@ class GrammarBook:
         import llguidance.torch as llt
 
         mask = llt.allocate_token_bitmask(len(matchers), self.ll_tokenizer.vocab_size)
-        for i, matcher in enumerate(matchers):
-            llt.fill_next_token_bitmask(matcher, mask, i)
+        if len(matchers) == 1:
+            llt.fill_next_token_bitmask(matchers[0], mask, 0)
+        elif matchers:  # rows filled in parallel on llguidance's own threads (outside the GIL)
+            llt.fill_next_token_bitmask_par(
+                self.executor, list(zip(matchers, range(len(mask)))), mask
+            )
         return mask
+
+    @property
+    def executor(self):
+        if self._executor is None:
+            import llguidance
+
+            self._executor = llguidance.LLExecutor()
+        return self._executor
