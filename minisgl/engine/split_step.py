@@ -59,14 +59,20 @@ def launch_sample(
     """Queue the sampling of `pending`'s logits with `bitmask` [C, W] (host int32) applied to
     logits rows `rows` [C] (host int64), then the token writes and copies, then `copy_done`."""
     fi, out = pending.fi, pending.out
-    rows, bitmask = engine.kit.to_device(rows), engine.kit.to_device(bitmask)
+    # Copied on the engine stream, inside the work: the scheduler's stream, where other inputs
+    # are copied, was waited for at the forward's launch, not since (page-locked: asynchronous)
+    rows, bitmask = engine.kit.pin(rows), engine.kit.pin(bitmask)
 
     def work() -> None:
         logits = pending.logits.pop("value")
+        rows_dev = rows.to(logits.device, non_blocking=True)
+        bitmask_dev = bitmask.to(logits.device, non_blocking=True)
         if rows.numel():
             plan = fi.sample_args.logprob_plan  # prompt logprobs: more logits rows than requests
-            at = rows if plan is None or plan.sample_rows is None else plan.sample_rows[rows]
-            apply_bitmask_(logits, at, bitmask)
+            at = (
+                rows_dev if plan is None or plan.sample_rows is None else plan.sample_rows[rows_dev]
+            )
+            apply_bitmask_(logits, at, bitmask_dev)
         tokens = engine.sampler.sample(logits, fi.sample_args)
         out.next_tokens_gpu.copy_(tokens)
         engine.token_pool[fi.write_tuple] = tokens  # before copy_done, as in forward_batch

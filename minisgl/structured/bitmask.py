@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import torch
 
-_BITS = torch.arange(32, dtype=torch.int32)
-
 
 def apply_bitmask_(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
     """Set to -inf, in place, every logit of `logits[rows[i]]` whose bit in `bitmask[i]` is clear.
@@ -14,7 +12,8 @@ def apply_bitmask_(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tens
     logits are wider than its tokenizer's vocabulary) are forbidden. Other rows are untouched, so
     a free request's logits are the same with or without constrained neighbours."""
     vocab = logits.shape[-1]
-    bits = _BITS.to(bitmask.device)
+    # made where the mask is (a kernel, not a copy from the host, which could wait for the stream)
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)  # [C, 32 W]
     if allowed.shape[1] < vocab:
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
