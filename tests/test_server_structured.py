@@ -176,7 +176,9 @@ def test_langchain_with_structured_output_both_methods(server):
         assert isinstance(speaker, Speaker), (method, speaker)
 
 
-def test_litellm_gets_a_json_schema_answer(server):
+def test_litellm_gets_a_json_schema_answer(server, monkeypatch):
+    # litellm fetches a model price list from the network at import unless told to use its own
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
     r = litellm.completion(
