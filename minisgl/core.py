@@ -13,6 +13,7 @@ produced k tokens on the device:
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterator, List, Literal
@@ -48,6 +49,11 @@ class SamplingParams:
       prompt_logprobs the same for every prompt token after the first; the prompt skips the prefix
                       cache (a cached prefix has no logits). With it, `max_tokens` may be 0: the
                       prompt is scored and nothing is generated
+      constraint      None, or what the output must be: {"json_schema": {...}}, {"json_object":
+                      True}, {"regex": "..."}, {"choice": [...]}, {"lark": "..."}
+                      (minisgl/structured/constraint.py); each step's logits are masked to the
+                      tokens the grammar allows before temperature, top-k and top-p, and EOS only
+                      where it may end
 
     A field is one line here: its default and its checks. `fields_set` says which fields the caller
     chose; the others may take a model's generation_config.json defaults when the request is taken
@@ -67,6 +73,7 @@ class SamplingParams:
         None, checks.optional(checks.integer), checks.optional(checks.between(0, MAX_LOGPROBS))
     )
     prompt_logprobs: bool = _rule(False, checks.boolean)
+    constraint: dict | None = _rule(None, checks.constraint)  # None: free output
     # a list, not a set: it travels in messages as plain JSON (minisgl/message/wire.py)
     fields_set: List[str] | None = field(default=None, compare=False, repr=False)
 
@@ -77,6 +84,8 @@ class SamplingParams:
             value = getattr(self, f.name)
             if isinstance(value, (list, tuple)):
                 setattr(self, f.name, list(value))
+            elif isinstance(value, dict):  # a constraint: its nested lists and dicts too
+                setattr(self, f.name, copy.deepcopy(value))
         if isinstance(self.fields_set, (list, set, frozenset)):
             self.fields_set = sorted(set(self.fields_set))
         self.validate()
@@ -101,6 +110,11 @@ class SamplingParams:
             raise ValueError(
                 f"max_tokens must be an integer >= 1 (0 only with prompt_logprobs), "
                 f"got {self.max_tokens!r}"
+            )
+        if self.constraint is not None and self.ignore_eos:
+            raise ValueError(
+                "ignore_eos cannot go with a constraint: a constrained request ends with EOS where "
+                "its grammar ends"
             )
         chosen = self.fields_set
         if chosen is not None and (

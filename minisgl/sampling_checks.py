@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from minisgl.structured.constraint import check_constraint
+
 Check = Callable[[str, Any], None]
 
 
@@ -83,3 +85,9 @@ def token_ids(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be a list of integers, got {value!r}")
     if any(i < 0 for i in value):
         raise ValueError(f"{name} must be token ids >= 0, got {value!r}")
+
+
+def constraint(name: str, value: Any) -> None:
+    """A structured-output constraint's shape (minisgl/structured/constraint.py); the grammar
+    itself is compiled, and refused with the library's error, when the request is taken in."""
+    check_constraint(value)

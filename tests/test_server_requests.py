@@ -74,7 +74,6 @@ def test_an_int_is_a_json_number_for_a_float_field(server):
 UNKNOWN = [
     ("completions", {"min_p": 0.1}, "min_p"),
     ("completions", {"repetition_penalty": 1.1}, "repetition_penalty"),
-    ("completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("completions", {"stream_options": {"include_usage": True, "extra": 1}}, "stream_options"),
     ("chat/completions", {"temprature": 0}, "temprature"),
     ("chat/completions", {"messages": [{"role": "user", "content": "hi", "x": 1}]}, "messages"),
@@ -96,9 +95,7 @@ UNHONOURED = [  # OpenAI fields the server knows but cannot honour: refused by n
     ("completions", {"frequency_penalty": -1}, "frequency_penalty"),
     ("completions", {"suffix": "end"}, "suffix"),
     ("completions", {"best_of": 2}, "best_of"),
-    ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ("chat/completions", {"tool_choice": "auto"}, "tool_choice"),
+    ("chat/completions", {"tool_choice": "auto"}, "tool_choice"),  # no tools (structured.py)
     ("chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
     ("chat/completions", {"store": True}, "store"),

@@ -22,7 +22,7 @@ Scheduler is put together from one module per job: this one holds its state, the
 runs next) and the two loops; intake.py takes requests in (checks, model defaults); lifecycle.py
 handles results, aborts, failed steps and freeing; batch_inputs.py builds a batch's device inputs;
 extras.py (with stops.py) adds what single requests ask beyond the workbook's engine: stops, seeds,
-logprobs.
+logprobs; grammar_steps.py adds structured output (a constrained batch samples after its mask).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .extras import RequestExtras, plan_extras
+from .grammar_steps import GrammarSteps
 from .intake import Intake
 from .io import SchedulerIO
 from .lifecycle import RequestLifecycle
@@ -52,7 +53,7 @@ from .table import TableManager
 ForwardData = Tuple[ForwardInput, ForwardOutput]
 
 
-class Scheduler(RequestExtras, Intake, RequestLifecycle, BatchInputs):
+class Scheduler(GrammarSteps, RequestExtras, Intake, RequestLifecycle, BatchInputs):
     def __init__(self, config: SchedulerConfig, io: SchedulerIO) -> None:
         self.config = config
         self.io = io
@@ -67,6 +68,7 @@ class Scheduler(RequestExtras, Intake, RequestLifecycle, BatchInputs):
         self.vocab_size = self.limits.vocab_size
         # stop strings are text: the scheduler decodes each stopping request's last tokens
         self.stops = StopChecker(load_tokenizer(config.model_path))
+        self._init_grammars()  # structured output: the compile check, matchers (grammar_steps.py)
         self.token_pool, self.page_table = engine.token_pool, engine.page_table
         self.table_manager = TableManager(config.max_running_req, self.events)
         self.cache_manager = CacheManager(
@@ -118,7 +120,10 @@ class Scheduler(RequestExtras, Intake, RequestLifecycle, BatchInputs):
             if not req.is_chunk:
                 self._live[req.uid] = req
         try:
-            output = self.engine.forward_batch(forward_input)
+            if self._needs_mask(forward_input):  # sampling waits for the grammar (grammar_steps.py)
+                output = self._launch_forward_only(forward_input)
+            else:
+                output = self.engine.forward_batch(forward_input)
         except Exception as e:  # noqa: BLE001 - whatever broke, only this batch's requests pay
             return self._fail_batch(batch, e)
         self.decode_manager.filter_reqs(batch.reqs)

@@ -49,7 +49,7 @@ from starlette.exceptions import HTTPException
 
 from minisgl.message import TokenizeMsg
 
-from . import choices, schema
+from . import choices, schema, structured
 from . import openai_api as api
 from .auth import RequireApiKey
 from .body_guard import DEFAULT_MAX_BYTES, GuardBody
@@ -385,7 +385,10 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
                 f"got {len(makes)} prompts x n={n}",
                 param="prompt",
             )
+        structure = structured.structure_of(req)  # response_format, tools (structured.py)
+        structured.refuse_stream(req, structure)
         params = api.sampling_params(req, 1 if max_tokens is None else max_tokens)
+        params = structured.constrained(params, structure)
     except ErrorInfo as e:
         return error_response(e)
     # A seeded request's samples differ from each other, and repeat: sample j draws with seed + j.
@@ -430,7 +433,8 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
         if req.streams:
             events = choices.stream_choices(frontend, uids, firsts, answer, n)
             return AbortOnDisconnect(events, stopping, answer.rid, media_type="text/event-stream")
-        return await choices.collect_choices(frontend, uids, firsts, answer, request, n)
+        answered = await choices.collect_choices(frontend, uids, firsts, answer, request, n)
+        return structured.as_tool_calls(answered, structure)
     uid, first = uids[0], firsts[0]
     if req.streams:
         counter = TokenCounter(frontend, first) if answer.continuous_usage else frontend
@@ -444,4 +448,4 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
         if answer.continuous_usage:
             events = with_running_usage(events, counter, first.prompt_tokens)
         return AbortOnDisconnect(events, stopping, answer.rid, media_type="text/event-stream")
-    return await collect(frontend, uid, first, answer, request)
+    return structured.as_tool_calls(await collect(frontend, uid, first, answer, request), structure)

@@ -6,6 +6,8 @@ Extensions, as other OpenAI-compatible servers have them: `top_k`, `ignore_eos` 
 `stop_token_ids` (sampling), and `return_token_ids` (each choice, and each streamed chunk, also
 carries the token ids it adds). `stop`, `seed`, `logprobs` (a completion's k, a chat's true with
 `top_logprobs`) and a completion's `echo` are honoured (SamplingParams, minisgl/core.py).
+`response_format` (chat and completions) and `tools` with `tool_choice` (chat) are structured
+output: structured.py says what is honoured and what is refused.
 
 Nothing a request says is silently ignored. A request is checked in four steps:
 
@@ -18,12 +20,11 @@ Nothing a request says is silently ignored. A request is checked in four steps:
 - A field of the OpenAI API that the server knows but cannot honour is a 400 naming it
   (`unsupported()`), unless it holds the value that changes nothing:
       presence_penalty and frequency_penalty (0 accepted), logit_bias ({} accepted), suffix
-      (empty accepted), best_of (1 accepted); on chat, response_format ({"type": "text"}
-      accepted), tools ([] accepted), tool_choice ("none" accepted), functions, function_call
+      (empty accepted), best_of (1 accepted); on chat, functions, function_call
       ("none" accepted), audio, prediction, reasoning_effort, web_search_options, modalities
       (["text"] accepted), store (false accepted).
   Accepted because they change no answer: `user` and `metadata` (only labels), `service_tier`
-  ("auto" or "default"), `parallel_tool_calls` (no tools are ever called). A chat message may
+  ("auto" or "default"), `parallel_tool_calls` (a forced call is one call). A chat message may
   carry `refusal`, `tool_calls`, `function_call`, `audio` and `annotations` as null or empty (the
   openai client sends them back with a message it received); `name` and other values are refused.
 - Values allowed alone that together, or here, would change nothing or not what was meant are a
@@ -234,6 +235,7 @@ class CompletionRequest(_Request):
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
+    response_format: Dict[str, Any] | None = None  # structured output (structured.py)
 
     def unsupported(self) -> List[str]:
         bad = super().unsupported()
@@ -294,7 +296,7 @@ class ChatRequest(_Request):
     response_format: Dict[str, Any] | None = None
     tools: List[Any] | None = None
     tool_choice: str | Dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # no tool is ever called: changes nothing
+    parallel_tool_calls: bool | None = None  # a forced tool call is one call: changes nothing
     functions: List[Any] | None = None
     function_call: str | Dict[str, Any] | None = None
     audio: Dict[str, Any] | None = None
@@ -318,16 +320,12 @@ class ChatRequest(_Request):
 
     def unsupported(self) -> List[str]:
         bad = super().unsupported()
-        bad += [name for name in ("tools", "functions", "store") if getattr(self, name)]
+        bad += [name for name in ("functions", "store") if getattr(self, name)]
         bad += [
             name
             for name in ("audio", "prediction", "reasoning_effort", "web_search_options")
             if getattr(self, name) is not None
         ]
-        if self.response_format not in (None, {"type": "text"}):
-            bad.append("response_format")
-        if self.tool_choice not in (None, "none"):
-            bad.append("tool_choice")
         if self.function_call not in (None, "none"):
             bad.append("function_call")
         if self.modalities not in (None, ["text"]):
