@@ -17,6 +17,7 @@ from minisgl.message.wire import decode_batch, encode_batch
 from minisgl.models.limits import ModelLimits
 from minisgl.scheduler.intake import RequestRefused
 from minisgl.server import openai_api as api
+from minisgl.server import request_sampling
 from minisgl.server.tokenizer_worker import TokenizerWorker
 
 pytest.importorskip("pydantic")
@@ -39,7 +40,7 @@ def served(llm, model: Path, body: dict) -> list:
     """The tokens the scheduler sends for `body`, an OpenAI completion request, taken the server's
     way: the API's SamplingParams, the tokenizer worker, the wire, then the scheduler's messages."""
     req = api.CompletionRequest(model="m", prompt="ROMEO:", **body)
-    params = api.sampling_params(req, 16 if req.max_tokens is None else req.max_tokens)
+    params = request_sampling.sampling_params(req, 16 if req.max_tokens is None else req.max_tokens)
     limits = ModelLimits.from_dir(model)
     worker = TokenizerWorker(llm.tokenizer, None, limits.end_token_ids, limits.context_len)
     from minisgl.message import TokenizeMsg

@@ -40,17 +40,17 @@ import uuid
 from contextlib import asynccontextmanager
 from typing import Any, Callable, Dict, List
 
-import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from minisgl.message import TokenizeMsg
 
-from . import choices, schema, structured
+from . import choices, request_sampling, schema, structured
 from . import openai_api as api
+from .abort_on_disconnect import AbortOnDisconnect
 from .auth import RequireApiKey
 from .body_guard import DEFAULT_MAX_BYTES, GuardBody
 from .frontend import Frontend
@@ -61,70 +61,6 @@ from .responses import Answer, collect, disconnected, error_response, first_of, 
 from .running_usage import TokenCounter, with_running_usage
 from .schema import BODY_ERRORS, METRICS_TEXT, STREAMED
 from .token_routes import PromptTokenizer, detokenize, tokenize, tokenizer_info
-
-
-class AbortOnDisconnect(StreamingResponse):
-    """A stream that notices its client leaving even while no token is coming, and then closes its
-    body generator at once, whose `finally` aborts the request. (Starlette's own response, under
-    ASGI 2.4, notices only when a send fails, and leaves the generator to the garbage collector.)
-
-    When the server begins to stop (`stopping` set), the stream ends the same way, after one
-    error event saying so (no [DONE]: the answer is cut short) and one line in the log, rather
-    than being cancelled by uvicorn two seconds later with a traceback."""
-
-    def __init__(self, content, stopping: asyncio.Event | None = None, rid: str = "", **kw):
-        super().__init__(content, **kw)
-        self.stopping, self.rid = stopping, rid
-
-    async def __call__(self, scope, receive, send) -> None:
-        started, ended, cut = False, False, False
-
-        async def sending(message) -> None:
-            nonlocal started, ended
-            started = started or message["type"] == "http.response.start"
-            ended = ended or (
-                message["type"] == "http.response.body" and not message.get("more_body", False)
-            )
-            await send(message)
-
-        try:
-            async with anyio.create_task_group() as group:
-
-                async def stream() -> None:
-                    try:
-                        await self.stream_response(sending)
-                    except OSError:
-                        pass  # the client is gone
-                    group.cancel_scope.cancel()
-
-                async def shutdown() -> None:
-                    nonlocal cut
-                    await self.stopping.wait()
-                    cut = True
-                    group.cancel_scope.cancel()
-
-                group.start_soon(stream)
-                if self.stopping is not None:
-                    group.start_soon(shutdown)
-                await self.listen_for_disconnect(receive)
-                group.cancel_scope.cancel()
-        finally:
-            await self.body_iterator.aclose()
-        if cut and not ended:  # (a stream that ended as the server began to stop is whole)
-            await self.end_cut(sending, started)
-
-    async def end_cut(self, send, started: bool) -> None:
-        error = ErrorInfo(503, "the server is shutting down: this answer was cut short")
-        print(f"minisgl: stream {self.rid} cut by the server's shutdown", flush=True)
-        try:
-            if not started:
-                await send(
-                    {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
-                )
-            body = api.sse_event(error.body()).encode()
-            await send({"type": "http.response.body", "body": body, "more_body": False})
-        except OSError:
-            pass  # the client is gone too
 
 
 def create_app(
@@ -387,7 +323,7 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
             )
         structure = structured.structure_of(req)  # response_format, tools (structured.py)
         structured.refuse_stream(req, structure)
-        params = api.sampling_params(req, 1 if max_tokens is None else max_tokens)
+        params = request_sampling.sampling_params(req, 1 if max_tokens is None else max_tokens)
         params = structured.constrained(params, structure)
     except ErrorInfo as e:
         return error_response(e)
@@ -419,7 +355,9 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
         for uid, first in zip(uids, firsts):
             frontend.release(uid, abort=first.error is None)
         return error_response(
-            ErrorInfo(refused.status, refused.error, code=api.error_code(refused.error))
+            ErrorInfo(
+                refused.status, refused.error, code=request_sampling.error_code(refused.error)
+            )
         )
     answer = Answer(
         chat,

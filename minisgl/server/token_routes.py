@@ -25,7 +25,8 @@ from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 
 from .chat import ChatTemplateError, _token_text
-from .openai_api import TOKEN_IDS_SCHEMA, ChatMessage, ErrorInfo, unknown_model
+from .errors import ErrorInfo, unknown_model
+from .openai_api import TOKEN_IDS_SCHEMA, ChatMessage
 from .responses import error_response
 
 PROMPT_SCHEMA = {"anyOf": [{"type": "string"}, TOKEN_IDS_SCHEMA]}
