@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import settings
-from .judging import NO_TESTS, PASSING, Verdict
+from .judging import NO_TESTS, NOT_ATTEMPTED, PASSING, Verdict
 from .registry import REPO, Chapter, Registry
 from .sources import LearnerCode, SourceError, find_notebook, from_notebook
 
@@ -54,6 +54,12 @@ def record(
     now = _dt.datetime.now().isoformat(timespec="seconds")
     for chapter in chapters:
         key = chapter.key
+        statuses = [e.status for e in verdict.exercises if e.chapter == key]
+        if all(s == NOT_ATTEMPTED for s in statuses):
+            # every exercise still its stub: nothing was judged, so the table shows no run (not
+            # "0/4 passing" with a date, as if four answers had failed)
+            data["chapters"].pop(key, None)
+            continue
         tests = verdict.tests_of(chapter)
         code = (codes or {}).get(key)
         data["chapters"][key] = {
