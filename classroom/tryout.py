@@ -86,8 +86,14 @@ def _stopped(raised: BaseException, tryout: FrameType) -> str:
     cell = tryout.f_code.co_filename
     line = next((n for f, n in _frames(raised.__traceback__) if f is tryout), None)
     rule = _next_rule(tryout, line) if line is not None else None
+    # Triton's interpreter re-raises a kernel's error as an InterpreterError from it, and a message-
+    # less error (asyncio's TimeoutError) is clearer as itself than as its message-less cause
     root = raised
-    while root.__cause__ is not None and root.__cause__ is not root:
+    while (
+        root.__cause__ is not None
+        and str(root.__cause__).strip()
+        and (type(root).__name__ == "InterpreterError" or not str(root).strip())
+    ):
         root = root.__cause__
     said = (str(root).strip().splitlines() or [""])[0][:200]
     what = f"{type(root).__name__}: {said}" if said else type(root).__name__
@@ -104,10 +110,29 @@ def _stopped(raised: BaseException, tryout: FrameType) -> str:
     if where is not None:
         f, n = where
         text = linecache.getline(f.f_code.co_filename, n).strip()
-        whose = "the try-out's" if f is tryout else f"your {f.f_code.co_name}'s"
+        ours = f is tryout or f.f_code.co_firstlineno in _tryout_lines(tryout)
+        whose = "the try-out's" if ours else f"your {f.f_code.co_name}'s"
         at = f", raised at {whose} line {n}: {text}" if text else f", raised at {whose} line {n}"
     rule = rule or "the try-out's last lines"
     return f"{FAIL} {rule}: the try-out stopped on {what}{at}"
+
+
+def _tryout_lines(tryout: FrameType) -> range:
+    """The lines of the `with attempt(...)` block the try-out frame is in: code defined there (a
+    helper of the try-out's) is the try-out's, not the learner's."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(tryout.f_code.co_filename)))
+    except SyntaxError:
+        return range(0)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.With, ast.AsyncWith)) and any(
+            isinstance(item.context_expr, ast.Call)
+            and isinstance(item.context_expr.func, ast.Name)
+            and item.context_expr.func.id == "attempt"
+            for item in node.items
+        ):
+            return range(node.lineno, (node.end_lineno or node.lineno) + 1)
+    return range(0)
 
 
 def _next_rule(tryout: FrameType, line: int) -> str | None:
