@@ -54,12 +54,6 @@ def record(
     now = _dt.datetime.now().isoformat(timespec="seconds")
     for chapter in chapters:
         key = chapter.key
-        statuses = [e.status for e in verdict.exercises if e.chapter == key]
-        if all(s == NOT_ATTEMPTED for s in statuses):
-            # every exercise still its stub: nothing was judged, so the table shows no run (not
-            # "0/4 passing" with a date, as if four answers had failed)
-            data["chapters"].pop(key, None)
-            continue
         tests = verdict.tests_of(chapter)
         code = (codes or {}).get(key)
         data["chapters"][key] = {
@@ -135,7 +129,12 @@ def show(registry: Registry, notebooks_dir: Path, console: Console) -> None:
         except SourceError:
             pass  # no notebook yet
         entry = data.get(chapter.key)
-        if entry:
+        statuses = (entry or {}).get("exercises", {}).values()
+        if entry and statuses and all(s == NOT_ATTEMPTED for s in statuses):
+            # judged while every exercise was its stub: no test ran, so no "0/4 passing" with a
+            # date, as if four answers had failed
+            passing, last, tests = Text("-"), "stubs only", "-"
+        elif entry:
             ok = sum(s in (PASSING, NO_TESTS) for s in entry.get("exercises", {}).values())
             passing = Text(
                 f"{ok}/{n}", style="green" if entry.get("passed") else "yellow" if ok else "red"
