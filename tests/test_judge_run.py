@@ -109,7 +109,7 @@ def test_an_untouched_notebook_exits_0_and_says_what_to_do_next(project, capsys,
     assert "ch42_fake.ipynb" in out and "python judge.py ch42 --solution" in out, out
 
 
-def test_a_run_of_stubs_alone_leaves_no_run_in_the_progress_table(project, capsys, monkeypatch):
+def test_a_run_of_stubs_alone_shows_as_stubs_in_the_progress_table(project, capsys, monkeypatch):
     (project.notebooks / "ch42_fake.ipynb").write_text(notebook(_stub_cells()))
     assert main(["ch42"]) == 0
     assert "not attempted" in capsys.readouterr().out
