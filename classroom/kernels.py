@@ -17,6 +17,11 @@ from typing import Iterator, List, Sequence
 
 import torch
 
+from .interpreter_bf16 import fix_bf16_dot
+
+# on a CPU, the try-outs' bfloat16 scenes need the interpreter's tl.dot to multiply numbers
+fix_bf16_dot()
+
 
 def _forget_compiled(module) -> None:
     for value in list(vars(module).values()):

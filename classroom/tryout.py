@@ -4,7 +4,10 @@ The lines after an exercise's function run it inside the engine. While the funct
 stub, that raises its `NotImplementedError("chNN.name: ...")`; `attempt` turns exactly that into a
 short note, so "Run All" in JupyterLab goes on to the end of the notebook (also when something
 re-raised it: Triton's interpreter wraps a kernel's exception in its own, the stub's as its cause).
-Any other error, such as one in the learner's own code, is raised as usual.
+Any other error, such as one in the learner's own code, ends the try-out with one ✘ line instead
+of a traceback (`_stopped`): the rule of the check that was about to run, what was raised, and the
+learner's line that raised it. Another exercise's stub is raised as usual: a try-out that needs a
+second exercise written is the book's mistake, not the learner's.
 
 Once it is written, the try-out checks it with `check`: one line per rule the judge's tests also
 check, `✔ all request slots back` or `✘ all request slots back: 4 missing`, so a mistake shows
@@ -14,25 +17,151 @@ reference's answer.
 
 from __future__ import annotations
 
+import ast
+import linecache
+import os
+import re
+import sys
 from contextlib import contextmanager
-from typing import Callable, Iterator, Tuple
+from types import FrameType, TracebackType
+from typing import Callable, Iterator, List, Tuple
 
 PASS, FAIL = "✔", "✘"
 NOT_WRITTEN = "is not written yet"
 
 
+SENTINEL = re.compile(r"ch\d\d\.\w+: ")
+
+
 @contextmanager
 def attempt(exercise: str) -> Iterator[None]:
+    tryout = _caller()
     try:
         yield
     except Exception as raised:
         e = _stub_error(raised, exercise)
-        if e is None:
+        if e is not None:
+            print(
+                f"{exercise} {NOT_WRITTEN} ({str(e)[len(exercise) + 2 :]}).\n"
+                "Write the function above and run this cell again; the cells below do not need it."
+            )
+            return
+        if tryout is None or any(
+            isinstance(x, NotImplementedError) and SENTINEL.match(str(x)) for x in _chain(raised)
+        ):
             raise
-        print(
-            f"{exercise} {NOT_WRITTEN} ({str(e)[len(exercise) + 2 :]}).\n"
-            "Write the function above and run this cell again; the cells below do not need it."
+        print(_stopped(raised, tryout))
+
+
+def _caller() -> FrameType | None:
+    """The frame of the `with attempt(...)` block: the first one outside this file and
+    contextlib."""
+    frame = sys._getframe(1)
+    here = os.path.abspath(__file__)
+    while frame is not None and (
+        os.path.abspath(frame.f_code.co_filename) == here
+        or frame.f_code.co_filename.endswith("contextlib.py")
+    ):
+        frame = frame.f_back
+    return frame
+
+
+def _chain(e: BaseException | None) -> List[BaseException]:
+    seen: List[BaseException] = []
+    while e is not None and e not in seen:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return seen
+
+
+def _frames(tb: TracebackType | None) -> Iterator[Tuple[FrameType, int]]:
+    while tb is not None:
+        yield tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+
+
+def _stopped(raised: BaseException, tryout: FrameType) -> str:
+    """The ✘ line for a try-out that raised: the rule it was about to check, the error (the
+    first cause, where Triton's interpreter wraps it), and the learner's line."""
+    cell = tryout.f_code.co_filename
+    line = next((n for f, n in _frames(raised.__traceback__) if f is tryout), None)
+    rule = _next_rule(tryout, line) if line is not None else None
+    # Triton's interpreter re-raises a kernel's error as an InterpreterError from it, and a message-
+    # less error (asyncio's TimeoutError) is clearer as itself than as its message-less cause
+    root = raised
+    while (
+        root.__cause__ is not None
+        and str(root.__cause__).strip()
+        and (type(root).__name__ == "InterpreterError" or not str(root).strip())
+    ):
+        root = root.__cause__
+    said = (str(root).strip().splitlines() or [""])[0][:200]
+    what = f"{type(root).__name__}: {said}" if said else type(root).__name__
+    # the deepest line of the notebook's own code (its cells share a folder) in any exception of
+    # the chain: the learner's function, or the try-out itself
+    where = None
+    for e in _chain(raised):
+        for f, n in _frames(e.__traceback__):
+            if os.path.dirname(f.f_code.co_filename) == os.path.dirname(cell):
+                where = (f, n)
+        if where is not None:
+            break
+    at = ""
+    if where is not None:
+        f, n = where
+        text = linecache.getline(f.f_code.co_filename, n).strip()
+        ours = f is tryout or f.f_code.co_firstlineno in _tryout_lines(tryout)
+        whose = "the try-out's" if ours else f"your {f.f_code.co_name}'s"
+        at = f", raised at {whose} line {n}: {text}" if text else f", raised at {whose} line {n}"
+    rule = rule or "the try-out's last lines"
+    return f"{FAIL} {rule}: the try-out stopped on {what}{at}"
+
+
+def _tryout_lines(tryout: FrameType) -> range:
+    """The lines of the `with attempt(...)` block the try-out frame is in: code defined there (a
+    helper of the try-out's) is the try-out's, not the learner's."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(tryout.f_code.co_filename)))
+    except SyntaxError:
+        return range(0)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.With, ast.AsyncWith)) and any(
+            isinstance(item.context_expr, ast.Call)
+            and isinstance(item.context_expr.func, ast.Name)
+            and item.context_expr.func.id == "attempt"
+            for item in node.items
+        ):
+            return range(node.lineno, (node.end_lineno or node.lineno) + 1)
+    return range(0)
+
+
+def _next_rule(tryout: FrameType, line: int) -> str | None:
+    """The rule of the first `check(...)` of the try-out that ends at or after `line`, its
+    f-string filled in from the try-out's variables where it can be."""
+    source = "".join(linecache.getlines(tryout.f_code.co_filename))
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "check"
+        and node.args
+        and (node.end_lineno or node.lineno) >= line
+    ]
+    if not calls:
+        return None
+    first = min(calls, key=lambda node: node.lineno).args[0]
+    try:
+        value = eval(  # the try-out's own f-string, in its own variables
+            compile(ast.Expression(first), "<rule>", "eval"), tryout.f_globals, tryout.f_locals
         )
+        return str(value)
+    except Exception:
+        return ast.unparse(first)
 
 
 def _stub_error(e: BaseException | None, exercise: str) -> NotImplementedError | None:

@@ -81,35 +81,38 @@ def as_html(console: Console) -> str:
     return console.export_html(theme=THEME, inline_styles=True, code_format=PRE)
 
 
+def bundle(body_html: str, plain: str) -> dict:
+    """A display's two forms: the HTML a browser shows, and the plain text a headless run
+    (nbconvert, a terminal's jupyter console) shows instead of `<IPython.core.display.HTML
+    object>`."""
+    return {"text/html": body_html, "text/plain": plain}
+
+
 class LiveOutput:
     """One display that first says what is running (with a clock), then becomes the report."""
 
     def __init__(self, what: str) -> None:
-        from IPython.display import HTML, display
+        from IPython.display import display
 
         self._what = what
         self._start = time.monotonic()
         self._done = threading.Event()
-        self._handle = display(HTML(self._running()), display_id=True)
+        self._handle = display(self._running(), raw=True, display_id=True)
         self._clock = threading.Thread(target=self._tick, daemon=True)
         self._clock.start()
 
-    def _running(self) -> str:
-        elapsed = time.monotonic() - self._start
-        return PRE.format(code=f"⏳ {html.escape(self._what)} … {elapsed:.0f} s")
+    def _running(self) -> dict:
+        line = f"⏳ {self._what} … {time.monotonic() - self._start:.0f} s"
+        return bundle(PRE.format(code=html.escape(line)), line)
 
     def _tick(self) -> None:
-        from IPython.display import HTML
-
         while not self._done.wait(1.0):
-            self._handle.update(HTML(self._running()))
+            self._handle.update(self._running(), raw=True)
 
-    def finish(self, body_html: str) -> None:
-        from IPython.display import HTML
-
+    def finish(self, body_html: str, plain: str) -> None:
         self._done.set()
         self._clock.join()
-        self._handle.update(HTML(body_html))
+        self._handle.update(bundle(body_html, plain), raw=True)
 
 
 def shown(what: str, run: Callable[[], T], render: Callable[[T, Console], None]) -> T:
@@ -123,9 +126,11 @@ def shown(what: str, run: Callable[[], T], render: Callable[[T, Console], None])
     try:
         result = run()
     except BaseException as exc:  # the judge broke, or Interrupt: say so in the same output
-        live.finish(PRE.format(code=html.escape(f"the judge stopped: {type(exc).__name__}: {exc}")))
+        said = f"the judge stopped: {type(exc).__name__}: {exc}"
+        live.finish(PRE.format(code=html.escape(said)), said)
         raise
     console = recording_console()
     render(result, console)
-    live.finish(as_html(console))
+    plain = console.export_text(clear=False)
+    live.finish(as_html(console), plain)
     return result

@@ -21,7 +21,7 @@ from rich.text import Text
 from . import settings
 from .registry import REPO, Chapter, Registry
 from .sources import LearnerCode, SourceError, find_notebook, from_notebook
-from .verdicts import NO_TESTS, PASSING, Verdict
+from .verdicts import NO_TESTS, NOT_ATTEMPTED, PASSING, Verdict
 
 PROGRESS_ENV = settings.PROGRESS.name  # tests point this elsewhere
 
@@ -129,7 +129,12 @@ def show(registry: Registry, notebooks_dir: Path, console: Console) -> None:
         except SourceError:
             pass  # no notebook yet
         entry = data.get(chapter.key)
-        if entry:
+        statuses = (entry or {}).get("exercises", {}).values()
+        if entry and statuses and all(s == NOT_ATTEMPTED for s in statuses):
+            # judged while every exercise was its stub: no test ran, so no "0/4 passing" with a
+            # date, as if four answers had failed
+            passing, last, tests = Text("-"), "stubs only", "-"
+        elif entry:
             ok = sum(s in (PASSING, NO_TESTS) for s in entry.get("exercises", {}).values())
             passing = Text(
                 f"{ok}/{n}", style="green" if entry.get("passed") else "yellow" if ok else "red"

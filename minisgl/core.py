@@ -226,7 +226,8 @@ class Req:
 
     def __repr__(self) -> str:
         return (
-            f"Req(uid={self.uid}, table_idx={self.table_idx}, cached_len={self.cached_len}, "
+            f"{type(self).__name__}(uid={self.uid}, table_idx={self.table_idx}, "
+            f"cached_len={self.cached_len}, "
             f"device_len={self.device_len}, max_device_len={self.max_device_len})"
         )
 

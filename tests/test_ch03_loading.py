@@ -101,12 +101,19 @@ def test_llama_config_is_recognized():
     )
 
 
-def test_the_first_supported_architecture_is_used():
-    cfg = ModelConfig.from_hf(
-        {**TRANSFORMERS_5, "architectures": ["GPT2LMHeadModel", "LlamaForCausalLM"]}
-    )
-    assert cfg.architecture == "llama", (
-        f"architectures [GPT-2 (unsupported), Llama]: expected 'llama', got {cfg.architecture!r}"
+@pytest.mark.parametrize(
+    "archs,want",
+    [
+        (["GPT2LMHeadModel", "LlamaForCausalLM"], "llama"),
+        # two supported: the first, not the last one a loop over them leaves behind
+        (["Qwen2ForCausalLM", "LlamaForCausalLM"], "qwen2"),
+    ],
+    ids=["after an unsupported one", "two supported"],
+)
+def test_the_first_supported_architecture_is_used(archs, want):
+    cfg = ModelConfig.from_hf({**TRANSFORMERS_5, "architectures": archs})
+    assert cfg.architecture == want, (
+        f"architectures {archs}: expected {want!r} (the first supported), got {cfg.architecture!r}"
     )
 
 

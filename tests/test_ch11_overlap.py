@@ -425,6 +425,43 @@ def test_an_abort_that_meets_the_requests_last_step_in_flight_still_aborts_it():
     check_abort_meets_the_last_step_in_flight(LLM)
 
 
+def check_an_abort_in_the_turn_after_an_eos_keeps_the_eos(llm_class) -> None:
+    """Rules 2 and 4 in one turn: request A samples EOS in step N, whose handling comes after step
+    N+1 (with A in it) was launched; request B is aborted at the start of the next turn, before
+    step N+1 is handled. `finished_reqs` must then hold both: A's extra token dropped (rule 2),
+    B's too (rule 4). An abort that sets the set to {B} instead of adding B forgets A."""
+    set_overlap(True)
+    a, b = prompt_ids()[:2]
+    ref_a, ref_b = hf_greedy([a, b], 8)
+    k, eos = next(
+        (k, t) for k, t in enumerate(ref_a) if k >= 2 and t not in ref_a[:k] and t not in ref_b
+    )
+    llm = build_llm(llm_class=llm_class)
+    llm.eos_token_ids = {eos}
+    sent = record_messages(llm)
+    uid_a = llm.add_request(a, SamplingParams(max_tokens=8))
+    uid_b = llm.add_request(b, SamplingParams(max_tokens=8))
+
+    def abort_b_once_a_ends(ev):
+        if ev.kind == "send" and any(m.uid == uid_a and m.finished for m in ev["msgs"]):
+            llm.abort(uid_b)  # taken in at the start of the next turn
+
+    llm.events.subscribe(abort_b_once_a_ends)
+    llm.run_until_idle()
+    want = [(t, False) for t in ref_a[:k]] + [(eos, True)]
+    assert sent[uid_a] == want, (
+        f"request {uid_a} ended with EOS {eos} (its output token {k}) and request {uid_b} was "
+        f"aborted in the next turn, while {uid_a}'s extra step was in flight: {uid_a} was sent "
+        f"{sent[uid_a][len(want) :] or sent[uid_a]} after its EOS (expected {want}); the abort "
+        "must add to finished_reqs, keeping the request that finished this turn"
+    )
+    assert_idle_and_clean(llm)
+
+
+def test_an_abort_in_the_turn_after_another_requests_eos_keeps_that_eos():
+    check_an_abort_in_the_turn_after_an_eos_keeps_the_eos(LLM)
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_abort_in_every_state(overlap):
     """Aborts while queued, mid chunked prefill, during decode, after finishing, and of an unknown

@@ -65,6 +65,21 @@ def same(a, b) -> bool:
     return True
 
 
+def raised(call, what: str) -> BaseException:
+    """The exception `call()` raised, or a failure saying `what` returned instead. A stub's
+    NotImplementedError (or the judge's stand-in for code it could not load) goes through, so
+    that the judge reports the exercise as not written rather than as a wrong error."""
+    try:
+        call()
+    except NotImplementedError:
+        raise
+    except Exception as e:
+        if type(e).__name__ == "LearnerCodeError":
+            raise
+        return e
+    pytest.fail(f"{what} returned, expected it to raise")
+
+
 def test_a_tensor_travels_as_its_ids_and_dtype():
     for dtype, name in ((torch.int32, "int32"), (torch.int64, "int64")):
         got = encode_value(torch.tensor([5, 6, 7], dtype=dtype))
@@ -196,12 +211,24 @@ def test_encoding_leaves_the_message_alone():
         (dataclasses.make_dataclass("Shutdown", ["uid"])(1), "Shutdown"),
         (torch.zeros(2, 2, dtype=torch.int32), "1-D"),
         (torch.tensor([0.5]), "float"),
+        # only int32 and int64 travel: not "anything but floats"
+        (torch.tensor([1, 2], dtype=torch.int16), "int16"),
+        (torch.tensor([1, 2], dtype=torch.uint8), "uint8"),
+        (torch.tensor([True]), "bool"),
     ],
-    ids=["not a message", "2-D tensor", "float tensor"],
+    ids=[
+        "not a message",
+        "2-D tensor",
+        "float tensor",
+        "int16 tensor",
+        "uint8 tensor",
+        "bool tensor",
+    ],
 )
 def test_what_cannot_travel_is_refused(value, words):
     with pytest.raises(TypeError) as err:
         encode_value(value)
+        pytest.fail(f"encode_value({value!r}) returned, expected a TypeError naming {words!r}")
     assert words in str(err.value), f"the TypeError should name {words!r}, said {err.value}"
 
 
@@ -234,7 +261,56 @@ def test_revive_rebuilds_each_tagged_object():
 def test_revive_refuses_naming_the_problem(obj, words):
     with pytest.raises(ValueError) as err:
         revive(obj)
+        pytest.fail(f"revive({obj}) returned, expected a ValueError naming {words!r}")
     assert words in str(err.value), f"the ValueError should name {words!r}, said {err.value}"
+
+
+def test_revive_leaves_the_dict_it_was_given_alone():
+    for obj in (
+        {"__msg__": "AbortMsg", "uid": 3},
+        {"__msg__": "Shutdown", "uid": 1},
+        {"__tensor__": [1, 2], "dtype": "int32"},
+    ):
+        before = dict(obj)
+        try:
+            revive(obj)
+        except ValueError:
+            pass  # refusing is allowed; changing the caller's dict is not
+        assert obj == before, (
+            f"revive changed the dict it was given: {before} became {obj} (build the message "
+            "from the other keys without popping '__msg__': the dict is the caller's)"
+        )
+
+
+BAD_SAMPLING = [{"temperature": -1}, {"top_p": 0}, {"top_k": "a"}, {"min_p": 0.1}]
+
+
+@pytest.mark.parametrize(
+    "fields", BAD_SAMPLING, ids=["bad temperature", "bad top_p", "top_k a string", "unknown field"]
+)
+def test_revive_lets_sampling_params_errors_through_as_they_are(fields):
+    want = raised(lambda: SamplingParams(**fields), f"SamplingParams(**{fields})")
+    obj = {"__sampling__": dict(fields)}
+    got = raised(lambda: revive(obj), f"revive({obj})")
+    assert type(got) is type(want) and str(got) == str(want), (
+        f"revive({obj}) raised {got!r}; SamplingParams itself raises {want!r}, which already "
+        "names the field: let it through as it is"
+    )
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [{"__msg__": "Shutdown", "uid": 1}, {"__sampling__": {"min_p": 0.1}}],
+    ids=["unknown type", "unknown sampling field"],
+)
+def test_a_frame_passes_revives_refusal_through_unchanged(obj):
+    want = raised(lambda: revive(dict(obj)), f"revive({obj})")
+    frame = json.dumps([obj]).encode()
+    got = raised(lambda: decode_batch(frame), f"decode_batch({frame!r})")
+    assert type(got) is type(want) and str(got) == str(want), (
+        f"decode_batch({frame!r}) raised {got!r}, but revive's own refusal {want!r} already "
+        "names the problem: catch only the errors of bytes that are not UTF-8 JSON"
+    )
 
 
 def test_every_message_survives_the_wire():
@@ -270,6 +346,7 @@ def test_a_frame_is_a_json_array_of_messages():
 def test_a_bad_frame_is_refused_naming_the_problem(frame, words):
     with pytest.raises(ValueError) as err:
         decode_batch(frame)
+        pytest.fail(f"decode_batch({frame!r}) returned, expected a ValueError naming {words!r}")
     assert words in str(err.value), f"the ValueError should name {words!r}, said {err.value}"
 
 

@@ -350,12 +350,32 @@ def test_a_chat_is_rendered_as_transformers_renders_it(worker):
 
 
 @pytest.mark.parametrize(
-    "ids,words", [([5, 2**40], "vocabulary"), ([5, True], "integer")], ids=["past int32", "a bool"]
+    "ids,words",
+    [
+        ([5, 2**40], "vocabulary"),
+        ([5, True], "integer"),
+        ([5, "6"], "integer"),
+        ([5, 1.5], "integer"),
+        ([5, None], "integer"),
+    ],
+    ids=["past int32", "a bool", "a string", "a float", "a null"],
 )
 def test_bad_token_ids_are_a_400(worker, ids, words):
-    to_scheduler, (reply,) = worker.handle(
-        [TokenizeMsg(uid=1, sampling_params=SamplingParams(), input_ids=ids)]
+    try:
+        to_scheduler, replies = worker.handle(
+            [TokenizeMsg(uid=1, sampling_params=SamplingParams(), input_ids=ids)]
+        )
+    except (TypeError, ValueError) as e:
+        pytest.fail(
+            f"token ids {ids} from a client: the worker raised {type(e).__name__}: {e}; a client's "
+            "bad prompt is a finished 400 reply naming the problem, not an error that ends the "
+            "worker (catch the TypeError and ValueError the ids' check raises)"
+        )
+    assert not to_scheduler and len(replies) == 1, (
+        f"token ids {ids}: expected one finished 400 reply and nothing for the scheduler, got "
+        f"{to_scheduler} for the scheduler and the replies {replies}"
     )
+    (reply,) = replies
     assert not to_scheduler and reply.status == 400 and words in reply.error and reply.finished, (
         f"token ids {ids}: expected a finished 400 reply naming the problem ({words!r}), got "
         f"{reply}"

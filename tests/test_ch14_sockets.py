@@ -255,8 +255,9 @@ class FakeFrontend:
         self.failure = self.failure or reason
 
 
-def run_watch(procs, frontend, stopping, kill_after: int | None):
-    """Run the watchdog; after `kill_after` of its waits, the scheduler dies with exit code -9."""
+def run_watch(procs, frontend, stopping, kill_after: int | None, code: int = -9):
+    """Run the watchdog; after `kill_after` of its waits, the scheduler ends with exit code
+    `code` (-9: killed)."""
 
     async def scenario():
         loop = procs[0].loop = LoopCheck()
@@ -272,7 +273,7 @@ def run_watch(procs, frontend, stopping, kill_after: int | None):
             await asyncio.sleep(launcher.WATCH_S)
         alive_then = not task.done() and not frontend.reasons
         if kill_after is not None:
-            procs[0].exitcode = -9
+            procs[0].exitcode = code
         try:
             await asyncio.wait_for(task, 10 * launcher.WATCH_S + 5)
         except asyncio.TimeoutError:
@@ -302,6 +303,21 @@ def test_a_dead_worker_fails_the_frontend_naming_it(capsys):
     assert "minisgl-scheduler" in said and "503" in said, (
         "the server's log (stderr) should say which worker died and that /health is 503, it "
         f"said {said!r}"
+    )
+
+
+def test_a_worker_that_exits_with_code_0_is_dead_too():
+    # a scheduler whose loop returned: exit code 0 is no error, but its requests are gone all
+    # the same; only `exitcode is None` means alive
+    frontend = FakeFrontend()
+    _, ended = run_watch(procs(), frontend, lambda: False, kill_after=3, code=0)
+    assert ended and len(frontend.reasons) == 1, (
+        "the scheduler exited with code 0 while the server was serving: the frontend should fail "
+        f"once, naming it, got {frontend.reasons} (exitcode 0 is falsy: test `is not None`)"
+    )
+    reason = frontend.reasons[0]
+    assert "minisgl-scheduler" in reason and " 0" in reason, (
+        f"the reason should name the worker and its exit code 0, said {reason!r}"
     )
 
 

@@ -23,6 +23,7 @@ from extras import module_needs_extra
 
 pytestmark = module_needs_extra("triton")  # before the imports that need it
 
+from classroom.interpreter_bf16 import fix_bf16_dot  # noqa: E402
 from classroom.kernels import difference_note  # noqa: E402
 from helpers import test_device  # noqa: E402
 from minisgl.attention import TorchAttentionBackend, prepare_metadata  # noqa: E402
@@ -33,6 +34,7 @@ from minisgl.kernel.triton_prefill import paged_prefill_attention  # noqa: E402
 from minisgl.kvcache import KVCache  # noqa: E402
 
 DIM = 16  # the smallest head the kernels take: one tensor-core tile
+fix_bf16_dot()  # on a CPU: the interpreter's bfloat16 tl.dot multiplies numbers, not their bits
 TOL = dict(atol=2e-5, rtol=2e-5)
 
 
@@ -284,6 +286,49 @@ def test_a_chunk_sees_the_whole_cached_prefix():
     assert off < 0.05, (
         f"{case}: {rule}: the output is {off:.3g} from key 59's value, expected < 0.05"
     )
+
+
+# ---------------------------------------------------------------- bfloat16, as on a GPU
+
+
+def _bf16_run(kernel, case: str):
+    """`kernel()`, or a one-line failure quoting Triton's first line when it refuses to run on
+    bfloat16 caches (a stub's NotImplementedError goes through, so it reads "not written")."""
+    try:
+        return kernel()
+    except Exception as e:
+        chain, seen = [], e
+        while seen is not None and seen not in chain:
+            chain.append(seen)
+            seen = seen.__cause__ or seen.__context__
+        if any(isinstance(x, NotImplementedError) for x in chain):
+            raise
+        said = next((ln for x in chain for ln in str(x).splitlines() if "dtype" in ln), str(e))
+        pytest.fail(
+            f"{case}: with bfloat16 caches (the engine's dtype on a GPU) the kernel does not run: "
+            f"{said.strip()[:200]}; tl.dot takes two operands of one dtype: cast the float32 "
+            "probabilities to the values' dtype (block_dot does)"
+        )
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_bfloat16_caches_give_the_attention_of_their_values(kind):
+    scene = Scene([1, 7, 70], 4, 2, seed=5)
+    scene.k_cache, scene.v_cache = scene.k_cache.bfloat16(), scene.v_cache.bfloat16()
+    case = _case(kind, scene, 4, 2, 4) + ", bfloat16 caches and queries"
+    if kind == "decode":
+        q = scene.queries(3, 4).bfloat16()
+        got = _bf16_run(lambda: decode(scene, q, splits=2), case)
+        want, new = decode_reference(scene, q), None
+    else:
+        new = [1, 3, 5]
+        q = scene.queries(sum(new), 4).bfloat16()
+        got = _bf16_run(lambda: prefill(scene, q, new), case)
+        want = prefill_reference(scene, q, new)
+    assert got.dtype == torch.bfloat16, f"{case}: the output is {got.dtype}, expected the queries'"
+    # bfloat16 keeps 8 bits of mantissa: the probabilities cast to it before the product, and the
+    # output rounded to it, are each off by up to 2^-8 of the value
+    assert_attention(got, want, case, "attention over the bfloat16 keys and values", new, tol=2e-2)
 
 
 # ---------------------------------------------------------------- the backends

@@ -20,18 +20,33 @@ def project(tmp_path, monkeypatch):
 
 @pytest.fixture
 def kernel(monkeypatch):
-    """A stand-in for a Jupyter kernel's display: every output and every update to it."""
-    outputs = []
+    """A stand-in for a Jupyter kernel's display: every output and every update to it, as its
+    HTML; `outputs.plain` holds their text/plain forms, what a headless run shows."""
+
+    class Outputs(list):
+        plain: list = []
+
+    outputs = Outputs()
+    outputs.plain = []
+
+    def forms(obj, raw):
+        if raw:  # a bundle of mime types
+            return obj.get("text/html"), obj.get("text/plain")
+        return obj.data, repr(obj)  # an IPython.display.HTML: a headless run shows its repr
 
     class Handle:
         def __init__(self, index):
             self.index = index
 
-        def update(self, obj):
-            outputs[self.index].append(obj.data)
+        def update(self, obj, raw=False, **_):
+            html, plain = forms(obj, raw)
+            outputs[self.index].append(html)
+            outputs.plain[self.index].append(plain)
 
-    def display(obj, display_id=None, **_):
-        outputs.append([obj.data])
+    def display(obj, display_id=None, raw=False, **_):
+        html, plain = forms(obj, raw)
+        outputs.append([html])
+        outputs.plain.append([plain])
         return Handle(len(outputs) - 1) if display_id else None
 
     monkeypatch.setattr("IPython.display.display", display)
@@ -73,6 +88,21 @@ def test_the_report_is_one_output_that_first_says_what_runs(kernel, project):
     assert "judging ch42: running" in first, f"expected a 'running' line first, got {first[:80]!r}"
     assert "7/7 tests passed" in last, (
         f"expected the verdict in the final output, got {last[-120:]!r}"
+    )
+
+
+def test_a_headless_run_shows_the_report_as_text(kernel, project):
+    """nbconvert or a console kernel shows text/plain: the report's lines, not
+    `<IPython.core.display.HTML object>`."""
+    from judge.live import check
+
+    namespace = {"__name__": "__main__"}
+    _define(namespace, SOLUTION)
+    check("ch42", namespace=namespace)
+    first, last = kernel.plain[0][0], kernel.plain[0][-1]
+    assert "judging ch42: running" in first and "7/7 tests passed" in last, (
+        f"a headless run should show the running line, then the report, as text; got {first!r} "
+        f"then {last[-120:]!r}"
     )
 
 

@@ -109,6 +109,19 @@ def test_an_untouched_notebook_exits_0_and_says_what_to_do_next(project, capsys,
     assert "ch42_fake.ipynb" in out and "python judge.py ch42 --solution" in out, out
 
 
+def test_a_run_of_stubs_alone_shows_as_stubs_in_the_progress_table(project, capsys, monkeypatch):
+    (project.notebooks / "ch42_fake.ipynb").write_text(notebook(_stub_cells()))
+    assert main(["ch42"]) == 0
+    assert "not attempted" in capsys.readouterr().out
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main([]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "ch42" in line)
+    passing, last = row.split("A fake chapter")[-1].split()[1:3]
+    assert passing == "-" and last == "stubs", (
+        f"after a run of stubs alone the table should say so, not show 0/N passing: {row!r}"
+    )
+
+
 def test_stubs_beside_an_attempted_exercise_are_not_attempted(project, capsys):
     """Once one exercise is written, the chapter is judged: its stubs fail with their sentinels,
     and the exit status is 1 (a teacher's CI sees an unfinished chapter)."""

@@ -329,3 +329,70 @@ def test_attempt_sees_the_stub_through_an_error_raised_from_it():
     assert "ch99.k is not written yet (write the kernel)." in out.getvalue()
     with pytest.raises(RuntimeError), attempt("ch99.k"):
         launch("ch99.other: another exercise's stub")
+
+
+def test_a_tryout_that_raises_prints_one_line_naming_the_rule_and_the_learners_line(tmp_path):
+    # a notebook cell: the learner's function and its try-out, in a file as IPython keeps them
+    import contextlib
+    import io
+    import textwrap
+
+    from classroom.tryout import attempt, check
+
+    cell = tmp_path / "cell.py"
+    cell.write_text(
+        textwrap.dedent(
+            """\
+            def revive(obj):
+                return obj["uid"] + 1
+            with attempt("ch99.revive"):
+                check("an untagged dict stays", True)
+                for n in (1, 2):
+                    got = revive({"role": "user"})
+                    check(f"message {n} comes back", got == 2)
+            """
+        )
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(cell.read_text(), str(cell), "exec"), {"attempt": attempt, "check": check})
+    assert out.getvalue().splitlines() == [
+        "✔ an untagged dict stays",
+        "✘ message 1 comes back: the try-out stopped on KeyError: 'uid', raised at your revive's "
+        'line 2: return obj["uid"] + 1',
+    ]
+
+
+def test_a_tryout_helper_that_raises_is_named_as_the_tryouts(tmp_path):
+    # a helper defined inside the try-out is not the learner's; a message-less error (asyncio's
+    # TimeoutError, raised from a CancelledError) is named as itself
+    import asyncio
+    import contextlib
+    import io
+    import textwrap
+
+    from classroom.tryout import attempt, check
+
+    cell = tmp_path / "cell.py"
+    cell.write_text(
+        textwrap.dedent(
+            """\
+            with attempt("ch99.watch"):
+                def wait():
+                    try:
+                        raise asyncio.CancelledError()
+                    except asyncio.CancelledError as e:
+                        raise asyncio.TimeoutError() from e
+                wait()
+                check("a dead worker is seen", True)
+            """
+        )
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        namespace = {"attempt": attempt, "check": check, "asyncio": asyncio}
+        exec(compile(cell.read_text(), str(cell), "exec"), namespace)
+    assert out.getvalue().splitlines() == [
+        "✘ a dead worker is seen: the try-out stopped on TimeoutError, raised at the try-out's "
+        "line 6: raise asyncio.TimeoutError() from e",
+    ]

@@ -56,7 +56,8 @@ def decode_batch(frame: bytes) -> List[Any]:
     Checked: every message comes back equal through `encode_batch`, in order; each bad frame is
         refused with a ValueError whose text says which rule it breaks: "JSON" for bytes that are
         not UTF-8 JSON, "array" for JSON that is not an array, "not a message" for an item that is
-        not one; revive's own refusals (an unknown type) pass through as they are.
+        not one; revive's own refusals (an unknown type, SamplingParams' TypeError for a field
+        it does not know) pass through as they are.
     """
     try:
         items = json.loads(frame, object_hook=revive)
@@ -86,8 +87,8 @@ def encode_value(value: Any) -> Any:
         tensors), `MESSAGE_TYPES`, `TENSOR_DTYPES`.
     Checked: every message type comes back equal through `decode_batch` (tensors with their dtype,
         sampling parameters as SamplingParams); a dataclass that is not a message is refused with
-        a TypeError naming its class, a tensor that is not 1-D with one saying "1-D", a float one
-        with one naming its dtype.
+        a TypeError naming its class, a tensor that is not 1-D with one saying "1-D", one of
+        another dtype (float32, int16, uint8, bool) with one naming its dtype.
     """
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).removeprefix("torch.")
@@ -121,12 +122,13 @@ def revive(obj: Dict[str, Any]) -> Any:
     Returns: a tensor for a `"__tensor__"` dict (of its dtype), a SamplingParams for a
         `"__sampling__"` dict (validated: bad values raise), a message for a `"__msg__"` dict; any
         other dict as it is (a chat message, the scheduler's stats).
-    Leaves: nothing else changed.
+    Leaves: `obj` unchanged (json.loads's, or a caller's that may keep it).
     Uses: `MESSAGE_TYPES`, `TENSOR_DTYPES`, `SamplingParams` (ch01).
     Checked: every message comes back equal; each refusal is a ValueError that names what is
         wrong: `unknown message type 'Shutdown'` (the name in quotes, as repr writes it), the class
         name for a message with the wrong fields, the dtype's name for a tensor of an unknown
-        dtype; bad sampling values are refused as SamplingParams refuses them (naming the field).
+        dtype; SamplingParams' own errors go through as they are (a ValueError naming the
+        field, a TypeError for a field it does not know).
     """
     if "__tensor__" in obj:
         dtype = TENSOR_DTYPES.get(obj.get("dtype"))
@@ -136,12 +138,13 @@ def revive(obj: Dict[str, Any]) -> Any:
     if "__sampling__" in obj:
         return SamplingParams(**obj["__sampling__"])  # validates its fields
     if "__msg__" in obj:
-        name = obj.pop("__msg__")
+        name = obj["__msg__"]
         cls = MESSAGE_TYPES.get(name)
         if cls is None:
             raise ValueError(f"unknown message type {name!r}")
+        fields = {k: v for k, v in obj.items() if k != "__msg__"}  # `obj` is the caller's
         try:
-            return cls(**obj)
+            return cls(**fields)
         except TypeError as e:
             raise ValueError(f"a {name} with the wrong fields: {e}") from None
     return obj

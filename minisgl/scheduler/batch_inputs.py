@@ -18,8 +18,7 @@ class BatchInputs:
         """Allocate KV locations and build the index tensors of one step (on the scheduler stream).
 
         Receives: `batch`, a prefill batch (requests and chunks, `req.is_chunk`) or a decode batch,
-        in
-            order; each request processes positions [cached_len, device_len) of its slot's row
+            in order; each request processes positions [cached_len, device_len) of its slot's row
             (`req.table_idx`); the lengths are not yet advanced (that happens at launch).
         Returns: `ForwardInput(batch, sample_args, input_tuple, write_tuple)`. input_tuple = (rows,
             positions), int64 on the device, one entry per processed token in batch order: where
