@@ -101,6 +101,7 @@ def test_sampling_params_travel_as_their_fields():
             "seed": None,
             "logprobs": None,
             "prompt_logprobs": False,
+            "constraint": None,
             # which fields the client gave: the scheduler fills the others from the model's
             # generation_config.json, so it must know them after the trip too
             "fields_set": SET,
