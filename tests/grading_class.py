@@ -122,11 +122,14 @@ def variants() -> Dict[str, Dict[str, str]]:
     return out
 
 
-def write_class(out: Path, copies: int = 40, port: Optional[int] = None) -> Dict[str, dict]:
+def write_class(
+    out: Path, copies: int = 40, port: Optional[int] = None, secret: Optional[str] = None
+) -> Dict[str, dict]:
     """`copies` notebooks in `out` (at least the fixed ones below, then solutions), and what each
     verdict must be (also in expected.json): {"outcome", "statuses": {exercise: status}}; an
     exercise not named must be "passing". `port`: a port listening on this machine's loopback,
-    which a submission tries to reach."""
+    which a submission tries to reach; `secret`: an environment variable of the grader's, which
+    a submission tries to read."""
     out.mkdir(parents=True, exist_ok=True)
     neighbour = out / "solution_00.ipynb"
     stub = dict.fromkeys(["complete_one", "extend_len", "can_decode", "is_greedy"], "not attempted")
@@ -145,6 +148,10 @@ def write_class(out: Path, copies: int = 40, port: Optional[int] = None) -> Dict
     if port is not None:
         code = network_client(port)
         cases.append(("opens_a_socket", notebook({"complete_one": code}), "judged", FAILING_ONE))
+    if secret is not None:
+        code = _complete_one(f"import os\nos.environ[{secret!r}]\n")
+        cases.append(("reads_the_environment", notebook({"complete_one": code}), "judged",
+                      FAILING_ONE))  # fmt: skip
     for variant, code in variants().items():
         cases.append((variant, notebook(code), "judged", dict.fromkeys(code, "failing")))
     for i in range(max(0, copies - len(cases))):

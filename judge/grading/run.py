@@ -112,10 +112,11 @@ def interpret(sub: Submission, outcome: Outcome) -> Verdict:
     general = [g if isinstance(g, str) else json.dumps(g) for g in data.get("general", [])]
     result, reason = JUDGED, None
     counts = data.get("counts", {})
-    if counts.get("crashed") and all(e.status == PASSING for e in exercises):
-        # The test process died, and the judge blamed no exercise: the learner's code ended it
-        # from outside a test's reach (killed the judge's fork server, say). No exercise's
-        # "passing" can be trusted then.
+    if general and not data.get("passed") and (counts.get("crashed") or counts.get("error")):
+        # Tests did not run and the judge names no exercise but the run itself ("the test process
+        # ended abruptly"): the learner's code ended it from outside any test's reach (killed the
+        # judge's fork server, say). Then no exercise's status can be trusted, "passing" or not.
+        # (A crash inside a test is the exercise's: the judge blames it, and says nothing here.)
         result = CRASHED
         reason = "the judge's run did not finish: " + "; ".join(general or ["a test process died"])
     return Verdict(
