@@ -113,8 +113,8 @@ ALL = ["complete_one", "extend_len", "can_decode", "is_greedy"]
 
 def test_what_a_sandboxed_judge_left_means(tmp_path):
     sub = _sub(tmp_path)
-    timed = run.interpret(sub, Outcome(None, "", "", 30.2, True))
-    assert timed.outcome == run.TIMED_OUT and "within 30 s" in timed.reason
+    timed = run.interpret(sub, Outcome(None, "", "", 31.2, True, 30.0))
+    assert timed.outcome == run.TIMED_OUT and "wall-time limit, 30 s (--wall-s)" in timed.reason
     assert [e.status for e in timed.exercises] == [run.NOT_JUDGED] * 4
     killed = run.interpret(sub, Outcome(-9, "", "Traceback...\nboom\n", 3.0, False))
     assert killed.outcome == run.CRASHED

@@ -46,7 +46,9 @@ def test_every_grading_step_reaches_the_reporter():
 
 
 def test_the_steps_judge_a_students_notebook(tmp_path):
-    """A student whose complete_one is wrong: 3 of ch01's 5 points (complete_one is worth 2)."""
+    """A student whose complete_one is wrong: 3 of ch01's 5 points (complete_one is worth 2), as
+    `judge.py grade` scores it. The judge runs from the checkout, in a folder of its own (the
+    runner's workspace), on the student's notebook."""
     student = tmp_path / "notebooks"
     student.mkdir()
     ((exercise, code),) = grading_class.variants()["ch01_cached_plus_one"].items()
@@ -59,12 +61,19 @@ def test_the_steps_judge_a_students_notebook(tmp_path):
     }
     scores = {}
     for step in _steps(["ch01"]):
+        if "run" in step and "judge.py" in step["run"]:  # the chapter's judging, run by a shell
+            judged = subprocess.run(
+                step["run"].replace("python judge.py", f"{sys.executable} {REPO / 'judge.py'}"),
+                shell=True, cwd=tmp_path,
+                env={**env, "PATH": os.environ["PATH"]}, timeout=60 * step["timeout-minutes"],
+            )  # fmt: skip
+            assert judged.returncode == 0
         if step.get("uses") != GRADER:
             continue
         args = shlex.split(step["with"]["command"])
         assert args[0] == "python"
         done = subprocess.run(
-            [sys.executable, *args[1:]], cwd=REPO, env=env, capture_output=True, text=True,
+            [sys.executable, *args[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
             timeout=60 * step["with"]["timeout"],
         )  # fmt: skip
         scores[step["with"]["test-name"]] = step["with"]["max-score"] if done.returncode == 0 else 0

@@ -195,6 +195,7 @@ class Outcome:
     stderr: str
     wall_s: float
     timed_out: bool
+    wall_limit_s: float = 0.0
 
 
 class Sandbox:
@@ -259,6 +260,7 @@ class Sandbox:
             _tail(err_path, 64 << 10),
             wall,
             timed_out,
+            self.limits.wall_s,
         )
 
     def _make_cgroup(self, name: str) -> Optional[Path]:

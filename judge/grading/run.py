@@ -92,7 +92,8 @@ def interpret(sub: Submission, outcome: Outcome) -> Verdict:
         )  # fmt: skip
 
     if outcome.timed_out:
-        return without(TIMED_OUT, f"the judge gave no verdict within {outcome.wall_s:.0f} s (wall)")
+        limit = f"{outcome.wall_limit_s:g} s"
+        return without(TIMED_OUT, f"no verdict within the wall-time limit, {limit} (--wall-s)")
     data = _last_json(outcome.stdout)
     if data is not None and "error" in data and "exercises" not in data:
         return without(REJECTED, data["error"])
