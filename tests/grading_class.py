@@ -13,7 +13,7 @@ import argparse
 import json
 import textwrap
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTION = REPO / "solutions" / "ch01_core.ipynb"
@@ -74,6 +74,7 @@ HOSTILE: Dict[str, str] = {
 
 ENDLESS = _complete_one("while True:\n    pass\n")  # the judge's time budget stops it
 FAILING_ONE = {"complete_one": "failing"}
+NOT_PASSING_ONE = {"complete_one": "not passing"}  # failing, timeout, crashed...: anything else
 
 
 def neighbour_reader(path: Path) -> str:
@@ -126,10 +127,11 @@ def write_class(
     out: Path, copies: int = 40, port: Optional[int] = None, secret: Optional[str] = None
 ) -> Dict[str, dict]:
     """`copies` notebooks in `out` (at least the fixed ones below, then solutions), and what each
-    verdict must be (also in expected.json): {"outcome", "statuses": {exercise: status}}; an
-    exercise not named must be "passing". `port`: a port listening on this machine's loopback,
-    which a submission tries to reach; `secret`: an environment variable of the grader's, which
-    a submission tries to read."""
+    verdict must be (also in expected.json): {"outcome": one or several joined by "|",
+    "statuses": {exercise: status, or "not passing"}}; an exercise not named must be "passing".
+    A verdict other than "judged" has no statuses to check (its exercises earn nothing).
+    `port`: a port listening on this machine's loopback, which a submission tries to reach;
+    `secret`: an environment variable of the grader's, which a submission tries to read."""
     out.mkdir(parents=True, exist_ok=True)
     neighbour = out / "solution_00.ipynb"
     stub = dict.fromkeys(["complete_one", "extend_len", "can_decode", "is_greedy"], "not attempted")
@@ -137,11 +139,14 @@ def write_class(
         ("stub", notebook(stub=True), "judged", stub),
         ("tryout_loop", notebook(tryout_loop=True), "judged", {}),
         ("endless_loop", notebook({"complete_one": ENDLESS}), "judged", FAILING_ONE),
-        ("fork_bomb", notebook({"complete_one": HOSTILE["fork_bomb"]}), "timed out", None),
+        # Whether the judge ends these within the wall-time limit depends on the machine's load:
+        # either outcome, as long as complete_one earns nothing.
+        ("fork_bomb", notebook({"complete_one": HOSTILE["fork_bomb"]}), "timed out|judged",
+         NOT_PASSING_ONE),
         ("reads_a_neighbour", notebook({"complete_one": neighbour_reader(neighbour)}), "judged",
          FAILING_ONE),
-        ("kills_its_parent", notebook({"complete_one": HOSTILE["kills_its_parent"]}), "crashed",
-         None),
+        ("kills_its_parent", notebook({"complete_one": HOSTILE["kills_its_parent"]}),
+         "crashed|judged", NOT_PASSING_ONE),
     ]  # fmt: skip
     for name in ("allocation_loop", "huge_file", "writes_the_judge"):
         cases.append((name, notebook({"complete_one": HOSTILE[name]}), "judged", FAILING_ONE))
@@ -164,9 +169,35 @@ def write_class(
     return expected
 
 
+def wrong_verdicts(expected: Dict[str, dict], grades: dict) -> List[str]:
+    """The submissions of `grades` (grades.json) whose verdict is not the expected one."""
+    verdicts = {s["student"]: s for s in grades["submissions"]}
+    wrong = [f"{name}: no verdict" for name in expected if name not in verdicts]
+    for student, want in expected.items():
+        got = verdicts.get(student)
+        if got is None:
+            continue
+        statuses = {e["name"]: e["status"] for e in got["exercises"]}
+        seen = f"{got['outcome']} {statuses} ({got['reason'] or 'no reason'}; {got['general']})"
+        if got["outcome"] not in want["outcome"].split("|"):
+            wrong.append(f"{student}: {seen}, expected {want['outcome']}")
+        elif got["outcome"] == "judged":
+            for name, status in statuses.items():
+                must = want["statuses"].get(name, "passing")
+                if status != must and not (must == "not passing" and status != "passing"):
+                    wrong.append(f"{student}: {seen}, expected {name} {must}")
+    return wrong
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--copies", type=int, default=40)
+    parser.add_argument("--check", type=Path, metavar="GRADES_JSON", help="check a grading of it")
     args = parser.parse_args()
+    if args.check:
+        expected = json.loads((args.out / "expected.json").read_text())
+        wrong = wrong_verdicts(expected, json.loads(args.check.read_text()))
+        print("\n".join(wrong) or f"all {len(expected)} verdicts right")
+        raise SystemExit(1 if wrong else 0)
     print(f"{len(write_class(args.out, args.copies))} notebooks in {args.out}")
