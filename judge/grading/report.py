@@ -77,11 +77,12 @@ def summary(verdicts: Sequence[Verdict], top: int = 5) -> List[dict]:
     """Per exercise: how many pass, of how many submissions, and the most frequent failure lines."""
     out: Dict[str, dict] = {}
     for ex_id in exercise_ids(verdicts):
-        results = [e for v in verdicts for e in v.exercises if e.id == ex_id]
-        lines = Counter(line for e in results for line in dict.fromkeys(e.failures))
+        results = [(v, e) for v in verdicts for e in v.exercises if e.id == ex_id]
+        lines = Counter(line for _, e in results for line in dict.fromkeys(e.failures))
         out[ex_id] = {
             "id": ex_id,
-            "passing": sum(e.status == PASSING for e in results),
+            # a submission without a verdict passes nothing, whatever its exercises said
+            "passing": sum(v.outcome == JUDGED and e.status == PASSING for v, e in results),
             "submissions": len(results),
             "frequent_failures": lines.most_common(top),
         }
