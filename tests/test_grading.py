@@ -62,6 +62,29 @@ def test_bad_submission_lists_are_refused_naming_what_is_wrong(tmp_path):
         discover(["ch01"], [tmp_path / "empty"])
 
 
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["ch99", "class"], "unknown chapter 'ch99'"),
+        (["ch01"], "name the submissions"),
+        (["class"], "name at least one chapter"),
+        (["ch01", "missing"], "missing: no such file or folder"),
+        (["ch01", "class", "--jobs", "0"], "--jobs must be at least 1, got 0"),
+        (["ch01", "class", "--wall-s", "-1"], "--wall-s must be positive, got -1.0"),
+    ],
+)
+def test_grade_refuses_a_wrong_command_line_naming_what_is_wrong(
+    tmp_path, monkeypatch, capsys, args, message
+):
+    from judge.grading import cli
+
+    _write(tmp_path / "class" / "alice.ipynb", grading_class.notebook())
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(args) == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "grades").exists()  # nothing judged, nothing written
+
+
 def test_points_file_is_checked(tmp_path):
     assert load_points().of("ch01.complete_one") == 1.0  # the shipped file: 1 point each
     good = tmp_path / "p.toml"

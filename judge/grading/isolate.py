@@ -53,7 +53,8 @@ class Limits:
         for name in ("memory_mb", "cpu_s", "wall_s", "file_mb", "processes", "scratch_mb"):
             value = getattr(self, name)
             if not value > 0:
-                raise ValueError(f"limit {name} must be positive, got {value!r}")
+                option = "--" + name.replace("_", "-")  # the command line's name for it
+                raise ValueError(f"{option} must be positive, got {value!r}")
 
 
 @dataclass(frozen=True)
