@@ -139,6 +139,8 @@ def test_what_a_sandboxed_judge_left_means(tmp_path):
     timed = run.interpret(sub, Outcome(None, "", "", 31.2, True, 30.0))
     assert timed.outcome == run.TIMED_OUT and "wall-time limit, 30 s (--wall-s)" in timed.reason
     assert [e.status for e in timed.exercises] == [run.NOT_JUDGED] * 4
+    bomb = run.interpret(sub, Outcome(None, "", "", 4.0, False, 30.0, True, 64))
+    assert bomb.outcome == run.CRASHED and "process limit, 64 processes" in bomb.reason
     killed = run.interpret(sub, Outcome(-9, "", "Traceback...\nboom\n", 3.0, False))
     assert killed.outcome == run.CRASHED
     assert killed.reason == "the judge died without a verdict (killed by SIGKILL): boom"

@@ -84,7 +84,11 @@ def test_each_attack_is_named_in_its_own_verdict(graded):
     assert SECRET in lines("reads_the_environment")  # KeyError: the variable is not there
     for student in ("fork_bomb", "kills_its_parent"):  # its verdict, or why there is none
         assert v[student]["score"] == 0 if v[student]["outcome"] != "judged" else 3
-    if v["fork_bomb"]["outcome"] == "timed out":
+    if CONTAINMENT.pids_cgroup is not None:  # seen within seconds, not at the wall-time limit
+        assert v["fork_bomb"]["outcome"] == "crashed"
+        assert "stopped at the process limit, 48 processes" in v["fork_bomb"]["reason"]
+        assert v["fork_bomb"]["wall_s"] < 60
+    elif v["fork_bomb"]["outcome"] == "timed out":
         assert "wall-time limit, 100 s" in v["fork_bomb"]["reason"]
     else:  # the judge stopped the loop of forks itself: its failing lines say how
         assert lines("fork_bomb")

@@ -197,6 +197,8 @@ class Outcome:
     wall_s: float
     timed_out: bool
     wall_limit_s: float = 0.0
+    at_process_limit: bool = False  # stopped when its cgroup refused a fork
+    process_limit: int = 0
 
 
 class Sandbox:
@@ -242,27 +244,43 @@ class Sandbox:
             cwd, stdin = scratch_dir, b""
         out_path, err_path = workdir / "stdout", workdir / "stderr"
         start = time.monotonic()
-        timed_out = False
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=cwd, env=env,
                 start_new_session=True, preexec_fn=self._preexec(cgroup), close_fds=True,
             )  # fmt: skip
             try:
-                proc.communicate(stdin, timeout=self.limits.wall_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                stopped = self._wait(proc, stdin, cgroup, start)
             finally:
                 self._kill(proc, cgroup)
-        wall = time.monotonic() - start
+        timed_out = stopped == "wall"
         return Outcome(
-            None if timed_out else proc.returncode,
+            None if stopped else proc.returncode,
             _tail(out_path, 8 << 20),
             _tail(err_path, 64 << 10),
-            wall,
+            time.monotonic() - start,
             timed_out,
             self.limits.wall_s,
+            at_process_limit=stopped == "processes",
+            process_limit=self.limits.processes,
         )
+
+    def _wait(self, proc: subprocess.Popen, stdin: bytes, cgroup: Optional[Path], start: float):
+        """None when the judge ended by itself; "wall" past the wall-time limit; "processes" once
+        its cgroup refused a fork (a fork bomb: its processes would spin until the wall-time
+        limit, on every core, so they are stopped at once)."""
+        data: Optional[bytes] = stdin
+        while True:
+            left = self.limits.wall_s - (time.monotonic() - start)
+            if left <= 0:
+                return "wall"
+            try:
+                proc.communicate(data, timeout=min(left, 0.5))
+                return None
+            except subprocess.TimeoutExpired:
+                data = None  # given once; communicate keeps feeding what is left of it
+            if cgroup is not None and _refused_forks(cgroup):
+                return "processes"
 
     def _make_cgroup(self, name: str) -> Optional[Path]:
         root = self.containment.pids_cgroup
@@ -320,6 +338,15 @@ class Sandbox:
             cgroup.rmdir()
         except OSError:
             pass
+
+
+def _refused_forks(cgroup: Path) -> int:
+    """How many forks the cgroup's pids.max refused ("max N" in pids.events)."""
+    for line in _read(str(cgroup / "pids.events")).splitlines():
+        key, _, count = line.partition(" ")
+        if key == "max":
+            return int(count or 0)
+    return 0
 
 
 def _user_tasks() -> int:

@@ -92,6 +92,12 @@ def interpret(sub: Submission, outcome: Outcome) -> Verdict:
             exercises, [], round(outcome.wall_s, 2),
         )  # fmt: skip
 
+    if outcome.at_process_limit:
+        return without(
+            CRASHED,
+            f"stopped at the process limit, {outcome.process_limit} processes and threads "
+            "(--processes): it kept starting processes (a fork bomb?)",
+        )
     if outcome.timed_out:
         limit = f"{outcome.wall_limit_s:g} s"
         return without(TIMED_OUT, f"no verdict within the wall-time limit, {limit} (--wall-s)")
