@@ -299,3 +299,21 @@ def test_html_report_opens_in_chromium_without_console_errors(tmp_path):
         cells = page.locator("#grades td.failing").count()
         browser.close()
     assert errors == [] and rows == 2 and cells == 1
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_a_checkout_changed_while_grading_is_reported(tmp_path, monkeypatch, capsys, changed):
+    """Without namespaces a submission may write into the judge's checkout (as root it did, into
+    judge/__init__.py): the grader compares the checkout before and after and says so."""
+    from judge.grading import cli
+
+    _fake_sandbox(monkeypatch, [])
+    prints = iter(["before", "after" if changed else "before"])
+    monkeypatch.setattr(cli, "fingerprint", lambda: next(prints))
+    monkeypatch.setattr(cli, "probe", lambda: Containment(False, False, None))
+    _write(tmp_path / "class" / "alice.ipynb", grading_class.notebook())
+    code = cli.main(["ch01", str(tmp_path / "class"), "--out", str(tmp_path / "out")])
+    said = " ".join(capsys.readouterr().err.split())
+    containment = json.loads((tmp_path / "out" / "grades.json").read_text())["containment"]
+    assert (code, "changed while grading" in said) == ((3, True) if changed else (0, False))
+    assert any("changed while grading" in line for line in containment) == changed

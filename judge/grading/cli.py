@@ -18,7 +18,12 @@ from .isolate import Limits, probe
 from .points import load as load_points
 from .run import JUDGED, Cache, fingerprint, grade
 
-EXIT_OK, EXIT_USAGE = 0, 2
+EXIT_OK, EXIT_USAGE, EXIT_TAMPERED = 0, 2, 3
+TAMPERED = (
+    "the judge's checkout (its code, tests or engine) changed while grading: a submission wrote "
+    "into it, so no verdict can be trusted; restore it (git checkout, git status) and grade in "
+    "the container (Dockerfile)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +102,8 @@ def main(argv: Sequence[str]) -> int:
         {(Path(r) if Path(r).is_dir() else Path(r).parent).resolve() for r in roots}
         | {out.resolve()}
     )
-    cache = None if args.no_cache else Cache(out / "cache.json", f"{fingerprint()}|{limits}")
+    judge_before = fingerprint()
+    cache = None if args.no_cache else Cache(out / "cache.json", f"{judge_before}|{limits}")
     with Progress(
         TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.description}"), console=err,
@@ -118,6 +124,9 @@ def main(argv: Sequence[str]) -> int:
             err.print(f"[bold red]judge grade:[/] {e}")
             return EXIT_USAGE
     lines = containment.describe()
+    tampered = fingerprint() != judge_before
+    if tampered:  # possible only where the checkout is writable to the submissions (no namespaces)
+        lines.append(TAMPERED)
     report.write_csv(out / "grades.csv", verdicts, points)
     report.write_json(out / "grades.json", verdicts, points, lines)
     report.write_html(out / "report.html", verdicts, points, lines)
@@ -133,6 +142,9 @@ def main(argv: Sequence[str]) -> int:
         if v.outcome != JUDGED:
             err.print(f"  {v.student} {v.chapter}: {v.outcome}: {v.reason}")
     err.print(f"written: {out}/grades.csv, grades.json, report.html, junit.xml, gradescope/")
+    if tampered:
+        err.print(f"[bold red]judge grade:[/] {TAMPERED}")
+        return EXIT_TAMPERED
     return EXIT_OK
 
 
