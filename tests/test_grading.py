@@ -159,6 +159,14 @@ def test_what_a_sandboxed_judge_left_means(tmp_path):
         crashed = run.interpret(sub, Outcome(1, died, "", 5, False))
         assert crashed.outcome == run.CRASHED and "ended abruptly" in crashed.reason
         assert report.score(crashed, POINTS).earned == 0
+    # The shape seen a third time: no general line, is_greedy blamed for a test whose process
+    # ended with no status (its fork server killed), complete_one (the culprit) "passing".
+    data = json.loads(_judge_json(dict.fromkeys(ALL, "passing") | {"is_greedy": "failing"}))
+    data["tests"][3]["message"] = (
+        "the test process ended abruptly (unknown status) during this test"
+    )
+    lost = run.interpret(sub, Outcome(1, json.dumps(data), "", 5, False))
+    assert lost.outcome == run.CRASHED and "fork server was killed" in lost.reason
     # A crash inside a test is its exercise's: the judge blames it and adds no general line.
     blamed = run.interpret(sub, Outcome(1, _judge_json(statuses, crashed=2), "", 5, False))
     assert blamed.outcome == run.JUDGED

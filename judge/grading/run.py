@@ -27,6 +27,7 @@ from .isolate import REPO, Containment, Limits, Outcome, Sandbox
 JUDGED, REJECTED, CRASHED, TIMED_OUT = "judged", "rejected", "crashed", "timed out"
 NOT_JUDGED = "not judged"  # an exercise's status when its submission gave no verdict
 PASSING = "passing"
+LOST = "ended abruptly (unknown status)"  # judge/child_process.py's words for an unreported end
 
 
 @dataclass
@@ -121,7 +122,17 @@ def interpret(sub: Submission, outcome: Outcome) -> Verdict:
     general = [g if isinstance(g, str) else json.dumps(g) for g in data.get("general", [])]
     result, reason = JUDGED, None
     counts = data.get("counts", {})
-    if general and not data.get("passed") and (counts.get("crashed") or counts.get("error")):
+    # "unknown status": the test process's end was never reported, because the fork server that
+    # reports it was gone: killed, and only the learner's code runs there to kill it. The judge
+    # may then blame any exercise whose test was running (is_greedy, once), or none.
+    lost = [t["test"] for t in tests.values() if LOST in (t.get("message") or "")]
+    if lost:
+        result = CRASHED
+        reason = (
+            f"the judge lost its test process during {lost[0].split('::')[-1]} (its end went "
+            "unreported: the judge's fork server was killed)"
+        )
+    elif general and not data.get("passed") and (counts.get("crashed") or counts.get("error")):
         # Tests did not run and the judge names no exercise but the run itself ("the test process
         # ended abruptly"): the learner's code ended it from outside any test's reach (killed the
         # judge's fork server, say). Then no exercise's status can be trusted, "passing" or not.
