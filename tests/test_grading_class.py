@@ -92,8 +92,9 @@ def test_each_attack_is_named_in_its_own_verdict(graded):
         assert "wall-time limit, 100 s" in v["fork_bomb"]["reason"]
     else:  # the judge stopped the loop of forks itself: its failing lines say how
         assert lines("fork_bomb")
-    if v["kills_its_parent"]["outcome"] == "crashed":
-        assert "did not finish" in v["kills_its_parent"]["reason"]
+    if v["kills_its_parent"]["outcome"] == "crashed":  # which of the two depends on timing
+        reason = v["kills_its_parent"]["reason"]
+        assert "fork server was killed" in reason or "did not finish" in reason
     assert "time budget" in lines("endless_loop")
     assert v["tryout_loop"]["score"] == v["solution_00"]["score"] == 4
 
