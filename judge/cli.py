@@ -57,10 +57,15 @@ def _console(stderr: bool = False):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["grade"]:  # the teacher's side: judge/grading/
+        from .grading.cli import main as grade
+
+        return grade(argv[1:])
     console = _console()
     err = _console(stderr=True)
     try:
-        args = build_parser().parse_args(normalize_hint(sys.argv[1:] if argv is None else argv))
+        args = build_parser().parse_args(normalize_hint(argv))
     except SystemExit as e:  # argparse has printed its message
         return EXIT_OK if e.code == 0 else EXIT_USAGE
     debug = False

@@ -51,6 +51,11 @@ EXPECTATIONS: Dict[str, List[Tuple[str, str]]] = {
             "a.textContent.includes('Chapter 11'))",
         ),
     ],
+    "teachers/index.html": [
+        ("the title", "document.querySelector('h1').textContent.includes('For teachers')"),
+        ("the grading command", "document.body.innerText.includes('python judge.py grade ch01')"),
+        ("the limits", "document.body.innerText.includes('A container is the boundary')"),
+    ],
     "ch11_overlap/index.html": [
         (
             "the chapter title",

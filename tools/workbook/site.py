@@ -22,7 +22,7 @@ from .paths import CHAPTERS, SITE_DOCS
 from .source import Chapter, Exercise
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-SITE_FILES = ("index.md",)  # pages of chapters/ copied as they are
+SITE_FILES = ("index.md", "teachers.md")  # pages of chapters/ copied as they are
 
 
 def render_page(chapter: Chapter, solution: nbformat.NotebookNode, out_dir: Path) -> str:
