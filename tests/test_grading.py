@@ -12,6 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from extras import needs_extra
 from judge.grading import export, report, run
 from judge.grading.discover import SubmissionError, discover
 from judge.grading.isolate import Containment, Limits, Outcome
@@ -290,9 +291,11 @@ def test_classroom_template_is_what_the_generator_writes():
     )
 
 
+@needs_extra("dev", "playwright")
 @pytest.mark.skipif(not find_chromium(), reason="no chromium (apt-get install -y chromium)")
 def test_html_report_opens_in_chromium_without_console_errors(tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api")
+    from playwright import sync_api
+
     report.write_html(tmp_path / "r.html", _verdicts(tmp_path), POINTS, ["limits"])
     errors = []
     with sync_api.sync_playwright() as pw:

@@ -14,6 +14,7 @@ import jsonschema
 import pydantic
 import pytest
 
+from extras import needs_extra
 from helpers import MODEL
 from structured_cases import SCHEMAS
 
@@ -160,6 +161,7 @@ def test_what_cannot_be_honoured_is_refused_by_name(server, extra, param, words)
         assert error["param"] == param, error
 
 
+@needs_extra("dev", "langchain_openai")
 def test_langchain_with_structured_output_both_methods(server):
     from langchain_openai import ChatOpenAI
 
@@ -176,6 +178,7 @@ def test_langchain_with_structured_output_both_methods(server):
         assert isinstance(speaker, Speaker), (method, speaker)
 
 
+@needs_extra("dev", "litellm")
 def test_litellm_gets_a_json_schema_answer(server, monkeypatch):
     # litellm fetches a model price list from the network at import unless told to use its own
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
