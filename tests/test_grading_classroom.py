@@ -14,6 +14,7 @@ import sys
 import pytest
 import yaml
 
+from helpers import test_device
 from judge.grading import classroom
 from judge.grading.points import Points
 from tests import grading_class
@@ -45,6 +46,7 @@ def test_every_grading_step_reaches_the_reporter():
     assert worth["ch01.complete_one"] == 2 and worth["ch00.rms_norm"] == 1
 
 
+@pytest.mark.skipif(test_device() == "cuda", reason="the grader runs on the CPU: tested there")
 def test_the_steps_judge_a_students_notebook(tmp_path):
     """A student whose complete_one is wrong: 3 of ch01's 5 points (complete_one is worth 2), as
     `judge.py grade` scores it. The judge runs from the checkout, in a folder of its own (the

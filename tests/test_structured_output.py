@@ -306,3 +306,24 @@ def test_the_bitmask_masks_only_its_rows_and_forbids_columns_past_it():
     assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
     kept = (logits[1] > float("-inf")).nonzero().flatten().tolist()
     assert kept == [0, 2], f"row 1 keeps tokens {kept}, expected [0, 2]"
+
+
+def test_a_library_that_cannot_serve_the_tokenizer_refuses_the_request_not_the_scheduler(
+    llm, monkeypatch
+):
+    """llguidance 1.6 takes one EOS id where the bundled model has a list: its TypeError, raised
+    by the library's set-up at the first constraint, once ended the server's scheduler (every
+    request then a 500). It is the request's refusal, naming the library; the engine serves on."""
+    import llguidance
+
+    def too_old(*args, **kwargs):
+        raise TypeError("argument 'eos_token': 'list' object cannot be interpreted as an integer")
+
+    book = llm.grammars
+    monkeypatch.setattr(book, "_ll_tokenizer", None)
+    monkeypatch.setattr(llguidance, "LLTokenizer", too_old)
+    with pytest.raises(ValueError, match="llguidance .* cannot serve this tokenizer: TypeError"):
+        llm.add_request(PROMPT_TEXTS[0], SamplingParams(constraint={"regex": "a+"}))
+    assert llm._matchers == {}
+    (out,) = llm.generate([PROMPT_TEXTS[0]], SamplingParams(max_tokens=3))
+    assert len(out["token_ids"]) == 3, out

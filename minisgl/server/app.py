@@ -53,9 +53,9 @@ from . import openai_api as api
 from .abort_on_disconnect import AbortOnDisconnect
 from .auth import RequireApiKey
 from .body_guard import DEFAULT_MAX_BYTES, GuardBody
+from .errors import ErrorInfo, unknown_model
 from .frontend import Frontend
 from .metrics import CountRequests, ServerMetrics
-from .openai_api import ErrorInfo
 from .prompt_bounds import ids_refusal
 from .responses import Answer, collect, disconnected, error_response, first_of, stream_events
 from .running_usage import TokenCounter, with_running_usage
@@ -212,7 +212,7 @@ async def models(request: Request) -> Dict[str, Any]:
 async def model(model_id: str, request: Request):
     state = request.app.state
     if model_id != state.model_name:
-        return error_response(api.unknown_model(model_id, state.model_name))
+        return error_response(unknown_model(model_id, state.model_name))
     return model_card(state)
 
 
@@ -304,7 +304,7 @@ async def serve(req, request: Request, chat: bool, max_tokens: int | None, makes
     stopping = request.app.state.stopping
     try:
         if req.model != model_name:
-            raise api.unknown_model(req.model, model_name)
+            raise unknown_model(req.model, model_name)
         bad = req.unsupported()
         if bad:
             raise ErrorInfo(400, f"{bad[0]}: not supported by this server", param=bad[0])

@@ -58,7 +58,12 @@ class GrammarBook:
             grammar = grammar_text(constraint)
         except ValueError as e:
             return f"the constraint does not compile: {e}"
-        error = llguidance.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
+        try:  # the library's set-up for this tokenizer, at the first constraint
+            tokenizer = self.ll_tokenizer
+        except Exception as e:  # any library's failure refuses the request, never the scheduler
+            version = getattr(llguidance, "__version__", "?")
+            return f"llguidance {version} cannot serve this tokenizer: {type(e).__name__}: {e}"
+        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         return f"the constraint does not compile: {error.strip()}" if error else None
 
     def matcher(self, constraint: dict):
