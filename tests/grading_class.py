@@ -1,5 +1,5 @@
 """A class of ch01 notebooks for the grader's tests and its 40-copy run: solutions, stubs,
-known-wrong variants (judge/variants/ch01_*.py) made into notebooks, and hostile submissions.
+known-wrong variants (judge/variants/ch01_*) made into notebooks, and hostile submissions.
 
     python -m tests.grading_class OUT [--copies 40]  # OUT/<student>.ipynb, OUT/expected.json
 
@@ -112,12 +112,17 @@ def notebook(
 
 
 def variants() -> Dict[str, Dict[str, str]]:
-    """judge/variants/ch01_*.py as {variant: {exercise: its code}}."""
+    """ch01's known-wrong variants (judge/variants/ch01_*), built from the current reference as
+    the judge builds them, as {variant: {exercise: its code}}."""
     import ast
 
+    from judge.registry import load_registry, variant_files
+    from judge.variant_edits import variant_source
+
+    chapter = load_registry().chapter("ch01")
     out = {}
-    for path in sorted((REPO / "judge" / "variants").glob("ch01_*.py")):
-        source = path.read_text()
+    for path in variant_files(chapter):
+        source = variant_source(path, chapter)
         names = [n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
         out[path.stem] = {name: source for name in names}
     return out

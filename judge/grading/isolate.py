@@ -156,7 +156,7 @@ def probe() -> Containment:
 # the judge without capabilities. Arguments: repo, scratch size, hidden folders..., "--", command.
 PRELUDE = r"""
 set -eu
-repo=$1; scratch_mb=$2; shift 2
+repo=$1; scratch_mb=$2; under_tmp=$3; shift 3
 mount --bind "$repo" "$repo"
 mount -o remount,bind,ro "$repo"
 while [ "$1" != "--" ]; do
@@ -164,12 +164,35 @@ while [ "$1" != "--" ]; do
   shift
 done
 shift
+# the checkout or the interpreter may live under /tmp (a CI clone): held open across the private
+# /tmp below and bound back, read-only, at the same path
+[ -z "$under_tmp" ] || exec 9<"$under_tmp"
 mount -t tmpfs -o "size=${scratch_mb}m,mode=1777" tmpfs /tmp
+if [ -n "$under_tmp" ]; then
+  mkdir -p "$under_tmp"
+  mount --no-canonicalize --rbind /proc/self/fd/9 "$under_tmp"  # with the mounts inside it
+  mount -o remount,bind,ro "$under_tmp"
+  exec 9<&-
+fi
 mkdir -m 0777 /tmp/work /tmp/home
 cat > /tmp/work/submission.ipynb
 cd /tmp/work
 exec setpriv --no-new-privs --inh-caps=-all --bounding-set=-all "$@" < /dev/null
 """
+
+
+def _kept_under_tmp() -> str:
+    """The folder under /tmp that the judge needs inside the sandbox, or "": the one holding both
+    the checkout and the interpreter's environment (a clone with its venv inside, as CI makes), else
+    the checkout. An interpreter under /tmp apart from the checkout is not supported."""
+    tmp = Path("/tmp").resolve()
+    repo, prefix = REPO.resolve(), Path(sys.prefix).resolve()
+    if not repo.is_relative_to(tmp):
+        return ""
+    if prefix.is_relative_to(tmp) and not prefix.is_relative_to(repo):
+        common = Path(os.path.commonpath([repo, prefix]))
+        return str(common) if common != tmp else str(repo)
+    return str(repo)
 
 
 def environment(home: str, tmp: str) -> dict:
@@ -229,6 +252,7 @@ class Sandbox:
                 shutil.which("unshare") or "unshare",
                 *_unshare_flags(self.containment.user_namespace),
                 "sh", "-c", PRELUDE, "prelude", str(REPO), str(self.limits.scratch_mb),
+                _kept_under_tmp(),
                 *[str(p) for p in self.hidden], "--",
                 "env", "-i",
                 *[f"{k}={v}" for k, v in environment("/tmp/home", "/tmp").items()],
