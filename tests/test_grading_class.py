@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -82,7 +83,8 @@ def test_each_attack_is_named_in_its_own_verdict(graded):
     def lines(student):
         return " ".join(f for e in v[student]["exercises"] for f in e["failures"])
 
-    assert "MemoryError" in lines("allocation_loop")
+    got = re.search(r"MemoryError: refused after (\d+) MiB", lines("allocation_loop"))
+    assert got and int(got.group(1)) < 3072, lines("allocation_loop")  # the --memory-mb limit
     assert "File too large" in lines("huge_file")
     assert "Read-only file system" in lines("writes_the_judge") and not graded["judge_changed"]
     assert "No such file or directory" in lines("reads_a_neighbour")
