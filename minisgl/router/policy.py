@@ -54,10 +54,17 @@ def cache_aware(
     sizes: Sequence[int],
     balance: Balance,
 ) -> int:
-    """The index of the worker to send a request to.
+    """The index of the worker to send a request to, by SGLang's rule (this module's docstring).
 
-    `matches[i]`: how many leading elements of the request's key worker i's tree holds; `key_len`:
-    the key's length; `loads[i]`: requests in flight at worker i; `sizes[i]`: its tree's size."""
+    Receives: `matches[i]`, how many leading elements of the request's key worker i's tree holds;
+        `key_len`, the key's length; `loads[i]`, requests in flight at worker i; `sizes[i]`, its
+        tree's size; `balance`, the thresholds. One match, load and size per worker, at least one.
+    Returns: an index into those lists.
+    Leaves: nothing changed (a pure function; the caller inserts the key into the chosen tree).
+    Uses: `imbalanced`, `least`.
+    Checked: imbalance needs both thresholds and sends the request to the least loaded; a match
+        over the cache threshold wins, at or under it the smallest tree does; ties go to the first.
+    """
     if not (len(matches) == len(loads) == len(sizes)) or not matches:
         raise ValueError(
             f"one match, load and size per worker: got {len(matches)}, {len(loads)}, {len(sizes)}"

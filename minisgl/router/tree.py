@@ -45,8 +45,17 @@ class PrefixTree:
         self._clock = itertools.count(1)  # use order: a larger last_used is more recent
 
     def match(self, key: Key) -> int:
-        """How many leading elements of `key` the tree holds (the longest prefix of `key` some
-        inserted key shares). The nodes walked count as used now."""
+        """How many leading elements of `key` the tree holds: the longest prefix of `key` that
+        some inserted key shares.
+
+        Receives: `key`, a str or a tuple of token ids (maybe empty).
+        Returns: an int in [0, len(key)].
+        Leaves: every node walked, the last one partly matched included, marked used now (its
+            `last_used` set to a fresh tick of `self._clock`); the tree's shape and size unchanged.
+        Uses: `common_len`; `Node.children`, keyed by their edge's first element.
+        Checked: a match that leaves an edge midway stops there (what hangs below is not its
+            prefix); text and token-id keys share nothing; eviction spares what a match touched.
+        """
         node, i, now = self.root, 0, next(self._clock)
         while i < len(key):
             child = node.children.get(key[i])
@@ -61,7 +70,18 @@ class PrefixTree:
         return i
 
     def insert(self, key: Key) -> int:
-        """Add `key`; return how many of its elements were there already (as `match` would)."""
+        """Add `key`; return how many of its elements were there already (as `match` would).
+
+        Receives: `key`, a str or a tuple of token ids.
+        Returns: the length of the prefix of `key` the tree held before.
+        Leaves: `match(key) == len(key)`; an edge that `key` leaves midway split in two at that
+            point (an inner node holds the shared part, so no element is stored twice); one new
+            leaf for the rest, if any; `size` grown by exactly the new elements; every node on the
+            path marked used now.
+        Uses: `common_len`, `Node`.
+        Checked: sizes count shared prefixes once; a key inside an edge splits it; the pool routes
+            a tenant back to the worker whose tree got its prompt.
+        """
         node, i, now = self.root, 0, next(self._clock)
         node.last_used = now
         while i < len(key):
@@ -85,7 +105,17 @@ class PrefixTree:
 
     def evict(self, max_size: int) -> int:
         """Remove least recently used leaves until `size <= max_size`; return the elements
-        removed."""
+        removed.
+
+        Receives: `max_size` >= 0 (ValueError otherwise).
+        Returns: the number of elements removed (0 when already within).
+        Leaves: `size <= max_size`; each removal a whole leaf, the one used longest ago first; a
+            parent left without children becomes a leaf and may go next; nothing more removed
+            than needed to get within the bound.
+        Uses: `heapq` over (last_used, id, node) of the leaves.
+        Checked: the oldest leaf goes first and whole; a recently matched key survives; an
+            emptied parent goes too; every tree of a pool stays within its max_tree_size.
+        """
         if max_size < 0:
             raise ValueError(f"max_size must be at least 0, got {max_size}")
         if self.size <= max_size:
