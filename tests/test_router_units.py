@@ -177,3 +177,30 @@ def test_routing_keys():
     for bad in (b"{not json", b"[1, 2]", b'{"prompt": 5}', b'{"prompt": [1, "a"]}', b"\xff"):
         assert routing_key("/v1/completions", bad) is None
     assert routing_key("/v1/chat/completions", b'{"messages": "hi"}') is None
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--workers", "localhost:1"], "not an http:// or https:// URL: localhost:1"),
+        (["--workers", "http://a", "--balance-rel-threshold", "0.5"], "rel threshold must be >= 1"),
+        (["--workers", "http://a", "http://a/"], "listed twice"),
+        (["--workers", "http://a", "--health-interval", "0"], "--health-interval must be positive"),
+    ],
+)
+def test_the_router_command_refuses_bad_options(argv, said, capsys):
+    from minisgl.__main__ import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["router", *argv])
+    assert exit.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_the_router_names_a_worker_that_never_answers(capsys):
+    from minisgl.__main__ import main
+
+    code = main(
+        ["router", "--workers", "http://127.0.0.1:9", "--port", "0", "--startup-timeout", "0.5"]
+    )
+    err = capsys.readouterr().err
+    assert code == 1 and "did not answer /health" in err and "http://127.0.0.1:9" in err
