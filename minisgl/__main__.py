@@ -154,6 +154,13 @@ def add_router_parser(sub) -> None:
         default=API_KEY.read() or None,
         help="the workers' key, for the router's own look at /v1/models (clients send theirs)",
     )
+    r.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_BYTES,
+        help="the largest request body passed on; a larger one is answered 413 unread, as a "
+        f"worker answers it (default {DEFAULT_MAX_BYTES})",
+    )
     r.add_argument("--log-level", default="warning")
 
 
@@ -162,6 +169,8 @@ def run_router(parser, args) -> int:
     from minisgl.router.serve import serve_router
     from minisgl.router.workers import WorkerPool
 
+    if args.max_request_bytes < 1:
+        parser.error(f"--max-request-bytes must be at least 1, got {args.max_request_bytes}")
     if args.health_interval <= 0:
         parser.error(f"--health-interval must be positive, got {args.health_interval}")
     bad = [u for u in args.workers if not u.startswith(("http://", "https://"))]
@@ -182,6 +191,7 @@ def run_router(parser, args) -> int:
         args.startup_timeout,
         args.log_level,
         args.api_key,
+        args.max_request_bytes,
     )
 
 

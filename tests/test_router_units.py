@@ -204,3 +204,25 @@ def test_the_router_names_a_worker_that_never_answers(capsys):
     )
     err = capsys.readouterr().err
     assert code == 1 and "did not answer /health" in err and "http://127.0.0.1:9" in err
+
+
+def test_the_router_app_guards_bodies_and_says_when_no_worker_can_answer():
+    from fastapi.testclient import TestClient
+
+    from minisgl.router.app import create_router_app
+
+    dead = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused
+    app = create_router_app(WorkerPool([dead], "round_robin"), max_request_bytes=100)
+    with TestClient(app) as c:
+        json_type = {"content-type": "application/json"}
+        r = c.post("/v1/completions", content=b"x" * 200, headers=json_type)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+        assert app.state.pool.workers[0].out is None  # refused before any worker was asked
+        r = c.post("/v1/completions", content=b"{}", headers={"content-type": "text/plain"})
+        assert r.status_code == 400 and "text/plain" in r.json()["error"]["message"]
+        r = c.post("/v1/completions", json={"model": "m", "prompt": "x"})
+        assert r.status_code == 503, r.text
+        assert f"{dead}: connection failed" in r.json()["error"]["message"]
+        health = c.get("/health")
+        assert health.status_code == 503 and health.json()["workers"][dead] != "ok"
+        assert c.get("/router/workers").json()[0]["healthy"] is False

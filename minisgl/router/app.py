@@ -23,6 +23,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from minisgl.server.body_guard import DEFAULT_MAX_BYTES, GuardBody
 from minisgl.server.errors import ErrorInfo
 from minisgl.server.openai_api import sse_event
 
@@ -47,7 +48,10 @@ ROUTED = ("/v1/completions", "/v1/chat/completions")
 
 
 def create_router_app(
-    pool: WorkerPool, health_interval: float = 1.0, request_timeout: float = 600.0
+    pool: WorkerPool,
+    health_interval: float = 1.0,
+    request_timeout: float = 600.0,
+    max_request_bytes: int = DEFAULT_MAX_BYTES,
 ) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -77,6 +81,8 @@ def create_router_app(
     async def forward(path: str, request: Request):
         return await proxy(app.state.client, pool, request)
 
+    # the workers' own guard, before the router buffers a body: the same 413 and 400s they give
+    app.add_middleware(GuardBody, max_bytes=max_request_bytes)
     return app
 
 

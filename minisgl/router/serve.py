@@ -15,6 +15,7 @@ from typing import List
 
 import httpx
 
+from minisgl.server.body_guard import DEFAULT_MAX_BYTES
 from minisgl.server.launcher import bind
 
 from .app import create_router_app
@@ -62,6 +63,7 @@ def serve_router(
     startup_timeout: float,
     log_level: str = "warning",
     api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_BYTES,
 ) -> int:
     import uvicorn
 
@@ -77,7 +79,9 @@ def serve_router(
         print(f"minisgl router: {e}", file=sys.stderr, flush=True)
         sock.close()
         return 1
-    app = create_router_app(pool, health_interval=health_interval)
+    app = create_router_app(
+        pool, health_interval=health_interval, max_request_bytes=max_request_bytes
+    )
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2))
     host, port = sock.getsockname()[:2]
     print(
