@@ -1,4 +1,5 @@
-"""`python -m minisgl serve [--model DIR] [--port N] ...`: the OpenAI-compatible server.
+"""`python -m minisgl serve [--model DIR] [--port N] ...`: the OpenAI-compatible server;
+`python -m minisgl router --workers URL ... [--policy cache_aware]`: a router in front of several.
 
 It serves the reference engine; `python judge.py serve chNN` serves a learner's functions of a
 chapter, through the init hook every server process runs (minisgl/server/init.py)."""
@@ -63,7 +64,10 @@ def main(argv=None) -> int:
     s.add_argument(
         "--log-level", default="warning", help="uvicorn's log level (info shows each request)"
     )
+    add_router_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "router":
+        return run_router(parser, args)
     if args.max_request_bytes < 1:
         parser.error(f"--max-request-bytes must be at least 1, got {args.max_request_bytes}")
 
@@ -98,6 +102,97 @@ def main(argv=None) -> int:
             parser.error(f"--model {args.model}: not a directory")
         server_args.model = args.model.resolve()
     return serve(server_args, log_level=args.log_level)
+
+
+def add_router_parser(sub) -> None:
+    from minisgl.router.policy import POLICIES, Balance
+
+    b = Balance()
+    r = sub.add_parser(
+        "router", help="route requests across several `serve` workers (minisgl/router)"
+    )
+    r.add_argument("--workers", nargs="+", required=True, metavar="URL", help="the workers' URLs")
+    r.add_argument("--policy", choices=POLICIES, default="cache_aware")
+    r.add_argument("--host", default="127.0.0.1")
+    r.add_argument("--port", type=int, default=8000, help="0: any free port")
+    r.add_argument(
+        "--balance-abs-threshold",
+        type=int,
+        default=b.abs_threshold,
+        help="cache_aware: requests in flight between the busiest and the idlest worker past "
+        f"which (with the relative one) the idlest takes the request (default {b.abs_threshold})",
+    )
+    r.add_argument(
+        "--balance-rel-threshold",
+        type=float,
+        default=b.rel_threshold,
+        help=f"cache_aware: the busiest's load over the idlest's (default {b.rel_threshold})",
+    )
+    r.add_argument(
+        "--cache-threshold",
+        type=float,
+        default=b.cache_threshold,
+        help="cache_aware: the share of a prompt a worker's tree must match to win it; below, "
+        f"the worker with the smallest tree takes it (default {b.cache_threshold})",
+    )
+    r.add_argument(
+        "--max-tree-size",
+        type=int,
+        default=1 << 22,
+        help="cache_aware: characters (or token ids) each worker's tree keeps; past it the least "
+        "recently used leaves go (default 4194304)",
+    )
+    r.add_argument("--health-interval", type=float, default=1.0, help="seconds between checks")
+    r.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for every worker's /health at start",
+    )
+    r.add_argument(
+        "--api-key",
+        default=API_KEY.read() or None,
+        help="the workers' key, for the router's own look at /v1/models (clients send theirs)",
+    )
+    r.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_BYTES,
+        help="the largest request body passed on; a larger one is answered 413 unread, as a "
+        f"worker answers it (default {DEFAULT_MAX_BYTES})",
+    )
+    r.add_argument("--log-level", default="warning")
+
+
+def run_router(parser, args) -> int:
+    from minisgl.router.policy import Balance
+    from minisgl.router.serve import serve_router
+    from minisgl.router.workers import WorkerPool
+
+    if args.max_request_bytes < 1:
+        parser.error(f"--max-request-bytes must be at least 1, got {args.max_request_bytes}")
+    if args.health_interval <= 0:
+        parser.error(f"--health-interval must be positive, got {args.health_interval}")
+    bad = [u for u in args.workers if not u.startswith(("http://", "https://"))]
+    if bad:
+        parser.error(f"--workers: not an http:// or https:// URL: {bad[0]}")
+    try:
+        balance = Balance(
+            args.balance_abs_threshold, args.balance_rel_threshold, args.cache_threshold
+        )
+        pool = WorkerPool(args.workers, args.policy, balance, args.max_tree_size)
+    except ValueError as e:
+        parser.error(str(e))
+    return serve_router(
+        pool,
+        args.host,
+        args.port,
+        args.health_interval,
+        args.startup_timeout,
+        args.log_level,
+        args.api_key,
+        args.max_request_bytes,
+    )
 
 
 if __name__ == "__main__":

@@ -164,6 +164,7 @@ def serve(args: ServerArgs, log_level: str = "warning") -> int:
         return 1
     from .app import create_app
     from .frontend import Frontend
+    from .sglang_routes import install_sglang_routes
     from .token_routes import PromptTokenizer
 
     try:
@@ -200,6 +201,9 @@ def serve(args: ServerArgs, log_level: str = "warning") -> int:
             stopping=lambda: server.should_exit,
             max_request_bytes=args.max_request_bytes,
         )
+        install_sglang_routes(
+            app, args.model, args.model_name, args.engine.get("tp_size", 1)
+        )  # for SGLang's router
         server = uvicorn.Server(
             uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2)
         )

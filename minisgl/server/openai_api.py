@@ -33,6 +33,8 @@ Nothing a request says is silently ignored. A request is checked in four steps:
   `max_completion_tokens` both given; a `seed` outside [0, 2**63 - 1] (it would repeat another's
   draws); `echo` with `max_tokens: 0` but no `logprobs` (it would score the prompt for nobody).
   `stream_options.continuous_usage_stats` (vLLM's) puts the usage so far in every chunk.
+SGLang's extensions that its router adds to every request (`no_stop_trim`...) are accepted at the
+values that change nothing here (sglang_fields.py).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .errors import ErrorInfo
+from .sglang_fields import SGLangChatFields, SGLangFields
 
 # The engine mixes a seed into 63 bits (engine/request_sampling.py): a larger one repeats another
 MAX_SEED = 2**63 - 1
@@ -121,7 +124,7 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = None
 
 
-class _Request(BaseModel):
+class _Request(SGLangFields):
     # strict: no "5" for 5 or true for 1; forbid: a field we do not know is a 400, not ignored
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -151,7 +154,7 @@ class _Request(BaseModel):
             bad.append("frequency_penalty")
         if self.logit_bias:
             bad.append("logit_bias")
-        return bad
+        return bad + self.sglang_unsupported()
 
     def contradiction(self) -> ErrorInfo | None:
         """A 400 for values the API allows each alone but that would change nothing, or not
@@ -252,7 +255,7 @@ class ChatMessage(BaseModel):
         return {"role": self.role, "content": text}
 
 
-class ChatRequest(_Request):
+class ChatRequest(SGLangChatFields, _Request):
     # (an empty list is refused by chat_completions, saying so: declared here)
     messages: Annotated[List[ChatMessage], Field(json_schema_extra={"minItems": 1})]
     max_tokens: int | None = None  # None: as long as the context allows

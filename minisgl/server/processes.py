@@ -45,7 +45,21 @@ def run_scheduler(args: ServerArgs, ready) -> None:
                 else None
             )
         )
-        io.stats = lambda: {**scheduler_stats(scheduler), **counts}
+        # prompt tokens the prefill batches computed (a cached prefix is not): a router's benefit
+        # (minisgl/router) is read as this count's drop across the workers
+        prefill = Counter()
+        scheduler.events.subscribe(
+            lambda e: (
+                prefill.update(prefill_tokens=sum(e["extend_lens"]))
+                if e.kind == "launch" and e["phase"] == "prefill"
+                else None
+            )
+        )
+        io.stats = lambda: {
+            **scheduler_stats(scheduler),
+            "prefill_tokens": prefill["prefill_tokens"],
+            **counts,
+        }
     except Exception as e:  # a bad model directory or option: say so, do not hang the launcher
         ready.put(("error", "scheduler", f"{type(e).__name__}: {e}"))
         return
