@@ -30,9 +30,11 @@ def test_new_request_lengths():
     assert req.remain_len == 3
 
 
-@pytest.mark.parametrize("cached_len,expected", [(0, 5), (3, 2), (4, 1)])
+@pytest.mark.parametrize("cached_len,expected", [(0, 5), (3, 2), (4, 1), (5, 0)])
 def test_extend_len_counts_the_uncached_tokens(cached_len, expected):
-    # A prefix-cache hit of `cached_len` tokens leaves only the rest for the model to run.
+    # A prefix-cache hit of `cached_len` tokens leaves only the rest for the model to run. With
+    # every token cached (a prefill chunk just completed) nothing is left: 0, not 1, or the batch's
+    # token count and the chunk's budget count a token that no pass runs.
     req = make_req(prompt_len=5, cached_len=cached_len)
     assert req.extend_len == expected, (
         f"5-token prompt with {cached_len} cached: extend_len should be {expected}, got "
