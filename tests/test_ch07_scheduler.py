@@ -11,6 +11,7 @@ from typing import List, Tuple
 import pytest
 import torch
 
+from classroom.device_tags import host_tensors, tag_device_copies
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch, Req
@@ -359,6 +360,26 @@ def test_prepare_batch_builds_prefill_and_decode_indices():
     assert second == [r[1] for r in ref], (
         f"decode sampled {second}, Hugging Face gives {[r[1] for r in ref]}"
     )
+
+
+@torch.inference_mode()
+def test_prepare_batch_moves_the_tensors_it_builds_to_the_device():
+    # On a CPU, kit.to_device returns its argument, so a step built without it runs; on a GPU its
+    # index tensors would stay in host memory. The tagging kit (classroom/device_tags.py) marks
+    # what went through to_device, and torch keeps the mark through indexing and conversions.
+    llm = build_llm()
+    tag_device_copies(llm.engine)
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
+    for phase in ("prefill", "decode"):
+        fi = llm._prepare_batch(Batch(reqs, phase))
+        left = host_tensors(fi, llm.engine.device)
+        assert not left, (
+            f"{phase} step: {', '.join(left)} built on the host and never copied to the device "
+            "with self.engine.kit.to_device(...): on a CPU that call changes nothing, on a GPU the "
+            "step's kernels would be handed host memory"
+        )
+        for r in reqs:
+            r.complete_one()  # what launching the step does: the next one is a decode
 
 
 @torch.inference_mode()
