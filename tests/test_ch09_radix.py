@@ -17,6 +17,7 @@ from contract_types import assert_dtype
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prefill_batches, prompt_ids
 from minisgl.kvcache import CacheHandle, RadixPrefixCache
 from minisgl.scheduler import pages_for
+from refusals import refuses
 
 CPU = torch.device("cpu")
 
@@ -390,7 +391,7 @@ def test_a_locked_path_is_never_evicted():
     assert cache.evictable_size == 0, (
         f"everything left is locked: evictable size {cache.evictable_size}"
     )
-    with pytest.raises(RuntimeError):
+    with refuses(RuntimeError, "evict(1) with everything left locked"):
         cache.evict(1)  # everything left is locked
     assert match(cache, 1, 2, 3, 4) == (4, [10, 11, 20, 21]), "the locked path stays cached"
     cache.lock_handle(handle, unlock=True)
