@@ -13,10 +13,14 @@ step built on the host and never moved stays a plain tensor, so `host_tensors(fi
 Only the tests and try-outs that check this rule install the kit; the engine's own kit, and its
 speed everywhere else, are untouched. On a GPU the tensors' real devices tell them apart, so the
 kit is left as it is there.
+A try-out that runs the steps it checked calls `untagged(fi)` first: the tag would otherwise
+spread to every activation of the forward pass, and torch's dispatch for a subclass costs time on
+each operation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List
 
 import torch
@@ -71,3 +75,21 @@ def host_tensors(fi: ForwardInput, device: torch.device) -> List[str]:
         for name, t in step_tensors(fi).items()
         if isinstance(t, torch.Tensor) and not on_device(t, device)
     ]
+
+
+def _plain(value):
+    return value.as_subclass(torch.Tensor) if isinstance(value, OnDevice) else value
+
+
+def untagged(fi: ForwardInput) -> ForwardInput:
+    """`fi` with every tagged tensor of the step (its index tensors, the batch's positions and
+    out_loc, the attention metadata's fields) a plain tensor again, in place; returns `fi`."""
+    batch = fi.batch
+    fi.input_tuple = tuple(_plain(t) for t in fi.input_tuple)
+    fi.write_tuple = tuple(_plain(t) for t in fi.write_tuple)
+    batch.positions, batch.out_loc = _plain(batch.positions), _plain(batch.out_loc)
+    meta = batch.attn_metadata
+    if dataclasses.is_dataclass(meta):
+        for f in dataclasses.fields(meta):
+            setattr(meta, f.name, _plain(getattr(meta, f.name)))
+    return fi
