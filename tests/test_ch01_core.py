@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from minisgl.core import Batch, Context, Req, SamplingParams
+from refusals import refuses
 
 
 def make_req(prompt_len: int = 5, max_tokens: int = 3, cached_len: int = 0) -> Req:
@@ -30,9 +31,11 @@ def test_new_request_lengths():
     assert req.remain_len == 3
 
 
-@pytest.mark.parametrize("cached_len,expected", [(0, 5), (3, 2), (4, 1)])
+@pytest.mark.parametrize("cached_len,expected", [(0, 5), (3, 2), (4, 1), (5, 0)])
 def test_extend_len_counts_the_uncached_tokens(cached_len, expected):
-    # A prefix-cache hit of `cached_len` tokens leaves only the rest for the model to run.
+    # A prefix-cache hit of `cached_len` tokens leaves only the rest for the model to run. With
+    # every token cached (a prefill chunk just completed) nothing is left: 0, not 1, or the batch's
+    # token count and the chunk's budget count a token that no pass runs.
     req = make_req(prompt_len=5, cached_len=cached_len)
     assert req.extend_len == expected, (
         f"5-token prompt with {cached_len} cached: extend_len should be {expected}, got "
@@ -179,7 +182,7 @@ def test_greedy_detection(kwargs, greedy):
     ],
 )
 def test_sampling_params_reject_bad_values(kwargs, field):
-    with pytest.raises(ValueError, match=field):
+    with refuses(ValueError, f"SamplingParams(**{kwargs})", match=field):
         SamplingParams(**kwargs)
 
 
@@ -200,11 +203,11 @@ def test_batch_phase_and_size():
 def test_context_batch_exists_only_inside_forward_batch():
     ctx = Context(page_size=1)
     batch = Batch([make_req()], "prefill")
-    with pytest.raises(RuntimeError, match="no batch"):
+    with refuses(RuntimeError, "ctx.batch before any forward_batch", match="no batch"):
         ctx.batch
     with ctx.forward_batch(batch) as b:
         assert b is batch and ctx.batch is batch
-    with pytest.raises(RuntimeError, match="no batch"):
+    with refuses(RuntimeError, "ctx.batch after forward_batch ended", match="no batch"):
         ctx.batch
 
 
@@ -212,7 +215,7 @@ def test_context_refuses_nested_forward():
     ctx = Context(page_size=1)
     batch = Batch([make_req()], "decode")
     with ctx.forward_batch(batch):
-        with pytest.raises(RuntimeError, match="already running"):
+        with refuses(RuntimeError, "forward_batch inside another", match="already running"):
             with ctx.forward_batch(Batch([make_req()], "decode")):
                 pass
         assert ctx.batch is batch  # the refused attempt left the running batch alone
@@ -220,10 +223,10 @@ def test_context_refuses_nested_forward():
 
 def test_context_is_cleared_after_an_exception():
     ctx = Context(page_size=1)
-    with pytest.raises(ZeroDivisionError):
+    with refuses(ZeroDivisionError, "forward_batch whose body divides by zero"):
         with ctx.forward_batch(Batch([make_req()], "prefill")):
             1 / 0
-    with pytest.raises(RuntimeError, match="no batch"):
+    with refuses(RuntimeError, "ctx.batch after a forward_batch that raised", match="no batch"):
         ctx.batch
     with ctx.forward_batch(Batch([make_req()], "decode")):  # usable again
         assert ctx.batch.is_decode

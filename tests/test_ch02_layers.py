@@ -17,6 +17,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from helpers import MODEL
 from minisgl.layers import BaseOP, Linear, LMHead, OPList, RMSNorm, RotaryEmbedding, VocabEmbedding
 from minisgl.models import ModelConfig, create_model
+from refusals import refuses
 
 CPU = torch.device("cpu")
 F32 = torch.float32
@@ -159,17 +160,23 @@ def test_load_state_dict_replaces_every_weight():
 
 
 def test_load_state_dict_rejects_an_extra_key():
-    with pytest.raises(KeyError, match="norms.2.weight"):
+    with refuses(
+        KeyError, "load_state_dict with an extra key norms.2.weight", match="norms.2.weight"
+    ):
         Block().load_state_dict(block_state(**{"norms.2.weight": torch.randn(6)}))
 
 
 def test_load_state_dict_rejects_a_missing_key():
-    with pytest.raises(KeyError, match="norms.1.weight"):
+    with refuses(KeyError, "load_state_dict without norms.1.weight", match="norms.1.weight"):
         Block().load_state_dict(block_state(**{"norms.1.weight": None}))
 
 
 def test_load_state_dict_rejects_a_wrong_shape():
-    with pytest.raises(ValueError, match=r"proj\.weight.*\(4, 6\)"):
+    with refuses(
+        ValueError,
+        "load_state_dict with proj.weight of shape (4, 6)",
+        match=r"proj\.weight.*\(4, 6\)",
+    ):
         Block().load_state_dict(block_state(**{"proj.weight": torch.randn(4, 6)}))
 
 

@@ -20,6 +20,7 @@ from minisgl.core import Batch, Context, Req, SamplingParams
 from minisgl.kvcache import KVCache
 from minisgl.models import ModelConfig, create_model, load_weight
 from minisgl.models.config import RopeScaling
+from refusals import refuses
 
 CPU = torch.device("cpu")
 F32 = torch.float32
@@ -218,7 +219,11 @@ def test_config_of_the_test_model_agrees_with_transformers():
 
 @pytest.mark.parametrize("arch", [["GPT2LMHeadModel"], [], None])
 def test_unsupported_architecture_raises(arch):
-    with pytest.raises(ValueError, match="GPT2LMHeadModel" if arch else None):
+    with refuses(
+        ValueError,
+        f"ModelConfig.from_hf with architectures {arch!r}",
+        match="GPT2LMHeadModel" if arch else None,
+    ):
         ModelConfig.from_hf({**TRANSFORMERS_5, "architectures": arch})
 
 
@@ -234,13 +239,13 @@ def test_unsupported_architecture_raises(arch):
     ],
 )
 def test_rope_scaling_raises_transformers_4(changes, name):
-    with pytest.raises(ValueError, match=name):
+    with refuses(ValueError, f"ModelConfig.from_hf with {changes}", match=name):
         ModelConfig.from_hf({**TRANSFORMERS_4, **changes})
 
 
 def test_rope_scaling_raises_transformers_5():
     rope = {"rope_theta": 500000.0, "rope_type": "yarn", "factor": 8.0}
-    with pytest.raises(ValueError, match="yarn"):
+    with refuses(ValueError, f"ModelConfig.from_hf with rope_parameters {rope}", match="yarn"):
         ModelConfig.from_hf({**TRANSFORMERS_5, "rope_parameters": rope})
 
 
@@ -344,10 +349,16 @@ def test_plain_rope_is_accepted_in_every_spelling(fields):
 
 
 def test_from_dir_reports_missing_and_invalid_config(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with refuses(
+        FileNotFoundError,
+        "ModelConfig.from_dir of a folder without config.json",
+        match="config.json",
+    ):
         ModelConfig.from_dir(tmp_path)
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="config.json"):
+    with refuses(
+        ValueError, "ModelConfig.from_dir of a config.json that is not JSON", match="config.json"
+    ):
         ModelConfig.from_dir(tmp_path)
 
 
@@ -455,13 +466,21 @@ def load_into_fresh_model(model_dir: Path):
 
 def test_a_missing_part_of_a_merged_weight_is_named(tmp_path):
     ckpt = copy_checkpoint(tmp_path, lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"))
-    with pytest.raises(KeyError, match=r"layers\.1\.self_attn\.qkv_proj"):
+    with refuses(
+        KeyError,
+        "load_weight of a checkpoint without layer 1's k_proj",
+        match=r"layers\.1\.self_attn\.qkv_proj",
+    ):
         load_into_fresh_model(ckpt)
 
 
 def test_a_missing_weight_is_named(tmp_path):
     ckpt = copy_checkpoint(tmp_path, lambda t: t.pop("model.norm.weight"))
-    with pytest.raises(KeyError, match=r"model\.norm\.weight"):
+    with refuses(
+        KeyError,
+        "load_weight of a checkpoint without model.norm.weight",
+        match=r"model\.norm\.weight",
+    ):
         load_into_fresh_model(ckpt)
 
 
@@ -469,7 +488,11 @@ def test_an_extra_weight_is_named(tmp_path):
     def add(t):
         t["model.layers.0.mlp.extra_proj.weight"] = torch.zeros(4, 4)
 
-    with pytest.raises(KeyError, match=r"model\.layers\.0\.mlp\.extra_proj\.weight"):
+    with refuses(
+        KeyError,
+        "load_weight of a checkpoint with an extra model.layers.0.mlp.extra_proj.weight",
+        match=r"model\.layers\.0\.mlp\.extra_proj\.weight",
+    ):
         load_into_fresh_model(copy_checkpoint(tmp_path, add))
 
 
@@ -478,7 +501,11 @@ def test_a_wrongly_shaped_weight_is_named(tmp_path):
         key = "model.layers.0.post_attention_layernorm.weight"
         t[key] = t[key][:-1].clone()
 
-    with pytest.raises(ValueError, match=r"model\.layers\.0\.post_attention_layernorm\.weight"):
+    with refuses(
+        ValueError,
+        "load_weight of a checkpoint whose layer 0 post_attention_layernorm is one short",
+        match=r"model\.layers\.0\.post_attention_layernorm\.weight",
+    ):
         load_into_fresh_model(copy_checkpoint(tmp_path, shrink))
 
 
@@ -487,7 +514,11 @@ def test_a_wrongly_shaped_part_of_a_merged_weight_is_named(tmp_path):
         key = "model.layers.0.self_attn.v_proj.weight"
         t[key] = t[key][:-2].clone()
 
-    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.qkv_proj"):
+    with refuses(
+        ValueError,
+        "load_weight of a checkpoint whose layer 0 v_proj is two rows short",
+        match=r"model\.layers\.0\.self_attn\.qkv_proj",
+    ):
         load_into_fresh_model(copy_checkpoint(tmp_path, shrink))
 
 
@@ -517,13 +548,19 @@ def test_a_truncated_file_is_named(tmp_path):
     path = ckpt / "model.safetensors"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match="model.safetensors"):
+    with refuses(
+        ValueError, "load_weight of a model.safetensors cut in half", match="model.safetensors"
+    ):
         load_into_fresh_model(ckpt)
 
 
 def test_no_safetensors_file_is_reported(tmp_path):
     shutil.copy(MODEL / "config.json", tmp_path / "config.json")
-    with pytest.raises(FileNotFoundError, match="safetensors"):
+    with refuses(
+        FileNotFoundError,
+        "load_weight of a folder without a .safetensors file",
+        match="safetensors",
+    ):
         load_into_fresh_model(tmp_path)
 
 

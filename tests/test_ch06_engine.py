@@ -23,6 +23,7 @@ from minisgl.engine import (
     top_k_top_p_filter,
 )
 from minisgl.scheduler.table import TableManager
+from refusals import refuses
 
 MAX_LEN = 128
 ROWS = 4
@@ -233,12 +234,12 @@ def test_the_next_step_reads_the_sample_from_the_token_pool_without_waiting():
 
 def test_engine_config_rejects_bad_values():
     for bad in (dict(max_running_req=0), dict(page_size=0), dict(num_page_override=0)):
-        with pytest.raises(ValueError, match=next(iter(bad))):
+        with refuses(ValueError, f"EngineConfig(model, **{bad})", match=next(iter(bad))):
             EngineConfig(MODEL, **bad)
 
 
 def test_engine_reports_a_missing_model(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with refuses(FileNotFoundError, "Engine of a folder without config.json", match="config.json"):
         Engine(EngineConfig(tmp_path, device="cpu"))
 
 

@@ -11,6 +11,7 @@ from typing import List, Tuple
 import pytest
 import torch
 
+from classroom.device_tags import host_tensors, tag_device_copies
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch, Req
@@ -19,6 +20,7 @@ from minisgl.env import ENV
 from minisgl.kvcache import CacheHandle
 from minisgl.scheduler import ChunkedReq, DecodeManager
 from minisgl.utils.streams import DeferredStream
+from refusals import refuses
 
 pytestmark = pytest.mark.usefixtures("normal_loop")  # conftest.py: chapter 11 is not here yet
 
@@ -279,6 +281,19 @@ def assert_int64_indices(fi) -> None:
     assert not wrong, f"index tensors should be int64: {wrong}"
 
 
+def assert_same(got, want: List[int], rule: str) -> None:
+    """`got` (a tensor or list) equals `want`; else the rule, where they first differ, and both."""
+    got = got.tolist() if isinstance(got, torch.Tensor) else got
+    if got == want:
+        return
+    at = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+    raise AssertionError(
+        f"{rule}: {len(got)} entries, expected {len(want)}; first difference at entry {at}: "
+        f"expected {want[at : at + 4]}..., got {got[at : at + 4]}... (expected {want[:12]}, got "
+        f"{got[:12]}, first 12 shown)"
+    )
+
+
 def _run(llm, forward_input) -> List[int]:
     llm.engine.stream.wait_stream(llm.stream)
     out = llm.engine.forward_batch(forward_input)
@@ -303,18 +318,28 @@ def test_prepare_batch_builds_prefill_and_decode_indices():
     want_cols = [j for n in lens for j in range(n)]
     assert fi.batch is batch, "the ForwardInput should carry the batch it was given"
     assert_int64_indices(fi)
-    assert fi.input_tuple[0].tolist() == want_rows, "input_tuple rows: each token's request slot"
-    assert fi.input_tuple[1].tolist() == want_cols, "input_tuple columns: each token's position"
-    assert batch.positions.tolist() == want_cols, "batch.positions: each processed token's position"
-    assert fi.write_tuple[0].tolist() == rows_of, "each sample goes to its request's row"
-    assert fi.write_tuple[1].tolist() == lens, "each sample goes right after the prompt"
-    out_loc = batch.out_loc.tolist()
-    assert out_loc == llm.page_table[fi.input_tuple].tolist(), (
-        "out_loc: the page-table entry of every token"
+    assert_same(fi.input_tuple[0], want_rows, "input_tuple rows: each token's request slot")
+    assert_same(fi.input_tuple[1], want_cols, "input_tuple columns: each token's position")
+    assert_same(batch.positions, want_cols, "batch.positions: each processed token's position")
+    assert_same(
+        fi.write_tuple[0], rows_of, "write_tuple rows: each sample goes to its request's row"
     )
-    assert len(set(out_loc)) == sum(lens), "two tokens were given the same KV location"
-    assert llm.cache_manager.num_free_pages == free_before - sum(lens), (
-        "prefill should take one page per token"
+    assert_same(
+        fi.write_tuple[1], lens, "write_tuple columns: each sample goes right after the prompt"
+    )
+    out_loc = batch.out_loc.tolist()
+    assert_same(
+        batch.out_loc,
+        llm.page_table[fi.input_tuple].tolist(),
+        "out_loc: the page-table entry of every token (at input_tuple's row and position)",
+    )
+    assert len(set(out_loc)) == sum(lens), (
+        f"two tokens were given the same KV location: {len(set(out_loc))} distinct in out_loc "
+        f"for {sum(lens)} tokens"
+    )
+    took = free_before - llm.cache_manager.num_free_pages
+    assert took == sum(lens), (
+        f"prefill should take one page per token (page size 1): {sum(lens)}, it took {took}"
     )
     assert batch.attn_metadata is not None, "the batch needs its attention metadata"
 
@@ -359,6 +384,26 @@ def test_prepare_batch_builds_prefill_and_decode_indices():
     assert second == [r[1] for r in ref], (
         f"decode sampled {second}, Hugging Face gives {[r[1] for r in ref]}"
     )
+
+
+@torch.inference_mode()
+def test_prepare_batch_moves_the_tensors_it_builds_to_the_device():
+    # On a CPU, kit.to_device returns its argument, so a step built without it runs; on a GPU its
+    # index tensors would stay in host memory. The tagging kit (classroom/device_tags.py) marks
+    # what went through to_device, and torch keeps the mark through indexing and conversions.
+    llm = build_llm()
+    tag_device_copies(llm.engine)
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
+    for phase in ("prefill", "decode"):
+        fi = llm._prepare_batch(Batch(reqs, phase))
+        left = host_tensors(fi, llm.engine.device)
+        assert not left, (
+            f"{phase} step: {', '.join(left)} built on the host and never copied to the device "
+            "with self.engine.kit.to_device(...): on a CPU that call changes nothing, on a GPU the "
+            "step's kernels would be handed host memory"
+        )
+        for r in reqs:
+            r.complete_one()  # what launching the step does: the next one is a decode
 
 
 @torch.inference_mode()
@@ -566,11 +611,13 @@ def test_bad_input_is_refused_and_the_llm_keeps_serving(case):
         "not_ints": ([1.5, 2.0], "integer"),
     }
     if case == "mismatched":
-        with pytest.raises(ValueError, match="2 prompts but 1"):
+        with refuses(
+            ValueError, "generate of 2 prompts with 1 SamplingParams", match="2 prompts but 1"
+        ):
             llm.generate(good, [greedy(3)])
     else:
         ids, words = bad[case]
-        with pytest.raises(ValueError, match=f"prompt 1: .*{words}"):
+        with refuses(ValueError, f"generate with prompt 1 {case}", match=f"prompt 1: .*{words}"):
             llm.generate([good[0], ids], greedy(3))
     assert not llm.results and not llm.busy, "a refused generate call must queue nothing"
 

@@ -14,6 +14,7 @@ from minisgl.kvcache import CacheHandle
 from minisgl.message import UserMsg
 from minisgl.scheduler import CacheManager, pages_for
 from minisgl.utils import EventLog
+from refusals import refuses
 
 pytestmark = pytest.mark.usefixtures("normal_loop")  # conftest.py: chapter 11 is not here yet
 
@@ -480,9 +481,13 @@ def test_a_request_that_can_never_fit_is_refused_while_others_run():
     huge = (p[3] * 8)[:num_pages]  # prompt + max_tokens is more than the whole pool
 
     uids = [llm.add_request(ids, greedy(n)) for ids in p[:2]]
-    with pytest.raises(ValueError, match="pages"):
+    with refuses(
+        ValueError, f"add_request of {len(huge)} tokens + {n}, over the pool", match="pages"
+    ):
         llm.add_request(huge, greedy(n))
-    with pytest.raises(ValueError, match="prompt 1: .*pages"):
+    with refuses(
+        ValueError, "generate whose prompt 1 cannot fit the pool", match="prompt 1: .*pages"
+    ):
         llm.generate([p[0], huge], greedy(n))
     # A frontend that did not check first: the scheduler itself must refuse it, and not crash.
     llm.io.put(

@@ -13,9 +13,11 @@ from typing import Dict, List, Set, Tuple
 import pytest
 import torch
 
+from contract_types import assert_dtype
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prefill_batches, prompt_ids
 from minisgl.kvcache import CacheHandle, RadixPrefixCache
 from minisgl.scheduler import pages_for
+from refusals import refuses
 
 CPU = torch.device("cpu")
 
@@ -253,9 +255,12 @@ def test_unlocking_a_prefix_that_is_not_locked_is_an_error():
 def test_evict_takes_least_recently_used_leaves_then_their_parent():
     cache = _two_branches()
     match(cache, 1, 2, 3, 4)  # now [5,6] is the least recently used leaf
-    assert sorted(cache.evict(2).tolist()) == [30, 31], (
+    freed = cache.evict(2)
+    assert sorted(freed.tolist()) == [30, 31], (
         "[5,6] is the least recently used leaf: it goes first"
     )
+    # the locations as they were inserted: int32, the page table's and the free list's dtype
+    assert_dtype(freed, torch.int32, "evict(2)'s freed locations")
     assert match(cache, 1, 2, 5, 6) == (2, [10, 11]), (
         "only the shared [1, 2] is left of that branch"
     )
@@ -386,7 +391,7 @@ def test_a_locked_path_is_never_evicted():
     assert cache.evictable_size == 0, (
         f"everything left is locked: evictable size {cache.evictable_size}"
     )
-    with pytest.raises(RuntimeError):
+    with refuses(RuntimeError, "evict(1) with everything left locked"):
         cache.evict(1)  # everything left is locked
     assert match(cache, 1, 2, 3, 4) == (4, [10, 11, 20, 21]), "the locked path stays cached"
     cache.lock_handle(handle, unlock=True)

@@ -177,7 +177,11 @@ def test_prefill_adder_chunks_the_request_that_hits_the_budget():
     assert pool[rb.table_idx, :9].tolist() == b.input_ids.tolist(), (
         "the whole prompt is stored at once"
     )
-    assert adder.try_add_one(c) is None, "the budget is spent"
+    rc = adder.try_add_one(c)
+    assert rc is None, (
+        f"the budget of 6 is spent (a's 4 tokens and b's first 2, budget left "
+        f"{adder.token_budget}): c must wait, got {rc}"
+    )
     assert table.available_size == 2, "a request that waits must not hold a slot"
 
     rb.complete_one()  # the engine ran the chunk
@@ -265,8 +269,10 @@ def test_a_prompt_of_exactly_the_budget_is_one_piece():
         "a prompt of exactly the budget fits whole: it is a normal request, not a chunk"
     )
     assert a.chunked_req is None, "a's whole prompt was added: it has no chunk pending"
-    assert adder.try_add_one(_pending(2, 1)) is None, (
-        "the budget is spent: nothing more joins this batch"
+    rb = adder.try_add_one(_pending(2, 1))
+    assert rb is None, (
+        f"the budget of 5 is spent by a's 5 tokens (budget left {adder.token_budget}): nothing "
+        f"more joins this batch, got {rb}"
     )
     assert table.available_size == 3, "a request that waits must not hold a slot"
 

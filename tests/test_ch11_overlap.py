@@ -22,6 +22,7 @@ from helpers import (
 from minisgl import SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
+from refusals import refuses
 
 
 def set_overlap(on: bool) -> None:
@@ -496,7 +497,7 @@ def test_abort_in_every_state(overlap):
             and pending.chunked_req is not None
         ):
             abort_at(chunked)
-    with pytest.raises(ValueError, match="unknown request uid"):
+    with refuses(ValueError, "abort(12345), a uid never given", match="unknown request uid"):
         llm.abort(12345)
     llm.abort(keep)  # after it finished: a no-op
     llm._queue.put(AbortBackendMsg(uid=777))  # unknown at the scheduler level: ignored

@@ -22,6 +22,7 @@ from minisgl.message import (
     UserReply,
 )
 from minisgl.message.wire import decode_batch, encode_batch, encode_value, revive
+from refusals import raised
 
 # as the server builds them: the fields the client sent are the ones set
 SET = ["ignore_eos", "max_tokens", "temperature", "top_k", "top_p"]
@@ -63,21 +64,6 @@ def same(a, b) -> bool:
         elif x != y:
             return False
     return True
-
-
-def raised(call, what: str) -> BaseException:
-    """The exception `call()` raised, or a failure saying `what` returned instead. A stub's
-    NotImplementedError (or the judge's stand-in for code it could not load) goes through, so
-    that the judge reports the exercise as not written rather than as a wrong error."""
-    try:
-        call()
-    except NotImplementedError:
-        raise
-    except Exception as e:
-        if type(e).__name__ == "LearnerCodeError":
-            raise
-        return e
-    pytest.fail(f"{what} returned, expected it to raise")
 
 
 def test_a_tensor_travels_as_its_ids_and_dtype():

@@ -58,7 +58,9 @@ def replies(
     ids: List[List[int]] | None = None,
 ) -> List[UserReply]:
     """One reply per text, with the token ids `ids` (one list a reply; default: one id each,
-    100, 101, ...); the last one finished with `reason`."""
+    100, 101, ...); the last one finished with `reason`. Only the first reply carries the prompt's
+    count (`prompt_tokens`): the answer is built from that reply, the one the app awaited, and a
+    later reply's count is UserReply's default, 0, so usage taken from any other reply shows."""
     n = len(texts)
     ids = ids if ids is not None else [[100 + i] for i in range(n)]
     assert len(ids) == n, "one list of token ids per reply"
@@ -69,7 +71,7 @@ def replies(
             token_ids=ids[i],
             finished=i == n - 1,
             finish_reason=reason if i == n - 1 else None,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=prompt_tokens if i == 0 else 0,
         )
         for i, t in enumerate(texts)
     ]
@@ -348,7 +350,10 @@ def test_usage_comes_last_before_done_when_asked():
         "prompt_tokens": 5,
         "completion_tokens": 3,
         "total_tokens": 8,
-    }, f"the usage chunk should have no choices and count 5 + 3 tokens, got {last}"
+    }, (
+        "the usage chunk should have no choices and count 5 + 3 tokens (the prompt's 5 from the "
+        f"first reply: the later ones carry 0), got {last}"
+    )
     assert all("usage" not in c for c in chunks[:-1]), "usage only in its own last chunk"
 
 
@@ -366,7 +371,8 @@ def test_usage_counts_token_ids_not_replies():
         "completion_tokens": 6,
         "total_tokens": 11,
     }, (
-        "4 replies carrying 2, 0, 3 and 1 token ids: the answer has 6 tokens, got "
+        "the prompt's 5 tokens (the first reply's count) and 4 replies carrying 2, 0, 3 and 1 "
+        "token ids: the answer has 6 tokens, got "
         f"{last.get('usage')}"
     )
 
@@ -453,7 +459,8 @@ def test_a_plain_answer_joins_the_text_and_counts_the_tokens():
         f"asked for, every token id: {body['choices'][0]}"
     )
     assert body.get("usage") == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}, (
-        f"usage: {body.get('usage')}"
+        "usage should count the prompt's 4 tokens (from the first reply: the later ones carry 0) "
+        f"and the 3 token ids, got {body.get('usage')}"
     )
     assert front.released == [(7, False)], (
         f"a finished request is released with abort=False, got {front.released}"
@@ -482,7 +489,8 @@ def test_a_plain_answers_usage_counts_token_ids_not_replies():
         f"every reply's token ids, in order: {body['choices'][0].get('token_ids')}"
     )
     assert body.get("usage") == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}, (
-        f"4 replies carrying 2, 0, 3 and 1 token ids: 6 tokens, got {body.get('usage')}"
+        "the prompt's 5 tokens (the first reply's count) and 4 replies carrying 2, 0, 3 and 1 "
+        f"token ids: 6 tokens, got {body.get('usage')}"
     )
 
 

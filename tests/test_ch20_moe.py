@@ -12,6 +12,7 @@ import torch
 
 from checkpoints import checkpoint
 from classroom.experts import Products  # what the try-out counts, the tests count
+from contract_types import assert_dtype
 from helpers import assert_tensors_close, assert_tokens_equal, build_llm, greedy, hf_greedy
 from minisgl.kernel.moe import group_by_expert, moe_experts, route
 
@@ -155,6 +156,9 @@ def test_route_with_a_tie_at_the_cut_keeps_top_k_distinct_experts():
 def test_grouping_lists_each_experts_choices_together_in_rising_order():
     ids = torch.tensor([[3, 0], [0, 5], [5, 3], [1, 0]])
     order, counts = group_by_expert(ids, 7)
+    # int64, as the contract says: moe_experts indexes with order and slices by counts' sums
+    assert_dtype(order, torch.int64, "order (the entries sorted by expert)", shape=[8])
+    assert_dtype(counts, torch.int64, "counts (one per expert)", shape=[7])
     assert order.tolist() == [1, 2, 7, 6, 0, 5, 3, 4], (
         f"the entries of {ids.tolist()} sorted by expert, each expert's in rising order: "
         f"expected order [1, 2, 7, 6, 0, 5, 3, 4], got {order.tolist()}"

@@ -181,7 +181,12 @@ class RadixPrefixCache(BasePrefixCache):
         while node is not self.root:
             if unlock:
                 if node.ref_count <= 0:
-                    raise AssertionError("unlocking a radix node that is not locked")
+                    raise AssertionError(
+                        "unlocking a prefix that is not locked: a node on it has no lock left "
+                        "(ref_count 0), so the prefix was unlocked more often than it was "
+                        "locked; each lock (a request admitted on the prefix, or its prefix "
+                        "cached again by cache_req) is undone exactly once"
+                    )
                 node.ref_count -= 1
                 if node.ref_count == 0:
                     self._protected -= len(node.key)

@@ -275,7 +275,10 @@ class CacheManager:
         n_free, n_cached = len(free), len(cached_pages)
         assert len(torch.unique(free)) == n_free, "a page is in the free list twice"
         assert n_free + n_cached == self.num_pages, (
-            f"free_pages({n_free}) + cache_pages({n_cached}) != num_pages({self.num_pages})"
+            f"{n_free} free + {n_cached} cached pages, expected {self.num_pages}: with no "
+            "request running every page is free or in the prefix cache, once (fewer: a page "
+            "taken and never given back; more: a page freed twice, or freed while the cache "
+            "holds it)"
         )
         overlap = torch.isin(free, cached_pages.to(free.dtype))
         assert not bool(overlap.any()), (
