@@ -73,7 +73,7 @@ class GatedAttention(AttentionLayer):
         ctx = get_global_ctx()
         heads, d = self._num_heads, self._head_dim
         q_gate = qkv[:, : 2 * self._q_size].view(-1, heads, 2 * d)
-        q, gate = q_gate[..., :d], q_gate[..., d:].reshape(-1, self._q_size)
+        q, gate = q_gate[..., :d], q_gate[..., d:]
         k, v = (
             t.reshape(-1, self._num_kv_heads, d)
             for t in qkv[:, 2 * self._q_size :].split(self._kv_size, dim=-1)
@@ -83,9 +83,10 @@ class GatedAttention(AttentionLayer):
         q_rot, k_rot = self._rotary.forward(ctx.batch.positions, q[..., :r], k[..., :r])
         q = torch.cat([q_rot, q[..., r:]], dim=-1)
         k = torch.cat([k_rot, k[..., r:]], dim=-1)
-        out = ctx.attn_backend.forward(q, k, v.contiguous(), self._layer_id, ctx.batch)
-        out = out.reshape(-1, self._q_size) * torch.sigmoid(gate)
-        return self.o_proj.forward(out)
+        out = ctx.attn_backend.forward(q, k, v, self._layer_id, ctx.batch)
+        # gated per head, then flattened: the product is contiguous, so the reshape is a view
+        out = out.view(-1, heads, d) * torch.sigmoid(gate)
+        return self.o_proj.forward(out.reshape(-1, self._q_size))
 
 
 class SplitMLP(BaseOP):

@@ -115,6 +115,11 @@ def hybrid_from_hf(raw: Dict[str, Any], architecture: str) -> HybridConfig:
             f"layer_types {unknown} are not supported: a hybrid model's layers are "
             f"{' or '.join(LAYER_KINDS)}"
         )
+    if "full_attention" not in types:
+        raise ValueError(
+            "layer_types has no 'full_attention' layer: a model of DeltaNet layers alone is not "
+            "supported (transformers' cache cannot run one either)"
+        )
     k_heads, v_heads = (
         _positive(raw, "linear_num_key_heads"),
         _positive(raw, "linear_num_value_heads"),
