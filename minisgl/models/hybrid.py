@@ -1,10 +1,8 @@
 """Qwen3-Next and Qwen3.5: decoders whose layers are mostly Gated DeltaNet (gated_deltanet.py),
 with a full-attention layer every few (hybrid_config.py says which).
 
-Their full attention is Qwen3's (GQA, per-head q/k RMSNorm) with two changes: RoPE rotates only
-the first `rotary_dim` dimensions of each head (the rest pass through), and the output is gated:
-q_proj is twice as tall, each head's query followed by its gate, and the attention's output is
-multiplied by sigmoid(gate) before o_proj.
+Their full attention is Qwen3's with partial RoPE and an output gate (minisgl/layers/
+gated_attention.py).
 
 Every RMSNorm but the DeltaNet output's scales by (1 + weight): checkpoints store the weight's
 offset from 1. `load_state_dict` adds the 1 once, so the engine's RMSNorm (and its fused GPU
@@ -20,11 +18,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minisgl.core import get_global_ctx
 from minisgl.kvcache.state_pool import StatePool
 from minisgl.layers import (
-    AttentionLayer,
     BaseOP,
+    GatedAttention,
     Linear,
     LMHead,
     OPList,
@@ -37,56 +34,6 @@ from .config import ModelConfig
 from .decoder import MLP, CausalLM, DecoderBody
 from .gated_deltanet import GatedDeltaNet
 from .moe import SparseMoeBlock
-
-
-class GatedAttention(AttentionLayer):
-    """Qwen3-Next's full attention: partial RoPE and a sigmoid output gate (module docstring)."""
-
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        kv_layer: int,
-        rotary: RotaryEmbedding,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        super().__init__(
-            kv_layer,
-            cfg.hidden_size,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            qk_norm=True,
-            eps=cfg.rms_norm_eps,
-            rotary=rotary,
-            dtype=dtype,
-            device=device,
-            qkv_bias=cfg.attention_bias,
-            o_bias=cfg.attention_bias,
-        )
-        # q|gate, k, v: the merged projection is one query's height taller
-        height = 2 * self._q_size + 2 * self._kv_size
-        self.qkv_proj = Linear(cfg.hidden_size, height, cfg.attention_bias, dtype, device)
-        self._rotary_dim = cfg.hybrid.rotary_dim
-
-    def _attend(self, qkv: torch.Tensor) -> torch.Tensor:
-        ctx = get_global_ctx()
-        heads, d = self._num_heads, self._head_dim
-        q_gate = qkv[:, : 2 * self._q_size].view(-1, heads, 2 * d)
-        q, gate = q_gate[..., :d], q_gate[..., d:]
-        k, v = (
-            t.reshape(-1, self._num_kv_heads, d)
-            for t in qkv[:, 2 * self._q_size :].split(self._kv_size, dim=-1)
-        )
-        q, k = self.q_norm.forward(q), self.k_norm.forward(k)
-        r = self._rotary_dim
-        q_rot, k_rot = self._rotary.forward(ctx.batch.positions, q[..., :r], k[..., :r])
-        q = torch.cat([q_rot, q[..., r:]], dim=-1)
-        k = torch.cat([k_rot, k[..., r:]], dim=-1)
-        out = ctx.attn_backend.forward(q, k, v, self._layer_id, ctx.batch)
-        # gated per head, then flattened: the product is contiguous, so the reshape is a view
-        out = out.view(-1, heads, d) * torch.sigmoid(gate)
-        return self.o_proj.forward(out.reshape(-1, self._q_size))
 
 
 class SplitMLP(BaseOP):
@@ -129,8 +76,19 @@ class HybridDecoderLayer(BaseOP):
         hybrid, eps = cfg.hybrid, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps, dtype, device)
         if hybrid.layer_types[layer_id] == "full_attention":
-            kv_layer = hybrid.full_layers.index(layer_id)
-            self.self_attn = GatedAttention(cfg, kv_layer, rotary, dtype, device)
+            self.self_attn = GatedAttention(
+                hybrid.full_layers.index(layer_id),  # its layer in the KV cache
+                cfg.hidden_size,
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                cfg.head_dim,
+                cfg.rms_norm_eps,
+                rotary,
+                hybrid.rotary_dim,
+                dtype,
+                device,
+                bias=cfg.attention_bias,
+            )
         else:
             self.linear_attn = GatedDeltaNet(
                 hybrid, cfg.architecture, cfg.hidden_size, eps, dtype, device
