@@ -200,6 +200,15 @@ def test_the_memory_plan_pays_for_the_state_pool_before_the_pages():
     )
 
 
+def test_a_state_pool_that_leaves_too_little_for_kv_is_refused_naming_max_running_req():
+    ckpt = hybrid_checkpoint("qwen3_next-moe")
+    model = ModelConfig.from_dir(ckpt)
+    config = EngineConfig(model_path=str(ckpt), max_running_req=63, page_size=4)
+    state = 64 * 9600  # 3 DeltaNet layers of 9600 bytes a row, float32
+    with pytest.raises(ValueError, match="max_running_req=63"):
+        plan_pool(config, model, torch.float32, int(state / config.memory_ratio))
+
+
 def test_a_reused_slot_starts_from_zeros_with_the_step_in_flight_deferred():
     """One slot for four requests, overlap on, deferred CPU streams: each request's last step is
     still queued when the next one takes its slot (rule 3 keeps the slot until that step is

@@ -21,7 +21,7 @@ from minisgl.kvcache import KVCache
 from minisgl.models import ModelConfig
 
 from .config import EngineConfig
-from .state import state_pool_bytes
+from .state import state_pool_within
 
 _INT32 = 4
 _FLOAT32 = 4
@@ -96,9 +96,10 @@ def _gpu_pages(
     """As many pages as the memory share holds once the tables are paid for: tables `longest`
     positions long when that length is `fixed` (asked for) or the pool outgrows it, else as long as
     the pool itself."""
+    share = int(free_bytes * config.memory_ratio)
     # a hybrid model's state pool (state.py) is a fixed cost per request slot, paid before any
-    # page, and its pages hold KV of the full-attention layers only
-    budget = int(free_bytes * config.memory_ratio) - state_pool_bytes(config, model, dtype)
+    # page (refused if it leaves none), and its pages hold KV of the full-attention layers only
+    budget = share - state_pool_within(config, model, dtype, share)
     per_page = KVCache.bytes_per_page(
         model.num_kv_layers, config.page_size, model.num_kv_heads, model.head_dim, dtype
     )

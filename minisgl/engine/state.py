@@ -57,6 +57,22 @@ def state_pool_bytes(config: EngineConfig, model: ModelConfig, dtype: torch.dtyp
     return state_rows(config) * per_row
 
 
+def state_pool_within(
+    config: EngineConfig, model: ModelConfig, dtype: torch.dtype, share: int
+) -> int:
+    """The state pool's bytes, taken from a memory `share` of `share` bytes: ValueError naming
+    max_running_req when it would leave less than a quarter of the share for KV pages."""
+    need = state_pool_bytes(config, model, dtype)
+    if need > share * 3 // 4:
+        raise ValueError(
+            f"the DeltaNet state of {state_rows(config)} request slots (max_running_req="
+            f"{config.max_running_req}, plus one) takes {need / 2**30:.2f} GiB of the "
+            f"{share / 2**30:.2f} GiB the pool may use, leaving too little for KV pages; lower "
+            "max_running_req or raise memory_ratio"
+        )
+    return need
+
+
 def create_state_pool(
     config: EngineConfig, model: ModelConfig, dtype: torch.dtype, device: torch.device
 ) -> StatePool | None:
