@@ -21,6 +21,7 @@ from minisgl.kvcache import KVCache
 from minisgl.models import ModelConfig
 
 from .config import EngineConfig
+from .state import state_pool_within
 
 _INT32 = 4
 _FLOAT32 = 4
@@ -95,9 +96,12 @@ def _gpu_pages(
     """As many pages as the memory share holds once the tables are paid for: tables `longest`
     positions long when that length is `fixed` (asked for) or the pool outgrows it, else as long as
     the pool itself."""
-    budget = int(free_bytes * config.memory_ratio)
+    share = int(free_bytes * config.memory_ratio)
+    # a hybrid model's state pool (state.py) is a fixed cost per request slot, paid before any
+    # page (refused if it leaves none), and its pages hold KV of the full-attention layers only
+    budget = share - state_pool_within(config, model, dtype, share)
     per_page = KVCache.bytes_per_page(
-        model.num_layers, config.page_size, model.num_kv_heads, model.head_dim, dtype
+        model.num_kv_layers, config.page_size, model.num_kv_heads, model.head_dim, dtype
     )
     per_position = table_bytes_per_position(config, model)
     pages = (budget - longest * per_position) // per_page

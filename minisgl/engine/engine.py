@@ -31,6 +31,7 @@ from .config import EngineConfig
 from .context import plan_pool
 from .request_sampling import RequestSampler
 from .sampler import BatchSamplingArgs
+from .state import check_hybrid_engine, create_state_pool
 
 Index2D = Tuple[torch.Tensor, torch.Tensor]  # (rows, columns) into the token pool
 
@@ -71,6 +72,7 @@ class Engine:
         self.device = rank_device(resolve_device(config.device), self.comm)
         self.kit = DeviceKit(self.device, config.cpu_streams or str(ENV.CPU_STREAMS.value))
         self.model_config = ModelConfig.from_dir(config.model_path)
+        check_hybrid_engine(config, self.model_config)  # before the weights: a quick refusal
         self.rank_config = (
             rank_config(self.model_config, self.comm.size)
             if self.comm.size > 1
@@ -112,7 +114,7 @@ class Engine:
         # pool: the cache manager never hands it out.
         extra_pages = 1 if self.use_cuda_graph else 0
         self.kv_cache = KVCache(
-            cfg.num_layers,
+            cfg.num_kv_layers,  # a hybrid model's full-attention layers only
             self.num_pages + extra_pages,
             self.page_size,
             cfg.num_kv_heads,
@@ -126,6 +128,10 @@ class Engine:
         self.page_table = torch.zeros(rows, self.max_seq_len, dtype=torch.int32, device=self.device)
         self.token_pool = torch.zeros(rows, self.max_seq_len, dtype=torch.int32, device=self.device)
         self.dummy_row = rows - 1
+        # a hybrid model's per-request DeltaNet state, one row per slot like the tables (state.py)
+        self.state_pool = create_state_pool(config, cfg, self.dtype, self.device)
+        if self.state_pool is not None:
+            self.model.attach_state(self.state_pool)
 
     def _free_gpu_bytes(self) -> int:
         """The GPU memory this rank's pool may plan with. Ranks that share one GPU ("cuda:0" under

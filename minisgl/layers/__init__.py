@@ -1,6 +1,7 @@
 from .attention import AttentionLayer
 from .base import BaseOP, OPList
 from .embedding import LMHead, VocabEmbedding
+from .gated_attention import GatedAttention
 from .linear import Linear
 from .norm import RMSNorm
 from .rotary import RotaryEmbedding
@@ -9,6 +10,7 @@ __all__ = [
     "AttentionLayer",
     "BaseOP",
     "OPList",
+    "GatedAttention",
     "LMHead",
     "VocabEmbedding",
     "Linear",

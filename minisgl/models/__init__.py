@@ -11,6 +11,7 @@ from minisgl.distributed import SINGLE, Collectives
 
 from .config import ModelConfig
 from .decoder import CausalLM
+from .hybrid import Qwen3_5ForCausalLM, Qwen3NextForCausalLM
 from .llama import LlamaForCausalLM
 from .qwen2 import Qwen2ForCausalLM
 from .qwen3 import Qwen3ForCausalLM
@@ -23,6 +24,8 @@ _CLASSES = {
     "llama": LlamaForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3_moe": Qwen3MoeForCausalLM,
+    "qwen3_next": Qwen3NextForCausalLM,
+    "qwen3_5": Qwen3_5ForCausalLM,
 }
 
 BUNDLED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "shakespeare-qwen3"
@@ -67,6 +70,8 @@ __all__ = [
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3MoeForCausalLM",
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM",
     "load_weight",
     "create_model",
     "load_model",

@@ -30,12 +30,13 @@ from .config_rules import (  # noqa: F401  (re-exported: the field lists, for te
     check_supported,
     rope_scaling_from_hf,
 )
+from .hybrid_config import HYBRID_ARCHITECTURES, HybridConfig, hybrid_from_hf, text_part
 from .moe_config import MOE_ARCHITECTURES, MoeConfig, moe_from_hf
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # "qwen3", "llama", "qwen2" or "qwen3_moe"
+    architecture: str  # "qwen3", "llama", "qwen2", "qwen3_moe", "qwen3_next" or "qwen3_5"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -59,6 +60,14 @@ class ModelConfig:
     # the window - 1 before it: all of a sequence no longer than the window, so the engine runs it
     # only with a context length <= the window (minisgl/engine/context.py)
     sliding_window: int | None = None
+    # Qwen3-Next's and Qwen3.5's layer kinds, DeltaNet heads and partial RoPE (hybrid_config.py);
+    # None: every layer full attention
+    hybrid: HybridConfig | None = None
+
+    @property
+    def num_kv_layers(self) -> int:
+        """The layers that keep KV in the cache: all of them, or a hybrid's full-attention ones."""
+        return self.num_layers if self.hybrid is None else len(self.hybrid.full_layers)
 
     @classmethod
     def from_hf(cls, raw: Dict[str, Any]) -> "ModelConfig":
@@ -134,7 +143,10 @@ class ModelConfig:
             check_supported(raw)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
+        raw = text_part(raw)  # a vision-language Qwen3.5: its language model's fields
         config = cls.with_experts(cls.from_hf(raw), raw)
+        if config.architecture in HYBRID_ARCHITECTURES:
+            config = replace(config, hybrid=hybrid_from_hf(raw, config.architecture))
         arch = next(a for a in raw["architectures"] if a in SUPPORTED_ARCHITECTURES)
         if arch in WINDOWED_ARCHITECTURES and raw.get("sliding_window") is not None:
             config = replace(config, sliding_window=raw["sliding_window"])

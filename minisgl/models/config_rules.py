@@ -12,6 +12,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
+from .hybrid_config import (
+    HYBRID_ARCHITECTURES,
+    HYBRID_NO_EFFECT_FIELDS,
+    HYBRID_READ_FIELDS,
+    hybrid_from_hf,
+    text_part,
+)
 from .moe_config import MOE_ARCHITECTURES, MOE_NO_EFFECT_FIELDS, MOE_READ_FIELDS, moe_from_hf
 
 SUPPORTED_ARCHITECTURES = {
@@ -22,6 +29,12 @@ SUPPORTED_ARCHITECTURES = {
     # Llama's math with a sliding window: exact while the window covers the engine's context
     # length (minisgl/engine/context.py refuses it by name otherwise)
     "MistralForCausalLM": "llama",
+    # Gated DeltaNet layers between gated full-attention ones (hybrid_config.py); Qwen3-Next's
+    # sparse layers add a shared expert, Qwen3.5's MLPs are dense. Of the vision-language Qwen3.5
+    # the engine runs the language model (text in, text out)
+    "Qwen3NextForCausalLM": "qwen3_next",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
 }
 # Architectures whose `sliding_window` is on whenever it is set (Qwen2/3 also need
 # use_sliding_window)
@@ -51,9 +64,11 @@ READ_FIELDS = frozenset(
         "eos_token_id",
     }
     | MOE_READ_FIELDS  # a mixture of experts' (moe_config.py)
+    | HYBRID_READ_FIELDS  # Qwen3-Next's and Qwen3.5's (hybrid_config.py)
 )
 # Would change the computation; accepted only with a value that makes them a no-op
-# (check_supported).
+# (check_supported). The hybrid architectures read layer_types and partial_rotary_factor
+# (hybrid_config.py), and refuse the values they do not implement there.
 REFUSED_FIELDS = frozenset(
     {
         "hidden_act",
@@ -91,6 +106,7 @@ NO_EFFECT_FIELDS = frozenset(
         "base_model_ep_plan",
     }
     | MOE_NO_EFFECT_FIELDS
+    | HYBRID_NO_EFFECT_FIELDS
 )
 ROPE_TYPES = ("default", "llama3")  # rope_type values the engine implements
 _SILU = ("silu", "swish")  # transformers' names for the same activation
@@ -163,6 +179,9 @@ def check_supported(raw: Dict[str, Any]) -> None:
             f"unsupported architectures {archs!r} (model_type {raw.get('model_type')!r}); "
             f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
         )
+    raw = text_part(raw)  # a vision-language Qwen3.5: its language model's fields
+    first = next(SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES)
+    hybrid = first in HYBRID_ARCHITECTURES
     if raw.get("quantization_config"):
         method = raw["quantization_config"]
         method = method.get("quant_method", method) if isinstance(method, dict) else method
@@ -184,6 +203,8 @@ def check_supported(raw: Dict[str, Any]) -> None:
             f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})"
         )
     for refused, why in _UNSUPPORTED:
+        if hybrid and refused in _HYBRID_READS:
+            continue  # hybrid_from_hf reads and checks these
         if refused(raw):
             raise ValueError(why(raw))
     dtype = raw.get("dtype", raw.get("torch_dtype"))
@@ -194,9 +215,10 @@ def check_supported(raw: Dict[str, Any]) -> None:
     eos = raw.get("eos_token_id")
     if eos is not None and not _is_id_or_ids(eos):
         raise ValueError(f"eos_token_id must be a token id, a list of them or null, got {eos!r}")
-    first = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if first in MOE_ARCHITECTURES:
         moe_from_hf(raw)  # the experts' fields, checked
+    if hybrid:
+        hybrid_from_hf(raw, first)
 
 
 def _positive_int(value: Any) -> bool:
@@ -240,6 +262,14 @@ def _other_layer_types(raw: Dict[str, Any]) -> List[str]:
     return sorted({t for t in raw.get("layer_types") or [] if t != "full_attention"})
 
 
+def _has_other_layer_types(raw: Dict[str, Any]) -> bool:
+    return bool(_other_layer_types(raw))
+
+
+def _has_partial_rotary(raw: Dict[str, Any]) -> bool:
+    return _partial_rotary(raw) not in (None, 1, 1.0)
+
+
 # What the engine does not implement, refused in this order: (is it asked for?, why not).
 _UNSUPPORTED: Tuple[Tuple[Callable[[Dict], bool], Callable[[Dict], str]], ...] = (
     (
@@ -257,14 +287,14 @@ _UNSUPPORTED: Tuple[Tuple[Callable[[Dict], bool], Callable[[Dict], str]], ...] =
         ),
     ),
     (
-        lambda raw: bool(_other_layer_types(raw)),
+        _has_other_layer_types,
         lambda raw: (
             f"layer_types {_other_layer_types(raw)} are not supported: only "
             "'full_attention' layers are implemented"
         ),
     ),
     (
-        lambda raw: _partial_rotary(raw) not in (None, 1, 1.0),
+        _has_partial_rotary,
         lambda raw: (
             f"partial_rotary_factor={_partial_rotary(raw)!r} is not supported: RoPE "
             "rotates the whole head"
@@ -278,6 +308,10 @@ _UNSUPPORTED: Tuple[Tuple[Callable[[Dict], bool], Callable[[Dict], str]], ...] =
         ),
     ),
 )
+
+
+# refused for the other architectures, read by the hybrid ones (hybrid_config.py)
+_HYBRID_READS = (_has_other_layer_types, _has_partial_rotary)
 
 
 def _check_one_rope_scaling(raw: Dict[str, Any]) -> None:

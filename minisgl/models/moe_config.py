@@ -31,7 +31,7 @@ MOE_READ_FIELDS = frozenset(
 )
 # Training only: the router's load-balancing loss and whether forward returns the router's logits.
 MOE_NO_EFFECT_FIELDS = frozenset({"output_router_logits", "router_aux_loss_coef"})
-MOE_ARCHITECTURES = frozenset({"qwen3_moe"})
+MOE_ARCHITECTURES = frozenset({"qwen3_moe", "qwen3_next"})
 
 
 @dataclass(frozen=True)

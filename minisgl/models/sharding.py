@@ -30,6 +30,11 @@ def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
         raise TypeError(f"tp_size must be an integer, got {type(tp_size).__name__} {tp_size!r}")
     if tp_size < 1:
         raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    if cfg.hybrid is not None and tp_size != 1:
+        raise ValueError(
+            f"tp_size={tp_size} is not supported for {cfg.architecture} (Gated DeltaNet layers): "
+            "its DeltaNet layers and their state are not sharded; run it with tp_size=1"
+        )
     fields = [("num_attention_heads", cfg.num_heads), ("intermediate_size", cfg.intermediate_size)]
     if cfg.moe is not None:
         fields.append(("moe_intermediate_size", cfg.moe.intermediate_size))

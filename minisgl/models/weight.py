@@ -75,7 +75,30 @@ def iter_hf_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]
     return stack_experts(_file_tensors(model_dir), expert_count(model_dir))
 
 
+# Weights of parts the engine does not run: a vision-language Qwen3.5's vision encoder, and the
+# multi-token-prediction head Qwen3-Next and Qwen3.5 ship for speculative decoding
+_SKIPPED_PREFIXES = ("model.visual.", "mtp.")
+_LANGUAGE_MODEL = "model.language_model."  # Qwen3_5ForConditionalGeneration's text decoder
+
+
+def _language_model(
+    tensors: Iterator[Tuple[str, torch.Tensor]],
+) -> Iterator[Tuple[str, torch.Tensor]]:
+    """The tensors of the text decoder under the keys a text-only model has."""
+    for key, tensor in tensors:
+        if key.startswith(_SKIPPED_PREFIXES):
+            continue
+        if key.startswith(_LANGUAGE_MODEL):
+            key = "model." + key[len(_LANGUAGE_MODEL) :]
+        yield key, tensor
+
+
 def _file_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Every (name, tensor) of the checkpoint's files that the engine runs (`_language_model`)."""
+    return _language_model(_all_file_tensors(model_dir))
+
+
+def _all_file_tensors(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]:
     """Every (name, tensor) of the checkpoint's files. A name in two files is an error: with no
     index to say which copy is meant, keeping either one could load the wrong weights."""
     from safetensors import safe_open
