@@ -135,6 +135,19 @@ def test_a_free_row_keeps_its_logits_and_its_draws():
     assert int(got[2]) in allowed, f"the constrained row drew {int(got[2])}, not in {allowed}"
 
 
+def test_with_token_logprobs_only_request_i_samples_from_row_i():
+    """A plan without sample_rows (only sampled tokens' logprobs asked for): row i is request i."""
+    logits = _logits(2)
+    args = BatchSamplingArgs(None, None, None, logprob_plan=LogprobPlan(k=0))
+    tokens = sample_with_bitmask(
+        Sampler(torch.device("cpu"), 0), logits, args, torch.tensor([1]), _bitmask([9])
+    )
+    assert tokens.tolist() == [V - 1, 9], (
+        f"tokens {tokens.tolist()}, expected [{V - 1}, 9]: a logprob plan without sample_rows "
+        "(no prompt logprobs) leaves request i on logits row i"
+    )
+
+
 def test_with_prompt_logprobs_the_mask_lands_on_the_requests_sampling_row():
     """Request 0 asked for its prompt's logprobs: its 3 prompt positions have logits rows 0-2 and
     it samples from row 2; request 1 (constrained) samples from row 3."""

@@ -81,16 +81,16 @@ class GrammarSteps:
         self._handle_step(last_data, super()._process_last_data)
 
     def _handle_step(self, last_data, handle: Callable) -> None:
-        """Handle step N's results and launch the sampling that waits for a mask, in the order
-        that gives every mask its matchers' latest token.
+        """Handle step N, then fill step N+1's mask and launch its sampling.
 
-        Under overlap, step N+1's forward is already launched, its sampling waiting in
-        `self._pending_sample`. Its mask depends on step N's tokens, which reach the matchers only
-        when step N is handled: so step N is handled first, then step N+1's mask is filled and its
-        sampling launched, while the device still computes the forward. The normal loop launched
-        step N itself, forward only, just before this handling: that step's sampling must be
-        launched first (its tokens are what the handling waits for), and its matchers are up to
-        date already (step N-1 was handled in the previous turn).
+        The order gives every mask its matchers' latest token. Under overlap, step N+1's forward is
+        already launched, its sampling waiting in `self._pending_sample`. Its mask depends on step
+        N's tokens, which reach the matchers only when step N is handled: so step N is handled
+        first, then step N+1's mask is filled and its sampling launched, while the device still
+        computes the forward. The normal loop launched step N itself, forward only, just before this
+        handling: that step's sampling must be launched first (its tokens are what the handling
+        waits for), and its matchers are up to date already (step N-1 was handled in the previous
+        turn).
 
         Receives: `last_data`, the step to handle, (ForwardInput, ForwardOutput) or None (nothing
             to handle); `handle`, the handling of chapter 11 (and the extras': stops, logprobs),
@@ -117,18 +117,18 @@ class GrammarSteps:
             self._sample_pending(pending)
 
     def _handle_with_matchers(self, last_data, handle: Callable) -> None:
-        """Handle a step's results with the matchers in step: each constrained request's matcher
-        takes the token the request receives, and a request that has ended loses its matcher.
+        """Handle a step with the matchers: each takes its token, ended requests lose theirs.
 
-        A matcher must see exactly the tokens its request generates, in order: the token is on the
-        host only once the step's `copy_done` has been waited for, and a chunk's sample is junk (a
-        part of the prompt generates nothing, and its sample was drawn without a mask). A matcher
-        lives as long as its request: once `handle` has run, the matchers of requests that are
-        neither launched and running (`self._live`) nor waiting in the prefill queue are dropped,
-        whatever ended them (EOS, max_tokens, a stop string, an abort, a failed step); so a step
-        that still carries a request that has ended finds no matcher for it. A token the matcher
-        refuses is recorded, not raised: a `grammar_reject` event naming the uid, the token and
-        the matcher's error.
+        Each constrained request's matcher takes the token the request generated, then `handle`
+        runs, then the matchers of requests that have ended are dropped. A matcher must see exactly
+        the tokens its request generates, in order: the token is on the host only once the step's
+        `copy_done` has been waited for, and a chunk's sample is junk (a part of the prompt
+        generates nothing, and its sample was drawn without a mask). A matcher lives as long as its
+        request: once `handle` has run, the matchers of requests that are neither launched and
+        running (`self._live`) nor waiting in the prefill queue are dropped, whatever ended them
+        (EOS, max_tokens, a stop string, an abort, a failed step); so a step that still carries a
+        request that has ended finds no matcher for it. A token the matcher refuses is recorded, not
+        raised: a `grammar_reject` event naming the uid, the token and the matcher's error.
 
         Receives: `last_data`, (ForwardInput, ForwardOutput) or None; `handle`, the base handling
             (call it with `last_data`, None included); `self._matchers`, uid -> llguidance matcher

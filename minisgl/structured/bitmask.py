@@ -31,8 +31,7 @@ def sample_with_bitmask(
     rows: torch.Tensor,
     bitmask: torch.Tensor,
 ) -> torch.Tensor:
-    """Pick each request's next token, a constrained request only among the tokens its grammar
-    allows.
+    """Sample the batch, each constrained request only among its allowed tokens.
 
     The mask comes first, on the raw logits, and the sampler's whole rule runs after it: a greedy
     request takes the argmax over the allowed tokens, and temperature, top-k and top-p work on the
