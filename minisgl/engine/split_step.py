@@ -17,7 +17,7 @@ from typing import Any, Dict
 
 import torch
 
-from minisgl.structured.bitmask import apply_bitmask_
+from minisgl.structured.bitmask import sample_with_bitmask
 
 from .engine import Engine, ForwardInput, ForwardOutput
 
@@ -67,13 +67,7 @@ def launch_sample(
         logits = pending.logits.pop("value")
         rows_dev = rows.to(logits.device, non_blocking=True)
         bitmask_dev = bitmask.to(logits.device, non_blocking=True)
-        if rows.numel():
-            plan = fi.sample_args.logprob_plan  # prompt logprobs: more logits rows than requests
-            at = (
-                rows_dev if plan is None or plan.sample_rows is None else plan.sample_rows[rows_dev]
-            )
-            apply_bitmask_(logits, at, bitmask_dev)
-        tokens = engine.sampler.sample(logits, fi.sample_args)
+        tokens = sample_with_bitmask(engine.sampler, logits, fi.sample_args, rows_dev, bitmask_dev)
         out.next_tokens_gpu.copy_(tokens)
         engine.token_pool[fi.write_tuple] = tokens  # before copy_done, as in forward_batch
         out.next_tokens_cpu.copy_(tokens, non_blocking=True)

@@ -15,9 +15,9 @@ already up to date: it fills the mask and launches the sampling before handling 
 
 Matchers are per-request state, kept by uid: created when the request is taken in (its grammar
 was compiled at the door: `admit` refuses one that does not compile, with the library's error),
-fed the tokens the CPU receives (the rules of chapter 11 decide which: no chunk, nothing for a
-request finished or aborted after the batch was launched), and dropped at the first handling
-after the request ends, however it ended (EOS, max_tokens, stop, abort, a failed step).
+fed the tokens its request generates (a chunk's junk sample is not one), and dropped at the
+first handling after the request ends, however it ended (EOS, max_tokens, stop, abort, a failed
+step).
 
 A token a matcher refuses can only come from a mask filled from a stale matcher; it is logged as
 a `grammar_reject` event and the matcher, in error from then on, allows only EOS.
@@ -26,7 +26,7 @@ a `grammar_reject` event and the matcher, in error from then on, allows only EOS
 from __future__ import annotations
 
 import time
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 import torch
 
@@ -78,34 +78,83 @@ class GrammarSteps:
     # ---------------------------------------------------------------- handling
 
     def _process_last_data(self, last_data) -> None:
+        self._handle_step(last_data, super()._process_last_data)
+
+    def _handle_step(self, last_data, handle: Callable) -> None:
+        """Handle step N, then fill step N+1's mask and launch its sampling.
+
+        The order gives every mask its matchers' latest token. Under overlap, step N+1's forward is
+        already launched, its sampling waiting in `self._pending_sample`. Its mask depends on step
+        N's tokens, which reach the matchers only when step N is handled: so step N is handled
+        first, then step N+1's mask is filled and its sampling launched, while the device still
+        computes the forward. The normal loop launched step N itself, forward only, just before this
+        handling: that step's sampling must be launched first (its tokens are what the handling
+        waits for), and its matchers are up to date already (step N-1 was handled in the previous
+        turn).
+
+        Receives: `last_data`, the step to handle, (ForwardInput, ForwardOutput) or None (nothing
+            to handle); `handle`, the handling of chapter 11 (and the extras': stops, logprobs),
+            which waits for the step's tokens, sends them and ends finished requests;
+            `self._pending_sample`, a PendingSample (a forward launched without its sampling) or
+            None.
+        Returns: nothing.
+        Leaves: `self._pending_sample` None; its sampling launched, with its mask filled after the
+            matchers took step N's tokens (overlap), or before step N is handled (the step being
+            handled is the pending one: the normal loop); step N handled with its matchers
+            (`self._handle_with_matchers`).
+        Uses: `self._sample_pending(pending)` (fills the mask from the matchers as they are and
+            launches the sampling), `self._handle_with_matchers(last_data, handle)`.
+        Checked: constrained outputs parse and validate under overlap with deferred CPU streams
+            and with the normal loop, and the two loops give the same tokens; no matcher refuses a
+            token; every step is sampled exactly once.
+        """
         pending, self._pending_sample = self._pending_sample, None
         if pending is not None and last_data is not None and last_data[0] is pending.fi:
             self._sample_pending(pending)  # the normal loop: its matchers are up to date
             pending = None
-        if last_data is not None:
-            self._accept_tokens(last_data)
-        super()._process_last_data(last_data)
-        if self._matchers:
-            self._drop_ended_matchers()
+        self._handle_with_matchers(last_data, handle)
         if pending is not None:  # the overlap loop: step N handled, now step N+1's mask
             self._sample_pending(pending)
 
-    def _accept_tokens(self, last_data) -> None:
-        if not self._matchers:
-            return
-        fi, output = last_data
-        output.copy_done.synchronize()
-        tokens = output.next_tokens_cpu.tolist()
-        for req, token in zip(fi.batch.reqs, tokens):
-            if req.is_chunk or req in self.finished_reqs:
-                continue  # a chunk samples nothing; a finished request gets nothing (rule 2/4)
-            matcher = self._matchers.get(req.uid)
-            if matcher is not None and not matcher.consume_token(token):
-                self.events.emit(
-                    "grammar_reject", uid=req.uid, token=token, error=matcher.get_error()
-                )
+    def _handle_with_matchers(self, last_data, handle: Callable) -> None:
+        """Handle a step with the matchers: each takes its token, ended requests lose theirs.
 
-    def _drop_ended_matchers(self) -> None:
+        Each constrained request's matcher takes the token the request generated, then `handle`
+        runs, then the matchers of requests that have ended are dropped. A matcher must see exactly
+        the tokens its request generates, in order: the token is on the host only once the step's
+        `copy_done` has been waited for, and a chunk's sample is junk (a part of the prompt
+        generates nothing, and its sample was drawn without a mask). A matcher lives as long as its
+        request: once `handle` has run, the matchers of requests that are neither launched and
+        running (`self._live`) nor waiting in the prefill queue are dropped, whatever ended them
+        (EOS, max_tokens, a stop string, an abort, a failed step); so a step that still carries a
+        request that has ended finds no matcher for it. A token the matcher refuses is recorded, not
+        raised: a `grammar_reject` event naming the uid, the token and the matcher's error.
+
+        Receives: `last_data`, (ForwardInput, ForwardOutput) or None; `handle`, the base handling
+            (call it with `last_data`, None included); `self._matchers`, uid -> llguidance matcher
+            (`consume_token(token) -> bool`, `get_error() -> str`).
+        Returns: nothing.
+        Leaves: each matcher advanced by its request's token; the matchers of ended requests gone
+            from `self._matchers`; `last_data` handled by `handle`.
+        Uses: `copy_done.synchronize`, `next_tokens_cpu` (ch06); `is_chunk` (ch10); `_live` (ch11);
+            `prefill_manager.get` (ch07); `events.emit` (ch04).
+        Checked: every output parses and validates, next to chunked prefills and free requests,
+            under overlap and not; no grammar_reject in a correct run; a refused token is recorded;
+            no matcher left once every request has ended, after an abort too; a queued request
+            keeps its matcher until it runs.
+        """
+        if last_data is not None and self._matchers:
+            fi, output = last_data
+            output.copy_done.synchronize()
+            for req, token in zip(fi.batch.reqs, output.next_tokens_cpu.tolist()):
+                if req.is_chunk:
+                    continue  # a chunk's sample is junk, drawn without a mask
+                matcher = self._matchers.get(req.uid)
+                if matcher is not None and not matcher.consume_token(token):
+                    self.events.emit(
+                        "grammar_reject", uid=req.uid, token=token, error=matcher.get_error()
+                    )
+        handle(last_data)
         ended = [
             uid
             for uid in self._matchers
