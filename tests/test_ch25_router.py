@@ -12,6 +12,7 @@ A `WorkerPool` (the router's own routing, minus HTTP) puts them together on a te
 
 from __future__ import annotations
 
+import random
 from typing import Dict, List
 
 import pytest
@@ -84,6 +85,11 @@ def test_a_match_stops_where_the_key_leaves_an_edge():
     got = t.match("abe")
     assert got == 2, f"match('abe') over 'abcd' -> 'e': 2 (stops inside 'abcd'), got {got}"
     assert t.match("abcdx") == 4 and t.match("abcde") == 5 and t.match("abcdef") == 5
+    # nor does it go on from the parent: a sibling that starts with the key's next element
+    # continues another edge, not the part of "abcd" matched
+    t.insert("exyz")
+    got = t.match("abexy")
+    assert got == 2, f"match('abexy') over 'abcd' -> 'e' and 'exyz': 2, got {got}"
 
 
 def test_a_match_changes_neither_the_shape_nor_the_size():
@@ -232,6 +238,51 @@ def test_an_emptied_parent_goes_in_the_order_of_its_own_last_use():
     assert got == 3 and edges(t.root) == {"p-": {}, "late": {}}, f"got {edges(t.root)}"
 
 
+def test_a_tree_within_its_bound_is_left_alone_without_a_walk():
+    # the pool calls evict after every request: within the bound it must cost nothing
+    t = tree_of("abc", "abd", "xyz")
+    shape = edges(t.root)
+
+    def no_walk():
+        raise AssertionError("evict walked the tree although it was within its bound")
+
+    t._nodes = no_walk
+    for bound in (t.size, t.size + 1, 1 << 22):
+        got = t.evict(bound)
+        assert got == 0 and edges(t.root) == shape, f"evict({bound}) of a tree of {t.size}: {got}"
+
+
+def test_random_inserts_matches_and_evictions_keep_the_size_true():
+    """After each step the size is what the tree holds, every key a match finds is a real prefix
+    of some key still held, and eviction removes exactly what it returns."""
+    rng = random.Random(25)
+    for _ in range(60):
+        t, keys = PrefixTree(), []
+        for _ in range(40):
+            if rng.random() < 0.6:
+                key = rng.choice(["p-", "p-q", "pq", "x", ""]) + "".join(
+                    rng.choice("ab") for _ in range(rng.randint(0, 4))
+                )
+                t.insert(key)
+                keys.append(key)
+            elif rng.random() < 0.5 and keys:
+                t.match(rng.choice(keys))
+            else:
+                size, bound = t.size, rng.randint(0, max(t.size - 1, 0))
+                got = t.evict(bound)
+                assert t.size <= bound or t.size == 0, f"evict({bound}) left {t.size}"
+                assert got == size - t.size, (
+                    f"evict({bound}) returned {got}, the size fell by {size - t.size}"
+                )
+            held = sum(len(n.edge) for n in t._nodes())
+            assert t.size == held, (
+                f"size {t.size}, but the tree holds {held} elements: {edges(t.root)}"
+            )
+            for key in keys:
+                n = t.match(key)
+                assert n == 0 or any(k.startswith(key[:n]) for k in keys)
+
+
 def test_evict_refuses_a_negative_bound():
     t = tree_of("abc")
     with pytest.raises(ValueError, match="max_size"):
@@ -250,6 +301,7 @@ def test_imbalance_needs_both_thresholds():
         ([20, 10], 0),  # 10 apart but 20 is not past 2 x 10
         ([21, 10], 1),
         ([3, 1], 0),  # 3 times as busy, but only 2 apart
+        ([5, 2], 0),  # 2.5 times as busy, but 3 apart (the difference, not the busiest's load)
     ]
     for loads, want in cases:
         got = cache_aware([10, 0], 10, loads, [10, 0], BAL)
@@ -305,13 +357,13 @@ def test_the_default_thresholds_are_sglangs():
 
 
 def test_one_match_load_and_size_per_worker():
-    for args in (
-        ([1], 10, [0, 0], [1, 1]),
-        ([1, 1], 10, [0], [1, 1]),
-        ([1, 1], 10, [0, 0], [1]),
-        ([], 10, [], []),
+    for args, said in (
+        (([1], 10, [0, 0], [1, 1]), "got 1, 2, 2"),
+        (([1, 1], 10, [0], [1, 1]), "got 2, 1, 2"),
+        (([1, 1], 10, [0, 0], [1]), "got 2, 2, 1"),
+        (([], 10, [], []), "got 0, 0, 0"),
     ):
-        with pytest.raises(ValueError, match="one match, load and size per worker"):
+        with pytest.raises(ValueError, match=f"^one match, load and size per worker: {said}$"):
             cache_aware(*args, BAL)
 
 
