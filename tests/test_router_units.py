@@ -1,4 +1,4 @@
-"""The router's parts alone (minisgl/router): its prefix tree, its routing rule, its keys."""
+"""The router's parts alone (minisgl/router): its pool, its options, its keys, its app."""
 
 from __future__ import annotations
 
@@ -7,94 +7,12 @@ import json
 import pytest
 
 from minisgl.router.keys import routing_key
-from minisgl.router.policy import Balance, RoundRobin, cache_aware, imbalanced
-from minisgl.router.tree import PrefixTree
+from minisgl.router.policy import Balance, RoundRobin
 from minisgl.router.workers import NoWorker, WorkerPool
 
-
-def test_match_is_the_longest_prefix_any_inserted_key_shares():
-    t = PrefixTree()
-    assert t.insert("hello world") == 0
-    assert t.insert("hello there") == 6  # "hello " was there
-    assert t.match("hello wo") == 8
-    assert t.match("hello world and more") == 11
-    assert t.match("help") == 3
-    assert t.match("xyz") == 0
-    assert t.match("") == 0
-    assert t.size == len("hello ") + len("world") + len("there")
-
-
-def test_a_key_inside_an_edge_splits_it_and_counts_once():
-    t = PrefixTree()
-    t.insert("abcdef")
-    assert t.insert("abc") == 3
-    assert t.size == 6  # the split shares "abc": no element twice
-    assert t.match("abcdef") == 6 and t.match("abcx") == 3
-    t.insert("abcxyz")
-    assert t.size == 9 and t.match("abcxy") == 5
-    # a key that leaves an edge midway stops there: what hangs below the edge is not its prefix
-    assert t.match("abdef") == 2 and t.match("axyz") == 1
-
-
-def test_token_id_keys_and_text_keys_share_nothing():
-    t = PrefixTree()
-    t.insert((1, 2, 3, 4))
-    assert t.match((1, 2, 3, 9)) == 3
-    assert t.match("abc") == 0
-    t.insert("ab")
-    assert t.match((1, 2)) == 2 and t.match("abc") == 2
-
-
-def test_evict_drops_least_recently_used_leaves_until_within_size():
-    a, b = "shared-system-prompt:tenant-a", "shared-system-prompt:tenant-b"
-    t = PrefixTree()
-    t.insert(a)
-    t.insert(b)
-    t.insert("other")
-    t.match(a)  # a is used again: b's leaf (its last character) and "other" are older
-    size = t.size
-    assert t.evict(size - 1) == 1  # b's leaf, the least recently used: whole, nothing more
-    assert t.size == size - 1 and t.match(b) == len(b) - 1 and t.match("other") == 5
-    t.match(a)
-    assert t.evict(size - 2) == len("other")  # now the oldest leaf
-    assert t.match("other") == 0 and t.match(a) == len(a) and t.size == len(a)
-    assert t.evict(len(a)) == 0  # within the bound: nothing goes
-    assert t.evict(0) == len(a) and t.size == 0 and t.match("shared") == 0
-    with pytest.raises(ValueError, match="max_size"):
-        t.evict(-1)
-
-
-def test_evict_frees_a_parent_left_without_children():
-    t = PrefixTree()
-    t.insert("aaaa-b")
-    t.insert("aaaa-c")
-    t.match("zzz")  # touches nothing
-    t.evict(0)
-    assert t.size == 0 and t.root.children == {}
-
+# the tree and the routing rule alone are chapter 25's exercises: tests/test_ch25_router.py
 
 BAL = Balance(abs_threshold=4, rel_threshold=2.0, cache_threshold=0.5)
-
-
-def test_imbalance_needs_both_thresholds():
-    assert not imbalanced([0, 4], BAL)  # 4 apart is not past 4
-    assert imbalanced([0, 5], BAL)
-    assert not imbalanced([10, 15], BAL)  # 5 apart, but 15 is not past 2 x 10
-    assert imbalanced([10, 21], BAL)
-
-
-def test_cache_aware_takes_the_longest_match_past_the_threshold():
-    # worker 1 holds 8 of 10 elements: it wins, though it is busier (not past the thresholds)
-    assert cache_aware([2, 8, 0], 10, [0, 3, 0], [50, 40, 10], BAL) == 1
-    # a match of half or less loses to the worker with the smallest tree (room for a new prefix)
-    assert cache_aware([2, 5, 0], 10, [0, 0, 0], [50, 40, 10], BAL) == 2
-    # imbalanced: the least loaded worker, whatever it holds
-    assert cache_aware([2, 10, 0], 10, [1, 9, 2], [50, 40, 10], BAL) == 0
-    # ties go to the first listed
-    assert cache_aware([6, 6], 10, [0, 0], [1, 1], BAL) == 0
-    assert cache_aware([0, 0], 0, [0, 0], [3, 3], BAL) == 0
-    with pytest.raises(ValueError, match="one match, load and size per worker"):
-        cache_aware([1], 10, [0, 0], [1, 1], BAL)
 
 
 def test_balance_thresholds_are_checked():

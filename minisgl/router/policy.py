@@ -36,12 +36,6 @@ class Balance:
             raise ValueError(f"cache threshold must be in [0, 1], got {self.cache_threshold}")
 
 
-def imbalanced(loads: Sequence[int], balance: Balance) -> bool:
-    """Whether the busiest worker is past both thresholds above the idlest."""
-    hi, lo = max(loads), min(loads)
-    return hi - lo > balance.abs_threshold and hi > lo * balance.rel_threshold
-
-
 def least(values: Sequence[float]) -> int:
     """The index of the smallest value, the first of equals."""
     return min(range(len(values)), key=lambda i: values[i])
@@ -61,15 +55,22 @@ def cache_aware(
         tree's size; `balance`, the thresholds. One match, load and size per worker, at least one.
     Returns: an index into those lists.
     Leaves: nothing changed (a pure function; the caller inserts the key into the chosen tree).
-    Uses: `imbalanced`, `least`.
-    Checked: imbalance needs both thresholds and sends the request to the least loaded; a match
-        over the cache threshold wins, at or under it the smallest tree does; ties go to the first.
+    Raises: ValueError when the three lists differ in length or are empty, naming their lengths
+        ("one match, load and size per worker: got 1, 2, 2").
+    Uses: `least` (the index of the smallest value, the first of equals).
+    Checked: imbalanced means the busiest is more than `abs_threshold` above the idlest AND more
+        than `rel_threshold` times it (either alone is not), and then the least loaded worker
+        wins whatever it holds; else the longest match wins if it covers more than
+        `cache_threshold` of the key (exactly that much is not enough), else the smallest tree
+        does, never the best match; an empty key goes to the smallest tree; ties go to the
+        worker listed first.
     """
     if not (len(matches) == len(loads) == len(sizes)) or not matches:
         raise ValueError(
             f"one match, load and size per worker: got {len(matches)}, {len(loads)}, {len(sizes)}"
         )
-    if imbalanced(loads, balance):
+    busiest, idlest = max(loads), min(loads)
+    if busiest - idlest > balance.abs_threshold and busiest > idlest * balance.rel_threshold:
         return least(loads)
     best = max(range(len(matches)), key=lambda i: (matches[i], -i))
     if key_len and matches[best] / key_len > balance.cache_threshold:

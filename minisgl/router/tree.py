@@ -77,13 +77,14 @@ class PrefixTree:
         Leaves: `match(key) == len(key)`; an edge that `key` leaves midway split in two at that
             point (an inner node holds the shared part, so no element is stored twice); one new
             leaf for the rest, if any; `size` grown by exactly the new elements; every node on the
-            path marked used now.
+            path below the root (the new inner node and leaf included) marked used with one fresh
+            tick of `self._clock`; the lower half of a split keeps its own time.
         Uses: `common_len`, `Node`.
-        Checked: sizes count shared prefixes once; a key inside an edge splits it; the pool routes
-            a tenant back to the worker whose tree got its prompt.
+        Checked: it returns what was held before; sizes count shared prefixes once; a key inside
+            an edge splits it and adds nothing; a key leaving an edge midway splits it there; the
+            path is marked; the pool routes a tenant back to the worker whose tree got its prompt.
         """
         node, i, now = self.root, 0, next(self._clock)
-        node.last_used = now
         while i < len(key):
             child = node.children.get(key[i])
             if child is None:
@@ -108,13 +109,15 @@ class PrefixTree:
         removed.
 
         Receives: `max_size` >= 0 (ValueError otherwise).
-        Returns: the number of elements removed (0 when already within).
+        Returns: the number of elements removed (0 when already within, at once: the pool calls
+            this after every request, so a tree within its bound must not be walked).
         Leaves: `size <= max_size`; each removal a whole leaf, the one used longest ago first; a
             parent left without children becomes a leaf and may go next; nothing more removed
             than needed to get within the bound.
         Uses: `heapq` over (last_used, id, node) of the leaves.
         Checked: the oldest leaf goes first and whole; a recently matched key survives; an
-            emptied parent goes too; every tree of a pool stays within its max_tree_size.
+            emptied parent goes in its turn; nothing more than needed; within the bound no walk;
+            the size stays what the tree holds; every tree of a pool stays within max_tree_size.
         """
         if max_size < 0:
             raise ValueError(f"max_size must be at least 0, got {max_size}")
