@@ -1,0 +1,100 @@
+"""The waiting queue and the running set of a scheduler under load: the chapters' managers with the
+two decisions production engines add on top (chapter 23).
+
+* `LoadPrefillManager` offers the queue in the policy's order (policy.py) and admits on the plan of
+  retract.py: a request's whole life under reserve-all admission, an estimate under optimistic
+  admission. The rules of chapter 10's `schedule_next_batch` and `try_add_one` are unchanged: they
+  take the queue as given and plan for `PendingReq.total_len`, which is the plan's here.
+* `RetractingDecodeManager` makes room for a decode batch, retracting requests when the pages it
+  needs are not there (retract.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from minisgl.core import Batch, SamplingParams
+
+from .cache import pages_for
+from .decode import DecodeManager
+from .policy import order_queue
+from .prefill import PendingReq, PrefillManager
+
+if TYPE_CHECKING:
+    from .retract import Retraction
+
+
+@dataclass(eq=False)
+class PlannedReq(PendingReq):
+    """A queued request with the plan it is admitted on."""
+
+    # the share of max_tokens admission plans for: 1.0 reserves the whole life (reserve-all), less
+    # is an estimate of what the request will really use (optimistic admission)
+    reserve_ratio: float = 1.0
+    retractions: int = 0  # how often it was retracted and requeued
+
+    @property
+    def total_len(self) -> int:
+        """The tokens admission plans for: the prompt, plus max_tokens (reserve_ratio 1) or the
+        estimated share of it (at least one token: the first is always sampled)."""
+        max_tokens = self.sampling_params.max_tokens
+        if self.reserve_ratio < 1:
+            max_tokens = min(max_tokens, max(1, math.ceil(self.reserve_ratio * max_tokens)))
+        return len(self.input_ids) + max_tokens
+
+
+class LoadPrefillManager(PrefillManager):
+    def __init__(self, *args, load: "Retraction") -> None:
+        super().__init__(*args)
+        self.load = load
+
+    def add_one_req(self, uid: int, input_ids: torch.Tensor, params: SamplingParams) -> None:
+        if params.prompt_logprobs:  # its prompt needs logits everywhere: a cached prefix has none
+            self.cache_manager.never_match(input_ids)
+        self.pending.append(PlannedReq(uid, input_ids, params))
+
+    def _reserved_pages(self) -> int:
+        """Pages the running requests are planned to still ask for."""
+        p = self.cache_manager.page_size
+        return sum(
+            pages_for(self.load._planned_len(r), p) - pages_for(r.cached_len, p)
+            for r in self.decode_manager.running.values()
+        )
+
+    def schedule_next_batch(self, token_budget: int) -> Batch | None:
+        """Chapter 10's prefill batch, built from the queue in the policy's order on this step's
+        plan; the queue itself keeps its arrival order."""
+        load = self.load
+        load._forget_ended()
+        load._plan_queue()
+        queue = self.pending
+        config = load.config
+        ordered = order_queue(
+            queue, self.cache_manager, config.schedule_policy, config.lpm_max_queue
+        )
+        first = ordered[0]
+        if first.chunked_req is not None and not load._chunk_fits(first, token_budget):
+            return None  # its next piece waits for pages; decoding goes on meanwhile
+        self.pending = ordered
+        try:
+            return super().schedule_next_batch(token_budget)
+        finally:
+            left = set(self.pending)
+            self.pending = [p for p in queue if p in left]
+
+
+class RetractingDecodeManager(DecodeManager):
+    def __init__(self, load: "Retraction") -> None:
+        super().__init__()
+        self.load = load
+
+    def schedule_next_batch(self) -> Batch | None:
+        """Chapter 7's decode batch, less the requests retracted to make room for it."""
+        batch = super().schedule_next_batch()
+        if batch is not None:
+            self.load._make_room(batch)
+        return batch if batch is not None and batch.reqs else None
