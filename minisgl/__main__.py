@@ -68,6 +68,12 @@ def main(argv=None) -> int:
         "(default off: reserve prompt + max_tokens)",
     )
     s.add_argument(
+        "--mixed-batches",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let a prefill step carry the running requests' decode tokens (default off)",
+    )
+    s.add_argument(
         "--tp-size",
         type=int,
         default=None,
@@ -93,6 +99,7 @@ def main(argv=None) -> int:
         "cache_type": "cache_type",
         "schedule_policy": "schedule_policy",
         "optimistic_admission": "optimistic_admission",
+        "mixed_batches": "mixed_batches",
         "tp_size": "tp_size",
     }
     engine = {

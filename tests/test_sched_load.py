@@ -286,3 +286,166 @@ def test_serve_passes_the_scheduling_options(monkeypatch):
     seen.clear()
     main(["serve", "--no-optimistic-admission"])
     assert seen == {"optimistic_admission": False}
+
+
+# ---------------------------------------------------------------- mixed batches
+
+
+def _staggered(llm, prompts, n):
+    """Two requests start decoding; the others arrive while they decode (one every other step)."""
+    uids = [llm.add_request(x, greedy(n)) for x in prompts[:2]]
+    for x in prompts[2:]:
+        for _ in range(2):
+            llm.step()
+        uids.append(llm.add_request(x, greedy(n)))
+    llm.run_until_idle()
+    return [llm.results[u].token_ids for u in uids]
+
+
+def _mixed_steps(log) -> int:
+    """Prefill-phase steps that carried a request that had received a token (a decoder)."""
+    decoding, mixed = set(), 0
+    for e in log:
+        if e.kind == "launch":
+            mixed += e["phase"] == "prefill" and bool(decoding & set(e["uids"]))
+        elif e.kind == "send":
+            decoding |= {m.uid for m in e["msgs"] if not m.finished}
+            decoding -= {m.uid for m in e["msgs"] if m.finished}
+    return mixed
+
+
+def _long_prompts():
+    p = prompt_ids()
+    return [p[0], p[3], p[1] * 3 + p[0], p[2] * 4, p[3] + p[1] * 3]
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
+@pytest.mark.parametrize(
+    "cache_type,page_size,chunk", [("radix", 1, 8), ("radix", 4, 5), ("naive", 1, 16)]
+)
+def test_mixed_batches_give_the_unmixed_schedulers_tokens(overlap, cache_type, page_size, chunk):
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
+    prompts = _long_prompts()
+
+    def run(mixed):
+        llm = build_llm(
+            cache_type=cache_type, page_size=page_size, max_extend_tokens=chunk, mixed_batches=mixed
+        )
+        log = llm.events.record()
+        out = _staggered(llm, prompts, 12)
+        llm.cache_manager.check_integrity()
+        assert llm.table_manager.available_size == llm.config.max_running_req
+        return out, _mixed_steps(log)
+
+    want, unmixed = run(False)
+    got, mixed = run(True)
+    assert unmixed == 0 and mixed >= 3, f"mixed steps: {mixed} (unmixed run: {unmixed})"
+    assert got == want
+
+
+def test_mixed_batches_give_transformers_tokens():
+    from helpers import assert_tokens_equal, hf_greedy
+
+    prompts = _long_prompts()
+    llm = build_llm(max_extend_tokens=8, mixed_batches=True)
+    assert_tokens_equal(_staggered(llm, prompts, 12), hf_greedy(prompts, 12))
+
+
+def test_mixed_batches_keep_decoding_while_a_long_prompt_is_chunked():
+    """Unmixed, the decoders wait through every chunk of a long prompt; mixed, they decode in each
+    of its steps, and no step exceeds the token budget."""
+    p = prompt_ids()
+
+    def gaps(mixed):
+        llm = build_llm(max_extend_tokens=6, mixed_batches=mixed)
+        log = llm.events.record()
+        first = llm.add_request(p[3], greedy(20))
+        llm.step()
+        llm.step()
+        llm.add_request(p[0] * 4, greedy(2))
+        llm.run_until_idle()
+        steps = [e for e in log if e.kind == "launch"]
+        assert all(sum(e["extend_lens"]) <= 6 for e in steps)
+        runs = [first in e["uids"] for e in steps]
+        longest, cur = 0, 0
+        for r in runs:
+            cur = 0 if r else cur + 1
+            longest = max(longest, cur)
+        return longest
+
+    assert gaps(False) >= 5
+    assert gaps(True) == 0
+
+
+@pytest.mark.gpu
+def test_mixed_batches_on_the_triton_backend():
+    """The engine on the Triton backend (CUDA only) gives transformers' tokens with mixed
+    batches."""
+    from helpers import assert_tokens_equal, hf_greedy
+
+    prompts = _long_prompts()[:4]
+    llm = build_llm(attention_backend="triton", max_extend_tokens=8, mixed_batches=True)
+    assert llm.engine.backend_name == "triton"
+    log = llm.events.record()
+    got = _staggered(llm, prompts, 6)
+    assert _mixed_steps(log) >= 2
+    assert_tokens_equal(got, hf_greedy(prompts, 6))
+
+
+def test_the_triton_prefill_kernel_computes_a_mixed_batch():
+    """A mixed batch's decodes are one-token prefills over a cached prefix: the Triton backend's
+    prefill path gives the torch backend's attention for them and for the prompt pieces beside
+    them (in Triton's interpreter on a CPU)."""
+    pytest.importorskip("triton")
+    from minisgl.attention import TorchAttentionBackend, prepare_metadata
+    from minisgl.attention.triton_backend import TritonAttentionBackend
+    from minisgl.core import Batch, Req
+    from minisgl.kvcache import KVCache
+    from test_ch17_gpu_attention import DIM, assert_attention, device
+
+    dev = device()
+    page, heads, kv_heads = 4, 4, 2
+    pool = KVCache(1, 32, page, kv_heads, DIM, torch.float32, dev)
+    table = torch.zeros(4, 40, dtype=torch.int32, device=dev)
+    free = list(torch.randperm(32, generator=torch.Generator().manual_seed(3)).tolist())
+    g = torch.Generator().manual_seed(11)
+    # (row, length, cached): a chunk after a cached prefix, a fresh prompt, two decodes
+    specs = [(3, 13, 5), (0, 7, 0), (1, 20, 19), (2, 9, 8)]
+    reqs = []
+    for uid, (row, length, cached) in enumerate(specs):
+        pages = [free.pop(0) for _ in range(-(-length // page))]
+        locs = torch.tensor([pages[p // page] * page + p % page for p in range(length)])
+        table[row, :length] = locs.to(torch.int32).to(dev)
+        pool.k_cache(0)[locs.to(dev)] = torch.randn(length, kv_heads, DIM, generator=g).to(dev)
+        pool.v_cache(0)[locs.to(dev)] = torch.randn(length, kv_heads, DIM, generator=g).to(dev)
+        ids = torch.arange(length, dtype=torch.int32)
+        reqs.append(Req(ids, row, cached, 4, uid, SamplingParams()))
+    batch = Batch(reqs, "prefill")
+    batch.attn_metadata = prepare_metadata(batch, table, dev)
+    q = torch.randn(sum(r.extend_len for r in reqs), heads, DIM, generator=g).to(dev)
+    torch_backend = TorchAttentionBackend(pool, heads, kv_heads, DIM)
+    triton_backend = TritonAttentionBackend(pool, heads, kv_heads, DIM, table)
+    assert_attention(
+        triton_backend.attend(q, 0, batch),
+        torch_backend.attend(q, 0, batch),
+        "a mixed batch: 8 new tokens after 5 cached, 7 fresh, two decodes of 20 and 9 keys",
+        "the Triton backend gives the torch backend's attention",
+        new=[8, 7, 1, 1],
+    )
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
+def test_constrained_requests_keep_their_output_through_retraction_and_mixing(overlap):
+    """A constrained request's grammar state lives by uid: a retraction drops the token in flight
+    before the grammar took it, and the resumed request recomputes it under the same mask."""
+    pytest.importorskip("llguidance")
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
+    prompts = _pressured_prompts()
+    regex = SamplingParams(max_tokens=30, constraint={"regex": "[a-z ]{5,40}"})
+    params = [regex if i % 3 == 0 else greedy(36) for i in range(8)]
+    want = [o["token_ids"] for o in build_llm(max_running_req=8).generate(prompts, params)]
+    llm = _pressured_llm(mixed_batches=True)
+    got = [o["token_ids"] for o in llm.generate(prompts, params)]
+    assert llm.retracted_total >= 2
+    assert got == want
+    llm.cache_manager.check_integrity()

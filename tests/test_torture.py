@@ -69,6 +69,18 @@ def test_torture_retracting(pool, first):
     assert retractions >= 2, f"only {retractions} retractions in {CHUNK} workloads"
 
 
+@pytest.mark.parametrize(
+    "first", list(FAST_SEEDS)[::CHUNK], ids=lambda s: f"seeds{s}-{s + CHUNK - 1}"
+)
+def test_torture_mixed_batches(pool, first):
+    """The fast profile's workloads with mixed prefill+decode batches."""
+    for seed in range(first, first + CHUNK):
+        wl = generate(seed, pool, max_requests=6, mixed=True)
+        result = run_workload(wl, pool, MODEL, test_device())
+        if result.failure is not None:
+            pytest.fail(f"seed {seed} (mixed): {result.failure}\n{wl.to_json()}", False)
+
+
 def test_pool_references_are_the_normal_loops_output(pool):
     """The workloads compare greedy outputs with Hugging Face's; here the normal loop is shown to
     give the same tokens for the whole pool, so "equals HF" also means "equals the normal loop"."""

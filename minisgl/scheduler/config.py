@@ -28,6 +28,9 @@ class SchedulerConfig(EngineConfig):
     # a request retracted this often is readmitted with its whole life reserved and never
     # retracted again: the bound on how often one request can lose its work
     max_retractions: int = 2
+    # True: a prefill step carries the running requests' decode tokens too, under the one token
+    # budget (load.py), so decoding goes on while a long prompt is chunked
+    mixed_batches: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -51,10 +54,9 @@ class SchedulerConfig(EngineConfig):
         ratio = self.init_new_token_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ValueError(f"init_new_token_ratio must be a number in (0, 1], got {ratio!r}")
-        if not isinstance(self.optimistic_admission, bool):
-            raise TypeError(
-                f"optimistic_admission must be True or False, got {self.optimistic_admission!r}"
-            )
+        for name in ("optimistic_admission", "mixed_batches"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.overlap_scheduling is not None and not isinstance(self.overlap_scheduling, bool):
             raise TypeError(
                 f"overlap_scheduling must be True, False or None, got {self.overlap_scheduling!r}"

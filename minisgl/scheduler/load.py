@@ -7,6 +7,13 @@ two decisions production engines add on top (chapter 23).
   take the queue as given and plan for `PendingReq.total_len`, which is the plan's here.
 * `RetractingDecodeManager` makes room for a decode batch, retracting requests when the pages it
   needs are not there (retract.py).
+
+Mixed batches (`mixed_batches`): a prefill step carries the running requests' decode tokens too,
+under the one token budget (each decode takes one token of it, the prompt chunks the rest), so a
+long prompt being chunked no longer stops every decoder for its steps. A decode is a prefill of one
+token over a cached prefix, which the prefill path of both attention backends already computes: the
+batch runs as a prefill (no CUDA graph; graphs stay for pure decode steps). Requests that asked for
+prompt logprobs keep mixing off while they run (a prefill step scores the prompts of its requests).
 """
 
 from __future__ import annotations
@@ -67,7 +74,26 @@ class LoadPrefillManager(PrefillManager):
 
     def schedule_next_batch(self, token_budget: int) -> Batch | None:
         """Chapter 10's prefill batch, built from the queue in the policy's order on this step's
-        plan; the queue itself keeps its arrival order."""
+        plan (the queue itself keeps its arrival order); with mixed batches, the running requests'
+        decode tokens in it too, under the same budget."""
+        decodes = None
+        if self.load.config.mixed_batches and self._mixable():
+            decodes = self.decode_manager.schedule_next_batch()  # may retract (optimistic)
+            if decodes is not None:
+                token_budget -= len(decodes.reqs)
+                if token_budget < 1 or not self.pending:
+                    return None  # a decode step: the budget is all decoders (or none wait now)
+        prefill = self._prefill_batch(token_budget)
+        if prefill is None or decodes is None:
+            return prefill
+        return Batch(reqs=prefill.reqs + decodes.reqs, phase="prefill")
+
+    def _mixable(self) -> bool:
+        return self.decode_manager.runnable and not any(
+            r.sampling_params.prompt_logprobs for r in self.decode_manager.running.values()
+        )
+
+    def _prefill_batch(self, token_budget: int) -> Batch | None:
         load = self.load
         load._forget_ended()
         load._plan_queue()

@@ -87,6 +87,7 @@ class Driver:
             max_seq_len_override=s.max_seq_len,
             optimistic_admission=s.optimistic_admission,
             init_new_token_ratio=s.init_new_token_ratio,
+            mixed_batches=s.mixed_batches,
         )
         if (
             llm_class is not None

@@ -35,6 +35,7 @@ class EngineSetup:
     optimistic_admission: bool = False
     init_new_token_ratio: float = 0.7  # a low first estimate admits too many: retractions
     learn_ratio: bool = True  # False: the estimate stays low, and retractions go on
+    mixed_batches: bool = False  # prefill steps carry the running requests' decodes
 
 
 @dataclass
@@ -108,11 +109,16 @@ def min_pages(requests: List[RequestSpec], pool: PromptPool, page_size: int) -> 
 
 
 def generate(
-    seed: int, pool: PromptPool, max_requests: int = 8, retracting: bool = False
+    seed: int,
+    pool: PromptPool,
+    max_requests: int = 8,
+    retracting: bool = False,
+    mixed: bool = False,
 ) -> Workload:
-    """A random workload; the same seed always gives the same workload. `retracting`: the same
-    workload on a pool a few pages above the smallest and a first estimate of 0.1, so optimistic
-    admission admits too much and decode steps retract requests all the time."""
+    """A random workload; the same seed always gives the same workload. `retracting`: longer
+    requests on a pool that holds their prompts and little more, admitted on a first estimate of
+    0.1 that does not learn, so decode steps retract requests all the time (half of them with mixed
+    batches). `mixed`: prefill steps carry the running requests' decodes."""
     rng = random.Random(seed)
     page_size = rng.choice([1, 4])
     # a quarter of the workloads hammer a few prompts: duplicates, shared prefixes, cache hits
@@ -183,4 +189,7 @@ def generate(
         setup.num_pages = max(min_pages(requests, pool, page_size), prompts) + rng.choice(
             [0, 1, 2, 4]
         )
+        setup.mixed_batches = rng.random() < 0.5
+    if mixed:
+        setup.mixed_batches = True
     return Workload(seed, setup, requests, aborts, eos_token, stray, switch)
