@@ -91,6 +91,37 @@ def test_lpm_keeps_a_started_chunk_and_a_retracted_request_first():
     assert [p.uid for p in order_queue([fresh, hit], llm.cache_manager, "fcfs", 128)] == [1, 3]
 
 
+def test_lpm_puts_a_second_prompt_of_the_same_uncached_run_behind_the_rest():
+    """Two waiting prompts that would compute the same uncached tokens: one keeps its place, the
+    other waits behind the others, to find them cached a step later."""
+    from minisgl.scheduler.policy import SHARED_RUN, order_queue
+
+    llm = build_llm(cache_type="radix")
+    shared = torch.arange(100, 100 + SHARED_RUN + 4, dtype=torch.int32)
+    params = greedy(2)
+    first = PlannedReq(1, torch.cat([shared, torch.tensor([7], dtype=torch.int32)]), params)
+    twin = PlannedReq(2, torch.cat([shared, torch.tensor([8], dtype=torch.int32)]), params)
+    other = PlannedReq(3, torch.arange(300, 340, dtype=torch.int32), params)
+    order = order_queue([first, twin, other], llm.cache_manager, "lpm", 128)
+    assert [p.uid for p in order] == [1, 3, 2]
+
+
+def test_the_token_ratio_learns_from_ended_requests_and_retractions():
+    from minisgl.scheduler.retract import TokenRatio
+
+    ratio = TokenRatio(initial=0.7)
+    ratio.observe(used=10, asked=100)  # a tenth of the way to 0.1
+    assert ratio.value == pytest.approx(0.64)
+    ratio.retracted()  # half the way to 1
+    assert ratio.value == pytest.approx(0.82)
+    for _ in range(200):
+        ratio.observe(used=0, asked=100)
+    assert ratio.value == pytest.approx(0.1)  # the floor
+    ratio.learn = False
+    ratio.retracted()
+    assert ratio.value == pytest.approx(0.1)
+
+
 @pytest.mark.parametrize(
     "option,value,says",
     [
