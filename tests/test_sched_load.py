@@ -20,7 +20,7 @@ from helpers import MODEL, build_llm, greedy, prompt_ids, test_device
 from minisgl import SamplingParams
 from minisgl.env import ENV
 from minisgl.scheduler import SchedulerConfig
-from minisgl.scheduler.load import PlannedReq
+from minisgl.scheduler.planned import PlannedReq
 from torture.prompts import load_pool
 from torture.runner import run_workload
 from torture.workload import generate

@@ -41,7 +41,7 @@ from typing import Dict, List
 from minisgl.core import Batch, Req
 
 from .cache import pages_for
-from .load import PlannedReq
+from .planned import PlannedReq
 
 
 class TokenRatio:
