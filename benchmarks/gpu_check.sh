@@ -9,6 +9,10 @@
 # benchmarks/moe_bench.py (Qwen3-30B-A3B's shape, random bf16 weights): one call each, not in `all`.
 # Tensor parallelism: `tp` = tests/test_tp.py on cuda (with one GPU: CPU ranks, tp_size=1 on NCCL, two
 # ranks sharing the GPU over gloo) and, with 2+ GPUs, TP=2 on NCCL against TP=1 on cuda; not in `all`.
+# Chapter 23 (scheduling under load): `sched` = the scheduling tests on cuda, then
+# benchmarks/sched_load.py --gpu (the ablation, then ITL mixed vs unmixed, reserve-all vs
+# optimistic, FCFS vs lpm; Qwen3-0.6B's shape, dummy bf16 weights), 8 minutes at most (time
+# limits 150 + 240 + 90 s, each settable: SCHED_*_TIMEOUT): one call, not in `all`.
 # Each part has its own time limit, so one that hangs does not take the others down.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -80,6 +84,17 @@ if [[ $what == *" moebench "* ]]; then
   part "Qwen3-MoE benchmark: fused kernel vs torch path (Qwen3-30B-A3B's shape, random bf16 weights)"
   timeout ${MOE_TIMEOUT:-560} $py benchmarks/moe_bench.py ${MOE_ARGS:-} --out "$OUT/moe_bench.json" \
     2>&1 | tee "$OUT/moe_bench.txt"
+fi
+if [[ $what == *" sched "* ]]; then
+  part "scheduling under load: lpm, retraction, mixed batches on cuda (tests/test_sched_load.py)"
+  timeout ${SCHED_TESTS_TIMEOUT:-150} $py -m pytest -q -rfE --device cuda tests/test_sched_load.py -k "not torture" \
+    2>&1 | tee "$OUT/sched_tests.txt"
+  part "scheduling under load: the ablation (benchmarks/sched_load.py --gpu: Qwen3-0.6B's shape, dummy weights)"
+  timeout ${SCHED_ABLATION_TIMEOUT:-240} $py benchmarks/sched_load.py --gpu --parts ablation \
+    --out "$OUT/sched_ablation.json" 2>&1 | tee "$OUT/sched_ablation.txt"
+  part "scheduling under load: ITL mixed vs unmixed, reserve-all vs optimistic, FCFS vs lpm"
+  timeout ${SCHED_TIMEOUT:-90} $py benchmarks/sched_load.py --gpu --parts itl,admission,prefix \
+    --out "$OUT/sched_load.json" 2>&1 | tee "$OUT/sched_load.txt"
 fi
 if want suite; then
   part "whole suite and the judge's self-check on cuda, side by side"

@@ -56,6 +56,25 @@ def main(argv=None) -> int:
     s.add_argument("--page-size", type=int, default=None)
     s.add_argument("--cache-type", choices=["radix", "naive"], default=None)
     s.add_argument(
+        "--schedule-policy",
+        choices=["fcfs", "lpm"],
+        default=None,
+        help="order of the waiting queue: arrival (fcfs, default) or longest cached prefix (lpm)",
+    )
+    s.add_argument(
+        "--optimistic-admission",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="admit on an estimate of the tokens requests use and retract when pages run out "
+        "(default off: reserve prompt + max_tokens)",
+    )
+    s.add_argument(
+        "--mixed-batches",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let a prefill step carry the running requests' decode tokens (default off)",
+    )
+    s.add_argument(
         "--tp-size",
         type=int,
         default=None,
@@ -82,6 +101,9 @@ def main(argv=None) -> int:
         "num_pages": "num_page_override",
         "page_size": "page_size",
         "cache_type": "cache_type",
+        "schedule_policy": "schedule_policy",
+        "optimistic_admission": "optimistic_admission",
+        "mixed_batches": "mixed_batches",
         "tp_size": "tp_size",
     }
     engine = {

@@ -52,6 +52,35 @@ def test_torture_fast_profile(pool, first):
             pytest.fail(_explain(seed, result.failure, pool), pytrace=False)
 
 
+@pytest.mark.parametrize(
+    "first", list(FAST_SEEDS)[::CHUNK], ids=lambda s: f"seeds{s}-{s + CHUNK - 1}"
+)
+def test_torture_retracting(pool, first):
+    """The same workloads on pools a few pages above the smallest, admitted on a first estimate of
+    0.1 of max_tokens: decode steps run out of pages and retract requests all the time. Every
+    invariant and outcome holds (greedy tokens are Hugging Face's through retractions)."""
+    retractions = 0
+    for seed in range(first, first + CHUNK):
+        wl = generate(seed, pool, max_requests=6, retracting=True)
+        result = run_workload(wl, pool, MODEL, test_device())
+        if result.failure is not None:
+            pytest.fail(f"seed {seed} (retracting): {result.failure}\n{wl.to_json()}", False)
+        retractions += result.transcript.retractions
+    assert retractions >= 2, f"only {retractions} retractions in {CHUNK} workloads"
+
+
+@pytest.mark.parametrize(
+    "first", list(FAST_SEEDS)[::CHUNK], ids=lambda s: f"seeds{s}-{s + CHUNK - 1}"
+)
+def test_torture_mixed_batches(pool, first):
+    """The fast profile's workloads with mixed prefill+decode batches."""
+    for seed in range(first, first + CHUNK):
+        wl = generate(seed, pool, max_requests=6, mixed=True)
+        result = run_workload(wl, pool, MODEL, test_device())
+        if result.failure is not None:
+            pytest.fail(f"seed {seed} (mixed): {result.failure}\n{wl.to_json()}", False)
+
+
 def test_pool_references_are_the_normal_loops_output(pool):
     """The workloads compare greedy outputs with Hugging Face's; here the normal loop is shown to
     give the same tokens for the whole pool, so "equals HF" also means "equals the normal loop"."""

@@ -47,7 +47,7 @@ class RequestExtras:
         for req, token in zip(fi.batch.reqs, tokens):
             if req.is_chunk or req in self.finished_reqs:
                 continue  # a chunk samples nothing; a finished request gets nothing (rule 2/4)
-            if self.stops.hit(req, token):
+            if self.stops.hit(req, token, self._prompt_len(req)):
                 req.max_device_len = len(req.input_ids) + 1  # this token is its last
         self._handling = fi
         try:

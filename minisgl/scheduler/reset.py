@@ -21,5 +21,7 @@ def reset_to_idle(scheduler: "Scheduler") -> None:
     scheduler._live.clear()
     scheduler.finished_reqs = set()
     scheduler._deferred_slots.clear()
+    scheduler.retractions.clear()  # retract.py's books of the requests dropped
+    scheduler._prompt_lens.clear()
     scheduler.table_manager.free_all()
     scheduler.cache_manager.reset_to_cached()

@@ -46,14 +46,15 @@ from .grammar_steps import GrammarSteps
 from .intake import Intake
 from .io import SchedulerIO
 from .lifecycle import RequestLifecycle
-from .prefill import PrefillManager
+from .load import LoadPrefillManager, RetractingDecodeManager
+from .retract import Retraction
 from .stops import StopChecker
 from .table import TableManager
 
 ForwardData = Tuple[ForwardInput, ForwardOutput]
 
 
-class Scheduler(GrammarSteps, RequestExtras, Intake, RequestLifecycle, BatchInputs):
+class Scheduler(GrammarSteps, RequestExtras, Intake, Retraction, RequestLifecycle, BatchInputs):
     def __init__(self, config: SchedulerConfig, io: SchedulerIO) -> None:
         self.config = config
         self.io = io
@@ -74,13 +75,17 @@ class Scheduler(GrammarSteps, RequestExtras, Intake, RequestLifecycle, BatchInpu
         self.cache_manager = CacheManager(
             engine.num_pages, engine.page_size, engine.page_table, config.cache_type, self.events
         )
-        self.decode_manager = DecodeManager()
-        self.prefill_manager = PrefillManager(
+        # the chapters' managers, with the queue's order, the admission plan and retraction on top
+        # (load.py, policy.py, retract.py)
+        self._init_retraction()
+        self.decode_manager: DecodeManager = RetractingDecodeManager(self)
+        self.prefill_manager = LoadPrefillManager(
             self.cache_manager,
             self.table_manager,
             self.decode_manager,
             engine.token_pool,
             engine.page_table,
+            load=self,
         )
         self.stream = engine.kit.new_stream()  # the scheduler's own stream (metadata, table writes)
         self.finished_reqs: Set[Req] = set()  # finished at the step handled last

@@ -28,15 +28,18 @@ class StopChecker:
             return "stop strings need the model's tokenizer (this model directory has none)"
         return None
 
-    def hit(self, req: Req, next_token: int) -> bool:
+    def hit(self, req: Req, next_token: int, prompt_len: int | None = None) -> bool:
         """Whether `next_token`, about to be appended to `req.input_ids`, ends the request by a
-        stop token id or by completing a stop string."""
+        stop token id or by completing a stop string. `prompt_len`: where the output starts in
+        `req.input_ids`, when it is not where the request's own prompt ends (a request resumed
+        after a retraction has its earlier output in its prompt)."""
         params = req.sampling_params
         if next_token in params.stop_token_ids:
             return True
         if not params.stop:
             return False
-        prompt_len = req.max_device_len - req.output_len
+        if prompt_len is None:
+            prompt_len = req.max_device_len - req.output_len
         window = max(len(s.encode()) for s in params.stop)  # tokens before the new one
         start = max(prompt_len, len(req.input_ids) - window)
         tail = self.tokenizer.decode(req.input_ids[start:].tolist() + [next_token])

@@ -44,6 +44,7 @@ class Transcript:
     rejects: List[str] = field(default_factory=list)
     iterations: int = 0
     launches: int = 0
+    retractions: int = 0
 
 
 @dataclass
@@ -84,6 +85,9 @@ class Driver:
             max_running_req=s.max_running_req,
             cpu_streams=s.cpu_streams,
             max_seq_len_override=s.max_seq_len,
+            optimistic_admission=s.optimistic_admission,
+            init_new_token_ratio=s.init_new_token_ratio,
+            mixed_batches=s.mixed_batches,
         )
         if (
             llm_class is not None
@@ -92,6 +96,7 @@ class Driver:
         self.llm = build_llm(model, **options)
         if wl.eos_token is not None:
             self.llm.eos_token_ids = {wl.eos_token}
+        self.llm.token_ratio.learn = s.learn_ratio
         self.t = Transcript()
         self.slots = SlotWatch(s.max_running_req)
         self.seq = 0  # number of the event being dispatched (or the next one, between steps)
@@ -150,6 +155,8 @@ class Driver:
         elif ev.kind == "abort":
             self.t.abort_states[ev["state"]] += 1
             self.t.scheduler_aborts.setdefault(ev["uid"], seq)
+        elif ev.kind == "retract":
+            self.t.retractions += 1
         elif ev.kind == "reject":
             self.t.rejects.append(f"uid {ev['uid']}: {ev['reason']}")
 

@@ -32,6 +32,10 @@ class EngineSetup:
     overlap: bool = True
     cpu_streams: str = "eager"  # "eager" | "deferred"
     max_seq_len: int = 256  # context length: page-table and token-pool rows end here
+    optimistic_admission: bool = False
+    init_new_token_ratio: float = 0.7  # a low first estimate admits too many: retractions
+    learn_ratio: bool = True  # False: the estimate stays low, and retractions go on
+    mixed_batches: bool = False  # prefill steps carry the running requests' decodes
 
 
 @dataclass
@@ -104,8 +108,17 @@ def min_pages(requests: List[RequestSpec], pool: PromptPool, page_size: int) -> 
     return -(-longest(requests, pool) // page_size)
 
 
-def generate(seed: int, pool: PromptPool, max_requests: int = 8) -> Workload:
-    """A random workload; the same seed always gives the same workload."""
+def generate(
+    seed: int,
+    pool: PromptPool,
+    max_requests: int = 8,
+    retracting: bool = False,
+    mixed: bool = False,
+) -> Workload:
+    """A random workload; the same seed always gives the same workload. `retracting`: longer
+    requests on a pool that holds their prompts and little more, admitted on a first estimate of
+    0.1 that does not learn, so decode steps retract requests all the time (half of them with mixed
+    batches). `mixed`: prefill steps carry the running requests' decodes."""
     rng = random.Random(seed)
     page_size = rng.choice([1, 4])
     # a quarter of the workloads hammer a few prompts: duplicates, shared prefixes, cache hits
@@ -162,4 +175,21 @@ def generate(seed: int, pool: PromptPool, max_requests: int = 8) -> Workload:
     )
     stray = [rng.randint(0, 20) for _ in range(rng.choice([0, 0, 1, 2]))]
     switch = sorted(rng.sample(range(1, 30), rng.randint(1, 3))) if rng.random() < 0.15 else []
+    if retracting:  # requests that grow long, together, on a pool that cannot hold them all
+        setup.optimistic_admission, setup.init_new_token_ratio = True, 0.1
+        setup.learn_ratio = False
+        setup.max_running_req = max(setup.max_running_req, 4)
+        for r in requests:
+            r.max_tokens = max(r.max_tokens, rng.randint(REF_TOKENS // 2, REF_TOKENS))
+            r.arrive = min(r.arrive, rng.choice([0, 0, 2, 5]))
+        if setup.max_seq_len != 256:  # still a row's very end, for the longer requests
+            setup.max_seq_len = longest(requests, pool) + rng.choice([0, 1])
+        # room for every prompt (or the longest request), and little for what they generate
+        prompts = sum(-(-len(pool.prompts[r.prompt]) // page_size) for r in requests)
+        setup.num_pages = max(min_pages(requests, pool, page_size), prompts) + rng.choice(
+            [0, 1, 2, 4]
+        )
+        setup.mixed_batches = rng.random() < 0.5
+    if mixed:
+        setup.mixed_batches = True
     return Workload(seed, setup, requests, aborts, eos_token, stray, switch)
