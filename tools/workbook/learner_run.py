@@ -10,7 +10,9 @@ in a copy of the notebook's namespace, which is put back afterwards:
   green, is caught);
 - with each known-wrong variant of judge/variants/ that rewrites this function: the try-out must
   show a ✘ line or raise (a variant the judge fails and the try-out passes would tell a learner
-  "all good" and the judge "wrong").
+  "all good" and the judge "wrong");
+- with each mutant of the function that the mutation tool's last sample saw the judge kill
+  (mutant_tryouts.py): the try-out must flag at least 90 % of them, each missed one named.
 
 Then the stub cell runs as written, and the notebook goes on. At the end, no cell of the learner's
 own run may have raised, and each stub's try-out must have said the function is not written yet.
@@ -28,6 +30,7 @@ import nbformat
 
 from . import execute as runner
 from . import notebook
+from .mutant_tryouts import killed_sample, share_line
 from .paths import NOTEBOOKS
 from .source import Chapter
 from .variants import variant_functions, with_variant
@@ -82,6 +85,15 @@ def _variants_by_exercise(ch: Chapter) -> Dict[str, List[Tuple[str, str, str, st
     return out
 
 
+def _exercises(ch: Chapter) -> Dict[str, object]:
+    from judge.registry import load_registry
+
+    registry = load_registry()
+    if ch.chapter not in registry.chapters:
+        return {}
+    return {ex.id: ex for ex in registry.chapter(ch.chapter).exercises}
+
+
 def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str], float]:
     """Run one chapter's learner path: (the learner's run, problems, ok lines, seconds)."""
     from classroom.tryout import FAIL, NOT_WRITTEN, PASS
@@ -89,6 +101,7 @@ def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str
     nb = nbformat.read(NOTEBOOKS / f"{ch.stem}.ipynb", as_version=4)
     written = notebook.render(ch, "solution")
     variants = _variants_by_exercise(ch)
+    exercises = _exercises(ch)
     problems: List[str] = []
     oks: List[str] = []
     client = runner.client(nb, NOTEBOOKS, allow_errors=True)
@@ -126,5 +139,18 @@ def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str
                         problems.append(
                             f"{name} / {ex_id}: judged wrong, its try-out shows no ✘: {last}"
                         )
+                if ex_id in exercises:
+                    sample = killed_sample(ch.chapter, exercises[ex_id])
+                    if sample.missing:
+                        problems.append(f"{ex_id}: {sample.missing}")
+                    flagged, missed = [], []
+                    for mutant in sample.mutants:
+                        attr = exercises[ex_id].attr
+                        outputs = aside(i, with_variant(reference, attr, mutant.source, ""))
+                        caught = FAIL in _text(outputs) or _raised(outputs)
+                        (flagged if caught else missed).append(mutant)
+                    if sample.mutants:
+                        ok, line = share_line(ex_id, flagged, missed)
+                        (oks if ok else problems).append(line)
             client.execute_cell(cell, i)
     return client.nb, problems, oks, time.perf_counter() - start
