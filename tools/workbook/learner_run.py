@@ -51,6 +51,14 @@ def _raised(outputs) -> bool:
     return any(o.get("output_type") == "error" for o in outputs)
 
 
+MUTANT_TIMEOUT_S = 120  # a try-out takes seconds; one past this is taken to hang
+
+
+def _hung(outputs) -> bool:
+    """Whether the cell was interrupted at its time limit (nbclient interrupts the kernel)."""
+    return any(o.get("ename") == "KeyboardInterrupt" for o in outputs)
+
+
 def _marks(text: str) -> str:
     from classroom.tryout import FAIL, NOT_WRITTEN, PASS
 
@@ -144,11 +152,15 @@ def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str
                     if sample.missing:
                         problems.append(f"{ex_id}: {sample.missing}")
                     flagged, missed = [], []
+                    # a mutant may loop forever in the try-out where the judge's test failed
+                    # first: it is interrupted, and counts as missed (a learner sees no ✘ there)
+                    client.timeout, client.interrupt_on_timeout = MUTANT_TIMEOUT_S, True
                     for mutant in sample.mutants:
                         attr = exercises[ex_id].attr
                         outputs = aside(i, with_variant(reference, attr, mutant.source, ""))
-                        caught = FAIL in _text(outputs) or _raised(outputs)
+                        caught = (FAIL in _text(outputs) or _raised(outputs)) and not _hung(outputs)
                         (flagged if caught else missed).append(mutant)
+                    client.timeout, client.interrupt_on_timeout = runner.CELL_TIMEOUT_S, False
                     if sample.mutants:
                         ok, line = share_line(ex_id, flagged, missed)
                         (oks if ok else problems).append(line)
