@@ -12,7 +12,10 @@ in a copy of the notebook's namespace, which is put back afterwards:
   show a ✘ line or raise (a variant the judge fails and the try-out passes would tell a learner
   "all good" and the judge "wrong");
 - with each mutant of the function that the mutation tool's last sample saw the judge kill
-  (mutant_tryouts.py): the try-out must flag at least 90 % of them, each missed one named.
+  (mutant_tryouts.py): the try-out must flag at least 90 % of them, each missed one named. A
+  mutant's run that outlasts MUTANT_TIMEOUT_S is interrupted and counts as missed; one that kills
+  the kernel (a Triton kernel reading out of bounds) counts as flagged, and a fresh kernel re-runs
+  the learner's cells up to this one.
 
 Then the stub cell runs as written, and the notebook goes on. At the end, no cell of the learner's
 own run may have raised, and each stub's try-out must have said the function is not written yet.
@@ -114,13 +117,29 @@ def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str
     oks: List[str] = []
     client = runner.client(nb, NOTEBOOKS, allow_errors=True)
 
-    def aside(index: int, source: str) -> list:
-        """Run `source` in a copy of the namespace; the outputs it printed."""
+    def aside(index: int, source: str, limit: bool = False) -> list:
+        """Run `source` in a copy of the namespace; the outputs it printed. With `limit`, a run
+        past MUTANT_TIMEOUT_S is interrupted (`_hung` tells)."""
         client.execute_cell(nbformat.v4.new_code_cell(SAVE), index)
         cell = nbformat.v4.new_code_cell(source)
-        client.execute_cell(cell, index)
+        if limit:
+            client.timeout, client.interrupt_on_timeout = MUTANT_TIMEOUT_S, True
+        try:
+            client.execute_cell(cell, index)
+        finally:
+            client.timeout, client.interrupt_on_timeout = runner.CELL_TIMEOUT_S, False
         client.execute_cell(nbformat.v4.new_code_cell(RESTORE), index)
         return cell.outputs
+
+    def restart(index: int) -> None:
+        """A fresh kernel after one died, brought back to cell `index`: the learner's cells before
+        it run again."""
+        from jupyter_core.utils import run_sync
+
+        run_sync(client.km.restart_kernel)(now=True)
+        for j in range(index):
+            if nb.cells[j].cell_type == "code":
+                client.execute_cell(nb.cells[j], j)
 
     start = time.perf_counter()
     with client.setup_kernel(env=runner.kernel_env(), cwd=str(NOTEBOOKS)):
@@ -148,21 +167,39 @@ def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str
                             f"{name} / {ex_id}: judged wrong, its try-out shows no ✘: {last}"
                         )
                 if ex_id in exercises:
-                    sample = killed_sample(ch.chapter, exercises[ex_id])
-                    if sample.missing:
-                        problems.append(f"{ex_id}: {sample.missing}")
-                    flagged, missed = [], []
-                    # a mutant may loop forever in the try-out where the judge's test failed
-                    # first: it is interrupted, and counts as missed (a learner sees no ✘ there)
-                    client.timeout, client.interrupt_on_timeout = MUTANT_TIMEOUT_S, True
-                    for mutant in sample.mutants:
-                        attr = exercises[ex_id].attr
-                        outputs = aside(i, with_variant(reference, attr, mutant.source, ""))
-                        caught = (FAIL in _text(outputs) or _raised(outputs)) and not _hung(outputs)
-                        (flagged if caught else missed).append(mutant)
-                    client.timeout, client.interrupt_on_timeout = runner.CELL_TIMEOUT_S, False
-                    if sample.mutants:
-                        ok, line = share_line(ex_id, flagged, missed)
+                    ok, line = _try_mutants(ch, exercises[ex_id], reference, i, aside, restart)
+                    if line:
                         (oks if ok else problems).append(line)
             client.execute_cell(cell, i)
     return client.nb, problems, oks, time.perf_counter() - start
+
+
+def _try_mutants(ch: Chapter, ex, reference: str, index: int, aside, restart) -> Tuple[bool, str]:
+    """Run the try-out after each killed mutant of `ex` in the sample: (whether it flags enough,
+    the line saying so; "" when there is nothing to try)."""
+    from nbclient.exceptions import DeadKernelError
+
+    from classroom.tryout import FAIL
+
+    sample = killed_sample(ch.chapter, ex)
+    if sample.missing:
+        return False, f"{ex.id}: {sample.missing}"
+    flagged, missed, died = [], [], []
+    # a mutant may loop forever in the try-out where the judge's test failed first: it is
+    # interrupted, and counts as missed (a learner sees no ✘ there, only a cell that never ends)
+    for mutant in sample.mutants:
+        try:
+            outputs = aside(index, with_variant(reference, ex.attr, mutant.source, ""), limit=True)
+        except DeadKernelError:  # a kernel that crashes (a mutant's out-of-bounds Triton load)
+            died.append(mutant.id)  # is a failure a learner sees, though not a ✘ line
+            flagged.append(mutant)
+            restart(index)
+            continue
+        caught = (FAIL in _text(outputs) or _raised(outputs)) and not _hung(outputs)
+        (flagged if caught else missed).append(mutant)
+    if not sample.mutants:
+        return True, ""
+    ok, line = share_line(ex.id, flagged, missed)
+    if died:
+        line += f" (the kernel died with {', '.join(died)}, counted as flagged)"
+    return ok, line
