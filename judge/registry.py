@@ -177,8 +177,9 @@ def load_registry(path: str | Path | None = None) -> Registry:
     for key, table in raw.items():
         if chapter_key(key) != key or not isinstance(table, dict):
             raise RegistryError(f"{path}: [{key}] is not a chapter table like [ch03]")
+        hints = _hints(path, key, [e.get("name") for e in table.get("exercises", [])])
         exercises = tuple(
-            _exercise(path, key, i, e) for i, e in enumerate(table.get("exercises", []))
+            _exercise(path, key, i, e, hints) for i, e in enumerate(table.get("exercises", []))
         )
         names = [e.name for e in exercises]
         if len(set(names)) != len(names):
@@ -203,10 +204,42 @@ def _requires(path: Path, chapter: str, value: object) -> Tuple[str, ...]:
     return tuple(value)
 
 
-def _exercise(path: Path, chapter: str, i: int, e: object) -> Exercise:
+def hints_file(registry: Path, chapter: str) -> Path:
+    """Where a chapter's hints live: hints/chNN.toml beside the registry, out of the list of
+    exercises a learner is sent to (one array of tiers per exercise name)."""
+    return registry.resolve().parent / "hints" / f"{chapter}.toml"
+
+
+def _hints(registry: Path, chapter: str, names: List[object]) -> Dict[str, Tuple[str, ...]]:
+    path = hints_file(registry, chapter)
+    if not path.is_file():
+        return {}
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise RegistryError(f"{path} is not valid TOML: {e}") from None
+    for name, tiers in raw.items():
+        if name not in names:
+            raise RegistryError(
+                f"{path}: `{name}` is not an exercise of [{chapter}] in {registry.name} "
+                f"(they are {', '.join(map(str, names))})"
+            )
+        if not isinstance(tiers, list) or not all(isinstance(t, str) for t in tiers):
+            raise RegistryError(f"{path}: `{name}` must be a list of strings (the hint tiers)")
+    return {name: tuple(tiers) for name, tiers in raw.items()}
+
+
+def _exercise(
+    path: Path, chapter: str, i: int, e: object, hints: Dict[str, Tuple[str, ...]]
+) -> Exercise:
     where = f"{path}: [[{chapter}.exercises]] #{i + 1}"
     if not isinstance(e, dict):
         raise RegistryError(f"{where} is not a table")
+    if "hints" in e:
+        raise RegistryError(
+            f"{where}: hints go in {hints_file(path, chapter)} (`{e.get('name')} = [...]`), "
+            "not in the list of exercises a learner reads"
+        )
     for field in ("name", "target"):
         if not isinstance(e.get(field), str) or not e[field]:
             raise RegistryError(f"{where} needs a `{field}` string")
@@ -214,9 +247,8 @@ def _exercise(path: Path, chapter: str, i: int, e: object) -> Exercise:
         raise RegistryError(
             f"{where}: target {e['target']!r} is not 'package.module:Qualified.name'"
         )
-    for field in ("tests", "hints"):
-        if not all(isinstance(x, str) for x in e.get(field, [])):
-            raise RegistryError(f"{where}: `{field}` must be a list of strings")
+    if not all(isinstance(x, str) for x in e.get("tests", [])):
+        raise RegistryError(f"{where}: `tests` must be a list of strings")
     equivalents = []
     for m in e.get("equivalent_mutants", []):
         if not (
@@ -235,7 +267,7 @@ def _exercise(path: Path, chapter: str, i: int, e: object) -> Exercise:
         name=e["name"],
         target=e["target"],
         tests=tuple(e.get("tests", [])),
-        hints=tuple(e.get("hints", [])),
+        hints=hints.get(e["name"], ()),
         todo=str(e.get("todo", "")),
         equivalent_mutants=tuple(equivalents),
         engine_env=_engine_env(where, e.get("engine_env", {})),

@@ -105,13 +105,11 @@ test_files = ["fake_tests/test_fake.py"]
 name = "double"
 target = "fakepkg.mod:double"
 tests = ["test_fake.py::test_double", "test_fake.py::test_total", "test_fake.py::test_quadruple"]
-hints = ["first hint", "second hint", "third hint"]
 
 [[ch42.exercises]]
 name = "bump"
 target = "fakepkg.mod:Counter.bump"
 tests = ["test_fake.py::test_bump"]
-hints = ["bump hint"]
 
 [[ch42.exercises]]
 name = "is_big"
@@ -179,6 +177,16 @@ class FakeProject:
         return path
 
 
+HINTS = {"double": ["first hint", "second hint", "third hint"], "bump": ["bump hint"]}
+
+
+def write_hints(root: Path, chapter: str, hints: dict) -> None:
+    """A chapter's hints where the judge looks for them: hints/chNN.toml beside the registry."""
+    (root / "hints").mkdir(exist_ok=True)
+    lines = [f"{name} = {json.dumps(tiers)}" for name, tiers in hints.items()]
+    (root / "hints" / f"{chapter}.toml").write_text("\n".join(lines) + "\n")
+
+
 def fake_project(tmp_path: Path, monkeypatch) -> FakeProject:
     pkg = tmp_path / "fakepkg"
     pkg.mkdir()
@@ -190,6 +198,7 @@ def fake_project(tmp_path: Path, monkeypatch) -> FakeProject:
     (tests / "test_fake.py").write_text(TESTS)
     (tests / "test_fake43.py").write_text(TESTS_43)
     (tmp_path / "registry.toml").write_text(REGISTRY.format(root=tmp_path))
+    write_hints(tmp_path, "ch42", HINTS)
     project = FakeProject(
         tmp_path, tmp_path / "notebooks", tmp_path / "progress.json", tmp_path / "variants"
     )

@@ -16,27 +16,6 @@ from tools.exercise_checklist import BUDGET, TABLE, TESTS, TRYOUT, VARIANT, Layo
 # Exercises registered before the checklist, with what each still lacks. The list may only shrink:
 # a new exercise must have everything, and an entry that is no longer lacking must go.
 OWED = {
-    "ch01.complete_one": (TABLE,),
-    "ch01.extend_len": (TABLE,),
-    "ch01.can_decode": (VARIANT, TABLE),
-    "ch01.is_greedy": (TABLE,),
-    "ch02.rms_norm": (TABLE,),
-    "ch02.apply_rope_neox": (TABLE,),
-    "ch02.named_tensors": (TABLE,),
-    "ch03.from_hf": (TABLE,),
-    "ch03.load_weight": (VARIANT, TABLE),
-    "ch04.store_kv": (VARIANT, TABLE),
-    "ch04.allocate": (VARIANT, TABLE),
-    "ch04.free": (TABLE,),
-    "ch05.prepare_metadata": (TABLE,),
-    "ch05.prefill_attention": (VARIANT, TABLE),
-    "ch05.decode_attention": (VARIANT, TABLE),
-    "ch08.allocate_paged": (TABLE,),
-    "ch08.cache_req": (TABLE,),
-    "ch08.check_integrity": (TABLE,),
-    # test_sampling_params_keep_which_fields_were_given_across_the_wire was added after the
-    # budgets were measured; test_the_live_server_answers_with_this_code has none on the CPU
-    "ch13.tokenize": (TABLE,),
     "ch20.route": (TABLE,),
     "ch20.group_by_expert": (TABLE,),
     "ch20.moe_experts": (TABLE,),

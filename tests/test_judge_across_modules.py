@@ -15,7 +15,7 @@ import json
 import pytest
 
 from judge.cli import main
-from judge_fixtures import code_cell, notebook
+from judge_fixtures import code_cell, notebook, write_hints
 
 TEXT = '''
 MARK = "~"
@@ -60,13 +60,11 @@ test_files = ["two_tests/test_two.py"]
 name = "mark"
 target = "twopkg.text:mark"
 tests = ["test_two.py::test_mark", "test_two.py::test_reply"]
-hints = ["the mark goes after"]
 
 [[ch46.exercises]]
 name = "reply"
 target = "twopkg.worker:Worker.reply"
 tests = ["test_two.py::test_reply"]
-hints = ["upper-case what mark gives"]
 """
 
 SETUP = "from twopkg.text import MARK\nfrom twopkg.worker import Worker\nw = Worker()\n"
@@ -84,6 +82,9 @@ def project(tmp_path, monkeypatch):
     (tmp_path / "two_tests").mkdir()
     (tmp_path / "two_tests" / "test_two.py").write_text(TESTS)
     (tmp_path / "registry.toml").write_text(REGISTRY.format(root=tmp_path))
+    write_hints(
+        tmp_path, "ch46", {"mark": ["the mark goes after"], "reply": ["upper-case what mark gives"]}
+    )
     (tmp_path / "notebooks").mkdir()
     monkeypatch.setenv("MINISGL_JUDGE_REGISTRY", str(tmp_path / "registry.toml"))
     monkeypatch.setenv("MINISGL_JUDGE_NOTEBOOKS", str(tmp_path / "notebooks"))

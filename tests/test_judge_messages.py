@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from judge.cli import main
-from judge_fixtures import code_cell, fake_project, notebook
+from judge_fixtures import code_cell, fake_project, notebook, write_hints
 
 SCHED = '''
 from dataclasses import dataclass
@@ -109,7 +109,6 @@ target = "fakepkg.sched:Scheduler.run"
 tests = ["test_fake44.py::test_every_slot_comes_back",
          "test_fake44.py::test_one_request_gives_its_slot_back",
          "test_fake44.py::test_more_requests_than_slots"]
-hints = ["run hint"]
 
 [[ch44.exercises]]
 name = "finish"
@@ -117,7 +116,6 @@ target = "fakepkg.sched:Scheduler.finish"
 tests = ["test_fake44.py::test_every_slot_comes_back",
          "test_fake44.py::test_one_request_gives_its_slot_back",
          "test_fake44.py::test_more_requests_than_slots"]
-hints = ["finish hint"]
 
 [ch45]
 title = "A fake layer"
@@ -156,6 +154,7 @@ def project(tmp_path, monkeypatch):
     (tmp_path / "fake_tests" / "test_fake45.py").write_text(TESTS_45)
     with open(tmp_path / "registry.toml", "a") as f:
         f.write(REGISTRY)
+    write_hints(tmp_path, "ch44", {"run": ["run hint"], "finish": ["finish hint"]})
     return p
 
 

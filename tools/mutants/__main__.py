@@ -15,7 +15,7 @@ the registry. The score of an exercise is killed / (all - equivalent); the targe
     python -m tools.mutants ch09                   every exercise of chapter 9, survivors with diffs
     python -m tools.mutants ch09 --exercise evict  one exercise
     python -m tools.mutants --list ch02            the mutants, not run
-    python -m tools.mutants --sample 2 --check     CI: 2 mutants per exercise, exit 1 on a survivor
+    python -m tools.mutants --sample 5 --check     CI: 5 mutants per exercise, exit 1 on a survivor
     python -m tools.mutants --markdown             the table of judge/README.md
 
 Exit code: 0 fine; 1 a survivor in --check mode, a stale equivalent, or an exercise under --target;
@@ -56,7 +56,8 @@ from .run import (
 
 
 def results_dir() -> Path:
-    """Where each exercise's last full run is kept (for --markdown); tests point it elsewhere."""
+    """Where each exercise's last full run is kept (for --markdown), and its last sample's under
+    sample/ (for the learner check: tools/workbook/mutant_tryouts.py); tests point it elsewhere."""
     return Path(MUTANTS_RESULTS.read() or REPO / "build" / "mutants")
 
 
@@ -165,8 +166,8 @@ def _run(plan: Dict, args, console: Console) -> int:
             rows.append(row)
             stale = _stale_equivalents(ex, source)
             _print_exercise(console, ex, source, results, row, stale)
-            if not args.ids and args.sample is None:
-                _save(ex, row, results, stale)
+            if not args.ids:
+                _save(ex, row, results, stale, sample=args.sample is not None)
             if (
                 stale
                 or (args.check and row["survived"])
@@ -249,8 +250,10 @@ def _print_table(console: Console, rows: List[Dict]) -> None:
     console.print(table)
 
 
-def _save(ex: Exercise, row: Dict, results: List[Result], stale: List[str]) -> None:
-    folder = results_dir()
+def _save(
+    ex: Exercise, row: Dict, results: List[Result], stale: List[str], sample: bool = False
+) -> None:
+    folder = results_dir() / "sample" if sample else results_dir()
     folder.mkdir(parents=True, exist_ok=True)
     data = {
         **row,

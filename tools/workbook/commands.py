@@ -345,7 +345,8 @@ def main(argv: List[str]) -> int:
         "  site      write the site's pages into build/site_docs/ (then: mkdocs build --strict)\n"
         "  learner   run the learner notebooks as a learner meets them (stubs; no error to the "
         "end), each checking try-out ✔ with only its exercise written and ✘ with each "
-        "known-wrong variant of judge/variants/\n"
+        "known-wrong variant of judge/variants/ and 90 % of the judge's killed mutants of the "
+        "last `python -m tools.mutants --sample 5`\n"
         "  timings   the execution time recorded in each solution notebook"
     )
     if not argv or argv[0] in ("-h", "--help"):

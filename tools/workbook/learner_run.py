@@ -10,7 +10,12 @@ in a copy of the notebook's namespace, which is put back afterwards:
   green, is caught);
 - with each known-wrong variant of judge/variants/ that rewrites this function: the try-out must
   show a ✘ line or raise (a variant the judge fails and the try-out passes would tell a learner
-  "all good" and the judge "wrong").
+  "all good" and the judge "wrong");
+- with each mutant of the function that the mutation tool's last sample saw the judge kill
+  (mutant_tryouts.py): the try-out must flag at least 90 % of them, each missed one named. A
+  mutant's run that outlasts MUTANT_TIMEOUT_S is interrupted and counts as missed; one that kills
+  the kernel (a Triton kernel reading out of bounds) counts as flagged, and a fresh kernel re-runs
+  the learner's cells up to this one.
 
 Then the stub cell runs as written, and the notebook goes on. At the end, no cell of the learner's
 own run may have raised, and each stub's try-out must have said the function is not written yet.
@@ -28,6 +33,7 @@ import nbformat
 
 from . import execute as runner
 from . import notebook
+from .mutant_tryouts import killed_sample, share_line
 from .paths import NOTEBOOKS
 from .source import Chapter
 from .variants import variant_functions, with_variant
@@ -46,6 +52,14 @@ def _text(outputs) -> str:
 
 def _raised(outputs) -> bool:
     return any(o.get("output_type") == "error" for o in outputs)
+
+
+MUTANT_TIMEOUT_S = 120  # a try-out takes seconds; one past this is taken to hang
+
+
+def _hung(outputs) -> bool:
+    """Whether the cell was interrupted at its time limit (nbclient interrupts the kernel)."""
+    return any(o.get("ename") == "KeyboardInterrupt" for o in outputs)
 
 
 def _marks(text: str) -> str:
@@ -82,6 +96,15 @@ def _variants_by_exercise(ch: Chapter) -> Dict[str, List[Tuple[str, str, str, st
     return out
 
 
+def _exercises(ch: Chapter) -> Dict[str, object]:
+    from judge.registry import load_registry
+
+    registry = load_registry()
+    if ch.chapter not in registry.chapters:
+        return {}
+    return {ex.id: ex for ex in registry.chapter(ch.chapter).exercises}
+
+
 def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str], float]:
     """Run one chapter's learner path: (the learner's run, problems, ok lines, seconds)."""
     from classroom.tryout import FAIL, NOT_WRITTEN, PASS
@@ -89,17 +112,34 @@ def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str
     nb = nbformat.read(NOTEBOOKS / f"{ch.stem}.ipynb", as_version=4)
     written = notebook.render(ch, "solution")
     variants = _variants_by_exercise(ch)
+    exercises = _exercises(ch)
     problems: List[str] = []
     oks: List[str] = []
     client = runner.client(nb, NOTEBOOKS, allow_errors=True)
 
-    def aside(index: int, source: str) -> list:
-        """Run `source` in a copy of the namespace; the outputs it printed."""
+    def aside(index: int, source: str, limit: bool = False) -> list:
+        """Run `source` in a copy of the namespace; the outputs it printed. With `limit`, a run
+        past MUTANT_TIMEOUT_S is interrupted (`_hung` tells)."""
         client.execute_cell(nbformat.v4.new_code_cell(SAVE), index)
         cell = nbformat.v4.new_code_cell(source)
-        client.execute_cell(cell, index)
+        if limit:
+            client.timeout, client.interrupt_on_timeout = MUTANT_TIMEOUT_S, True
+        try:
+            client.execute_cell(cell, index)
+        finally:
+            client.timeout, client.interrupt_on_timeout = runner.CELL_TIMEOUT_S, False
         client.execute_cell(nbformat.v4.new_code_cell(RESTORE), index)
         return cell.outputs
+
+    def restart(index: int) -> None:
+        """A fresh kernel after one died, brought back to cell `index`: the learner's cells before
+        it run again."""
+        from jupyter_core.utils import run_sync
+
+        run_sync(client.km.restart_kernel)(now=True)
+        for j in range(index):
+            if nb.cells[j].cell_type == "code":
+                client.execute_cell(nb.cells[j], j)
 
     start = time.perf_counter()
     with client.setup_kernel(env=runner.kernel_env(), cwd=str(NOTEBOOKS)):
@@ -126,5 +166,40 @@ def run_chapter(ch: Chapter) -> Tuple[nbformat.NotebookNode, List[str], List[str
                         problems.append(
                             f"{name} / {ex_id}: judged wrong, its try-out shows no ✘: {last}"
                         )
+                if ex_id in exercises:
+                    ok, line = _try_mutants(ch, exercises[ex_id], reference, i, aside, restart)
+                    if line:
+                        (oks if ok else problems).append(line)
             client.execute_cell(cell, i)
     return client.nb, problems, oks, time.perf_counter() - start
+
+
+def _try_mutants(ch: Chapter, ex, reference: str, index: int, aside, restart) -> Tuple[bool, str]:
+    """Run the try-out after each killed mutant of `ex` in the sample: (whether it flags enough,
+    the line saying so; "" when there is nothing to try)."""
+    from nbclient.exceptions import DeadKernelError
+
+    from classroom.tryout import FAIL
+
+    sample = killed_sample(ch.chapter, ex)
+    if sample.missing:
+        return False, f"{ex.id}: {sample.missing}"
+    flagged, missed, died = [], [], []
+    # a mutant may loop forever in the try-out where the judge's test failed first: it is
+    # interrupted, and counts as missed (a learner sees no ✘ there, only a cell that never ends)
+    for mutant in sample.mutants:
+        try:
+            outputs = aside(index, with_variant(reference, ex.attr, mutant.source, ""), limit=True)
+        except DeadKernelError:  # a kernel that crashes (a mutant's out-of-bounds Triton load)
+            died.append(mutant.id)  # is a failure a learner sees, though not a ✘ line
+            flagged.append(mutant)
+            restart(index)
+            continue
+        caught = (FAIL in _text(outputs) or _raised(outputs)) and not _hung(outputs)
+        (flagged if caught else missed).append(mutant)
+    if not sample.mutants:
+        return True, ""
+    ok, line = share_line(ex.id, flagged, missed)
+    if died:
+        line += f" (the kernel died with {', '.join(died)}, counted as flagged)"
+    return ok, line
