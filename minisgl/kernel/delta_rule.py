@@ -108,11 +108,11 @@ def delta_rule_chunked(
     # exp(decay_i - decay_j) for j <= i: what of token j's write survives until token i reads
     between = (decay[..., :, None] - decay[..., None, :]).masked_fill(~causal, float("-inf")).exp()
     k_beta = k * beta[..., None]
-    strictly = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril(-1)
-    system = (k_beta @ k.transpose(-1, -2) * between).masked_fill(~strictly, 0)
-    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
+    # A below the diagonal; a unitriangular solve reads only that part and takes the diagonal as
+    # ones, so neither A's diagonal nor its (zero) upper part needs masking: it solves (I + A) u
+    system = k_beta @ k.transpose(-1, -2) * between
     solve = lambda rhs: torch.linalg.solve_triangular(  # noqa: E731
-        system + eye, rhs, upper=False, unitriangular=True
+        system, rhs, upper=False, unitriangular=True
     )
     u_from_v = solve(v * beta[..., None])  # the corrections if S0 were zero
     u_from_state = solve(k_beta * decay.exp()[..., None])  # times S0: what S0 already predicts
