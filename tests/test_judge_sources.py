@@ -49,8 +49,11 @@ def test_registry_test_references_match_node_ids():
 
 def test_the_real_registry_names_real_targets():
     registry = load_registry()
-    # parts 1 to 4 (chapters 0 to 21), then the chapters of part 5 written so far (22, 25)
-    assert list(registry.chapters) == [f"ch{i:02d}" for i in range(23)] + ["ch25"]
+    # chapters 0 to 21 complete; later ones may be written out of order (26 before 23 to 25), so
+    # from there the numbers only have to rise
+    keys = list(registry.chapters)
+    assert keys[:22] == [f"ch{i:02d}" for i in range(22)]
+    assert keys == sorted(set(keys)), keys
     for chapter in registry.chapters.values():
         for ex in chapter.exercises:
             assert ex.id == f"{chapter.key}.{ex.name}"
