@@ -339,12 +339,16 @@ def test_a_request_in_finished_reqs_feeds_its_matcher_nothing():
         done = SimpleNamespace(synchronize=lambda: None)
         step = SimpleNamespace(batch=SimpleNamespace(reqs=[req]))
         out = SimpleNamespace(copy_done=done, next_tokens_cpu=torch.tensor([token]))
-        llm._handle_with_matchers((step, out), lambda data: None)
+
+        def handle(data):  # as chapter 11's: finished_reqs becomes this step's ended (none here)
+            llm.finished_reqs = set()
+
+        llm._handle_with_matchers((step, out), handle)
         taken = [r["token"] for r in rejects]
         assert not taken, (
             f"the matcher of request {uid}, which is in finished_reqs, took the step's token "
             f"{taken[0]} (a grammar_reject event): the handling drops that token, so no matcher "
-            "may take it"
+            "may take it (and the matchers are fed before `handle`, which replaces finished_reqs)"
         )
     finally:
         llm.shutdown()
