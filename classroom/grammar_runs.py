@@ -186,21 +186,31 @@ class _StandIn:
         self.__dict__.update(fields)
 
 
-def refused_token_events(llm_class=LLM) -> tuple:
+def refused_token_events(llm_class=LLM, finished: bool = False) -> tuple:
     """A regex "a+" request after its prefill, handed a step whose token is "b" (which its
-    grammar refuses): (the grammar_reject events, the uid, the token, what `handle` was given)."""
+    grammar refuses): (the grammar_reject events, the uid, the token, what `handle` was given).
+    `finished`: the request is in `finished_reqs` (as an abort or a retraction leaves it), so the
+    handling drops its token and no event may come."""
     llm = llm_class(**OPTIONS, overlap_scheduling=False)
     try:
         rejects = watch_rejects(llm)
         uid = llm.add_request(PROMPTS[2], SamplingParams(max_tokens=8, constraint={"regex": "a+"}))
         llm.step()
         token = llm.encode("b").tolist()[-1]
-        step = _StandIn(batch=_StandIn(reqs=[_StandIn(uid=uid, is_chunk=False)]))
+        req = _StandIn(uid=uid, is_chunk=False)
+        if finished:
+            llm.finished_reqs.add(req)
+        step = _StandIn(batch=_StandIn(reqs=[req]))
         out = _StandIn(
             copy_done=_StandIn(synchronize=lambda: None), next_tokens_cpu=torch.tensor([token])
         )
         handled: List = []
-        llm._handle_with_matchers((step, out), handled.append)
+
+        def handle(data) -> None:  # as chapter 11's: finished_reqs becomes this step's ended
+            handled.append(data)
+            llm.finished_reqs = set()
+
+        llm._handle_with_matchers((step, out), handle)
         return rejects, uid, token, handled == [(step, out)]
     finally:
         llm.shutdown()

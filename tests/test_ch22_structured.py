@@ -319,3 +319,36 @@ def test_a_refused_token_is_recorded_as_a_grammar_reject_event():
         assert rejects[0]["error"], "the grammar_reject event carries the matcher's error"
     finally:
         llm.shutdown()
+
+
+def test_a_request_in_finished_reqs_feeds_its_matcher_nothing():
+    """The handling drops the token of a request in finished_reqs (chapter 11's rules 2 and 4), so
+    its matcher must not take it either. Retraction (minisgl/scheduler/retract.py) takes a running
+    request out while its token is in flight and requeues it under the same uid, matcher and all:
+    a matcher that took the dropped token is one token ahead when the request resumes."""
+    llm = cpu_streams_llm("deferred", overlap_scheduling=False)
+    try:
+        rejects = _watch_rejects(llm)
+        uid = llm.add_request(
+            PROMPT_TEXTS[0], SamplingParams(max_tokens=8, constraint={"regex": "a+"})
+        )
+        llm.step()  # the prefill is handled: the matcher now waits for more "a"
+        req = _StandIn(uid=uid, is_chunk=False)
+        llm.finished_reqs.add(req)  # as a retraction or an abort leaves it
+        token = llm.encode("b").tolist()[-1]  # refused by "a+": taken, it would be an event
+        done = SimpleNamespace(synchronize=lambda: None)
+        step = SimpleNamespace(batch=SimpleNamespace(reqs=[req]))
+        out = SimpleNamespace(copy_done=done, next_tokens_cpu=torch.tensor([token]))
+
+        def handle(data):  # as chapter 11's: finished_reqs becomes this step's ended (none here)
+            llm.finished_reqs = set()
+
+        llm._handle_with_matchers((step, out), handle)
+        taken = [r["token"] for r in rejects]
+        assert not taken, (
+            f"the matcher of request {uid}, which is in finished_reqs, took the step's token "
+            f"{taken[0]} (a grammar_reject event): the handling drops that token, so no matcher "
+            "may take it (and the matchers are fed before `handle`, which replaces finished_reqs)"
+        )
+    finally:
+        llm.shutdown()

@@ -122,13 +122,15 @@ class GrammarSteps:
         Each constrained request's matcher takes the token the request generated, then `handle`
         runs, then the matchers of requests that have ended are dropped. A matcher must see exactly
         the tokens its request generates, in order: the token is on the host only once the step's
-        `copy_done` has been waited for, and a chunk's sample is junk (a part of the prompt
-        generates nothing, and its sample was drawn without a mask). A matcher lives as long as its
-        request: once `handle` has run, the matchers of requests that are neither launched and
-        running (`self._live`) nor waiting in the prefill queue are dropped, whatever ended them
-        (EOS, max_tokens, a stop string, an abort, a failed step); so a step that still carries a
-        request that has ended finds no matcher for it. A token the matcher refuses is recorded, not
-        raised: a `grammar_reject` event naming the uid, the token and the matcher's error.
+        `copy_done` has been waited for, a chunk's sample is junk (a part of the prompt generates
+        nothing, and its sample was drawn without a mask), and a request in `self.finished_reqs`
+        gets nothing from the step (the handling drops its token: chapter 11's rules 2 and 4; a
+        request retracted meanwhile keeps its uid and matcher, and computes that token again when
+        it resumes). A matcher lives as long as its request: once `handle` has run, the matchers
+        of requests that are neither launched and running (`self._live`) nor waiting in the
+        prefill queue are dropped, whatever ended them (EOS, max_tokens, a stop string, an abort, a
+        failed step). A token the matcher refuses is recorded, not raised: a `grammar_reject` event
+        naming the uid, the token and the matcher's error.
 
         Receives: `last_data`, (ForwardInput, ForwardOutput) or None; `handle`, the base handling
             (call it with `last_data`, None included); `self._matchers`, uid -> llguidance matcher
@@ -136,12 +138,13 @@ class GrammarSteps:
         Returns: nothing.
         Leaves: each matcher advanced by its request's token; the matchers of ended requests gone
             from `self._matchers`; `last_data` handled by `handle`.
-        Uses: `copy_done.synchronize`, `next_tokens_cpu` (ch06); `is_chunk` (ch10); `_live` (ch11);
-            `prefill_manager.get` (ch07); `events.emit` (ch04).
+        Uses: `copy_done.synchronize`, `next_tokens_cpu` (ch06); `is_chunk` (ch10); `_live`,
+            `finished_reqs` (ch11); `prefill_manager.get` (ch07); `events.emit` (ch04).
         Checked: every output parses and validates, next to chunked prefills and free requests,
             under overlap and not; no grammar_reject in a correct run; a refused token is recorded;
-            no matcher left once every request has ended, after an abort too; a queued request
-            keeps its matcher until it runs.
+            a request in finished_reqs feeds its matcher nothing; no matcher left once every
+            request has ended, after an abort too; a queued request keeps its matcher until it
+            runs.
         """
         if last_data is not None and self._matchers:
             fi, output = last_data
@@ -149,6 +152,11 @@ class GrammarSteps:
             for req, token in zip(fi.batch.reqs, output.next_tokens_cpu.tolist()):
                 if req.is_chunk:
                     continue  # a chunk's sample is junk, drawn without a mask
+                if req in self.finished_reqs:
+                    # The handling drops this token (rules 2 and 4), so the matcher must not take
+                    # it: a request retracted while this step was in flight keeps its uid and
+                    # matcher, and recomputes the token when it resumes (retract.py).
+                    continue
                 matcher = self._matchers.get(req.uid)
                 if matcher is not None and not matcher.consume_token(token):
                     self.events.emit(
