@@ -137,7 +137,7 @@ def variants() -> Dict[str, Dict[str, str]]:
 def write_class(
     out: Path, copies: int = 40, port: Optional[int] = None, secret: Optional[str] = None
 ) -> Dict[str, dict]:
-    """`copies` notebooks in `out` (at least the fixed ones below, then solutions), and what each
+    """`copies` notebooks in `out` (at least the fixed ones below and one solution), and what each
     verdict must be (also in expected.json): {"outcome": one or several joined by "|",
     "statuses": {exercise: status, or "not passing"}}; an exercise not named must be "passing".
     A verdict other than "judged" has no statuses to check (its exercises earn nothing).
@@ -170,7 +170,9 @@ def write_class(
                       FAILING_ONE))  # fmt: skip
     for variant, code in variants().items():
         cases.append((variant, notebook(code), "judged", dict.fromkeys(code, "failing")))
-    for i in range(max(0, copies - len(cases))):
+    # at least one solution: reads_a_neighbour tries to read solution_00's notebook, and a class of
+    # fixed cases only (the known-wrong variants grow with the chapter) would have no neighbour
+    for i in range(max(1, copies - len(cases))):
         cases.append((f"solution_{i:02d}", notebook(), "judged", {}))
     expected = {}
     for name, nb, outcome, statuses in cases:

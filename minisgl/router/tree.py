@@ -45,8 +45,9 @@ class PrefixTree:
         self._clock = itertools.count(1)  # use order: a larger last_used is more recent
 
     def match(self, key: Key) -> int:
-        """How many leading elements of `key` the tree holds: the longest prefix of `key` that
-        some inserted key shares.
+        """How many leading elements of `key` the tree holds.
+
+        That is the longest prefix of `key` that some inserted key shares.
 
         Receives: `key`, a str or a tuple of token ids (maybe empty).
         Returns: an int in [0, len(key)].
