@@ -32,6 +32,24 @@ TEXTS = [
 ]
 PAGES = 72  # tokens of KV at page size 1: two requests' whole lives, eight requests' estimates
 
+# the rules the watcher checks after every retraction, in the order a try-out prints them
+RULES = [
+    "the victim stops running (out of _live and the decode manager)",
+    "the batch in flight drops the victim's result (finished_reqs)",
+    "the victim is requeued once",
+    "the victim is requeued first in line",
+    "it resumes from every token received (its prompt and its output so far)",
+    "it may still generate the rest of its max_tokens",
+    "the requeued request carries its retraction count",
+    "each retraction is counted (retractions[uid], retracted_total)",
+    "the client's prompt length is kept (_prompt_lens)",
+    "the estimate learns from the retraction (token_ratio.retracted)",
+    "the slot is given back, deferred under overlap",
+    "no page is given back twice (the cached prefix is the cache's now)",
+    "the computed prefix goes to the prefix cache",
+    "the prefix cache holds no token whose KV was never computed",
+]
+
 
 # ---------------------------------------------------------------- the victim
 
@@ -80,6 +98,10 @@ class PressuredRun:
     events: Counter = field(default_factory=Counter)  # uid -> "retract" events
     end_problems: List[str] = field(default_factory=list)
 
+    def broken(self, rule: str) -> str:
+        """What the watcher saw when `rule` was broken, or "" when it held every time."""
+        return next((p[len(rule) + 2 :] for p in self.problems if p.startswith(rule + ":")), "")
+
     @property
     def total(self) -> int:
         return sum(self.retracts.values())
@@ -101,6 +123,7 @@ def prompts_and_params(llm) -> tuple:
 
 def _watched(llm_class, prompts, problems: List[str]):
     def note(rule: str, seen: str) -> None:
+        assert rule in RULES, rule
         if not any(p.startswith(rule) for p in problems):
             problems.append(f"{rule}: {seen}")
 
