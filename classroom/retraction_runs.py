@@ -231,16 +231,19 @@ def pressured_run(
     page_size: int = 1,
     cache_type: str = "radix",
     max_retractions: int = 2,
+    device: str = "cpu",
 ) -> PressuredRun:
-    """Eight requests on a pool that holds two of them whole, admitted on a tenth of max_tokens."""
-    ref = LLM(**OPTIONS)
+    """Eight requests on a pool that holds two of them whole, admitted on a tenth of max_tokens,
+    on `device` (the judge's tests pass theirs)."""
+    options = {**OPTIONS, "device": device}
+    ref = LLM(**options)
     prompts, params = prompts_and_params(ref)
-    key = "unpressured"
+    key = device
     if key not in _WANT:
         _WANT[key] = [o["token_ids"] for o in ref.generate(prompts, params)]
     problems: List[str] = []
     llm = _watched(llm_class, prompts, problems)(
-        **{**OPTIONS, "max_running_req": 8, "num_page_override": PAGES // page_size},
+        **{**options, "max_running_req": 8, "num_page_override": PAGES // page_size},
         page_size=page_size,
         cache_type=cache_type,
         max_extend_tokens=16,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from classroom.retraction_runs import Victims, pressured_run
+from helpers import test_device
 from minisgl.scheduler.retract import Retraction
 
 # ------------------------------------------------------------------ ch23.choose_victim
@@ -92,7 +93,10 @@ def _run(overlap: bool, page_size: int = 1, max_retractions: int = 2):
     key = (overlap, page_size, max_retractions)
     if key not in _RUNS:
         _RUNS[key] = pressured_run(
-            overlap=overlap, page_size=page_size, max_retractions=max_retractions
+            overlap=overlap,
+            page_size=page_size,
+            max_retractions=max_retractions,
+            device=test_device(),
         )
     return _RUNS[key]
 
