@@ -48,6 +48,7 @@ RULES = [
     "no page is given back twice (the cached prefix is the cache's now)",
     "the computed prefix goes to the prefix cache",
     "the prefix cache holds no token whose KV was never computed",
+    "a 'retract' event says the uid, the count and the tokens requeued",
 ]
 
 
@@ -136,7 +137,18 @@ def _watched(llm_class, prompts, problems: List[str]):
             self.token_ratio.learn = True  # the run holds it still; see it move once
             received = req.input_ids.clone()
             self.watched[uid] += 1
+            said: List[dict] = []
+            stop = self.events.subscribe(
+                lambda ev: said.append(dict(ev.fields)) if ev.kind == "retract" else None
+            )
             super()._retract(req)
+            stop()
+            want = {"uid": uid, "count": count + 1, "tokens": len(received)}
+            if said != [want]:
+                note(
+                    "a 'retract' event says the uid, the count and the tokens requeued",
+                    f"{said} for {want}",
+                )
             self.token_ratio.learn = False
             moved, self.token_ratio.value = self.token_ratio.value, ratio
             if abs(moved - (ratio + (1 - ratio) / 2)) > 1e-9:
