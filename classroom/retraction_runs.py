@@ -48,7 +48,7 @@ RULES = [
     "no page is given back twice (the cached prefix is the cache's now)",
     "the computed prefix goes to the prefix cache",
     "the prefix cache holds no token whose KV was never computed",
-    "a 'retract' event says the uid, the count and the tokens requeued",
+    "a 'retract' event (uid, count, tokens), once it is queued",
 ]
 
 
@@ -138,15 +138,19 @@ def _watched(llm_class, prompts, problems: List[str]):
             received = req.input_ids.clone()
             self.watched[uid] += 1
             said: List[dict] = []
-            stop = self.events.subscribe(
-                lambda ev: said.append(dict(ev.fields)) if ev.kind == "retract" else None
-            )
+
+            def heard(ev) -> None:  # a subscriber (the server's abort) may act on it at once
+                if ev.kind == "retract":
+                    waiting = any(q.uid == uid for q in self.prefill_manager.pending)
+                    said.append({**ev.fields, "queued": waiting})
+
+            stop = self.events.subscribe(heard)
             super()._retract(req)
             stop()
-            want = {"uid": uid, "count": count + 1, "tokens": len(received)}
+            want = {"uid": uid, "count": count + 1, "tokens": len(received), "queued": True}
             if said != [want]:
                 note(
-                    "a 'retract' event says the uid, the count and the tokens requeued",
+                    "a 'retract' event (uid, count, tokens), once it is queued",
                     f"{said} for {want}",
                 )
             self.token_ratio.learn = False
