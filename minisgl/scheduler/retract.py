@@ -141,8 +141,24 @@ class Retraction:
             batch.reqs.remove(victim)
 
     def _choose_victim(self, reqs: List[Req]) -> Req | None:
-        """Fewest generated tokens first, then the longest prompt; never a request reserved
-        whole."""
+        """The running request to retract when a decode step finds no page, or None.
+
+        The victim has generated the fewest tokens: it loses the least decoding work, and the
+        requests that have run longest are left to finish. Of those equal, the longest prompt
+        goes: it frees the most pages, and its prompt is the likeliest to still be in the prefix
+        cache when it resumes. A request reserved whole (reserve-all, prompt logprobs, or
+        retracted `max_retractions` times) is never chosen: that is what bounds retractions.
+
+        Receives: `reqs`, the decode batch's requests (Req; `input_ids` holds every token the
+            CPU has received, the prompt first, so a resumed request's prompt is longer than the
+            client's).
+        Returns: one of `reqs`, or None when none may be retracted (or `reqs` is empty).
+        Leaves: nothing changed.
+        Uses: `self._reserves_whole(uid, sampling_params)`; `self._prompt_len(req)`, the length
+            of the prompt the client sent (generated = len(input_ids) - that).
+        Checked: fewest generated first, resumed requests counted from the client's prompt; the
+            longest prompt among equals; a request reserved whole never; None when all are.
+        """
         candidates = [r for r in reqs if not self._reserves_whole(r.uid, r.sampling_params)]
         if not candidates:
             return None
@@ -153,8 +169,34 @@ class Retraction:
         return min(candidates, key=lambda r: (generated(r), -self._prompt_len(r)))
 
     def _retract(self, req: Req) -> None:
-        """Take running `req` out, keep its computed prefix in the prefix cache, give back its slot
-        and other pages, and requeue it first in line to resume from the tokens received."""
+        """Take running `req` out of the engine and requeue it to resume by recomputation.
+
+        Its computed prefix (the `cached_len` tokens whose KV the device has written) goes to the
+        prefix cache as a finished request's does, and every other page goes back: pages handed
+        to the cache are the cache's from then on, and must not also be freed. Its slot goes back,
+        deferred under overlap (`self._deferred_slots`), since a launched step may still write it.
+        A batch in flight that holds it drops its result (`finished_reqs`). It is requeued first
+        in line with every token the CPU has received as its prompt and the rest of its
+        max_tokens, counted, so that the bound on retractions holds.
+
+        Receives: `req`, a running request (in `self._live` and the decode manager).
+        Returns: nothing.
+        Leaves: `req` out of `self._live` and `self.decode_manager`, in `self.finished_reqs`; its
+            slot freed or deferred; its prefix cached (`cache_manager.cache_req(req,
+            finished=True)`); a PlannedReq(uid, input_ids received, params with max_tokens =
+            max_device_len - len(input_ids) and no prompt logprobs, retractions=count) first in
+            `self.prefill_manager.pending`; `self.retractions[uid]` = count, one more than
+            before; `self.retracted_total` one higher; `self._prompt_lens[uid]` the client's
+            prompt length (kept from the first retraction); `self.token_ratio.retracted()`
+            called; a "retract" event (uid, count, tokens).
+        Uses: `self._prompt_len` (above), `decode_manager.remove_req` (ch07), `table_manager.free`
+            (ch08), `cache_manager.cache_req` (ch09), `dataclasses.replace`, `self.events.emit`.
+        Checked: greedy and seeded outputs equal an unpressured run's, overlap on and off; after
+            every retraction: not running, dropped from the batch in flight, queued once and
+            first, resumed from the tokens received with the rest of max_tokens, counted, no page
+            freed twice, the computed prefix cached and nothing past it; at the end every page
+            and slot back, nothing left behind.
+        """
         uid = req.uid
         self._prompt_lens.setdefault(uid, self._prompt_len(req))
         count = self.retractions.get(uid, 0) + 1
