@@ -9,7 +9,6 @@ import json
 import threading
 
 import httpx
-import openai
 import pytest
 
 from minisgl.router.launch import (
@@ -19,10 +18,9 @@ from minisgl.router.launch import (
     start_workers,
     stop_all,
 )
+from router_fixtures import GREEDY, MODEL, client, worker_urls
 from server_fixtures import wait_for
 
-MODEL = "shakespeare-qwen3"
-GREEDY = {"temperature": 0, "max_tokens": 8}
 PROMPTS = [
     "ROMEO:\nBut soft, what light",
     "JULIET:\nO Romeo, Romeo",
@@ -33,13 +31,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def workers():
-    servers = start_workers(4)
-    yield [s.url for s in servers]
-    stop_all(servers)
-
-
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+    with worker_urls(4) as urls:
+        yield urls
 
 
 def completion(url: str, prompt, **kw):

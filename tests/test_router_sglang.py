@@ -9,23 +9,15 @@ from extras import module_needs_extra
 
 pytestmark = module_needs_extra("router", "sglang_router")
 
-import openai  # noqa: E402
 
-from minisgl.router.launch import sglang_router, start_workers, stop_all  # noqa: E402
-
-MODEL = "shakespeare-qwen3"
-GREEDY = {"temperature": 0, "max_tokens": 8}
+from minisgl.router.launch import sglang_router  # noqa: E402
+from router_fixtures import GREEDY, MODEL, client, worker_urls  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def workers():
-    servers = start_workers(2)
-    yield [s.url for s in servers]
-    stop_all(servers)
-
-
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+    with worker_urls(2) as urls:
+        yield urls
 
 
 def test_openai_client_through_sglang_router(workers):
