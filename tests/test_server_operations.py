@@ -48,6 +48,8 @@ def test_v1_needs_the_key(server, headers):
         ("GET", "/v1/models", None),
         ("POST", "/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": 1}),
         ("POST", "/tokenize", {"prompt": "hi"}),
+        ("GET", "/server_info", None),  # shows the model's directory on disk
+        ("GET", "/get_model_info", None),
     ]:
         r = httpx.request(method, server.url + path, json=body, headers=headers, timeout=30)
         assert r.status_code == 401, f"{path} without the key: expected 401, got {r.status_code}"

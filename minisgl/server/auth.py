@@ -8,8 +8,18 @@ import hmac
 from .openai_api import ErrorInfo
 from .responses import error_response
 
-# ("/tokenize" covers /tokenizer_info too)
-PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health, /metrics and /debug stay open
+# ("/tokenize" covers /tokenizer_info too). The server and model info SGLang's router reads
+# (sglang_routes.py) show the model's directory on disk: they need the key as SGLang's own server
+# asks it there (the routers send their --api-key). /health, /metrics and /debug stay open.
+PROTECTED = (
+    "/v1/",
+    "/tokenize",
+    "/detokenize",
+    "/server_info",
+    "/model_info",
+    "/get_server_info",
+    "/get_model_info",
+)
 
 
 class RequireApiKey:
