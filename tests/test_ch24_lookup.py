@@ -41,6 +41,12 @@ def test_lookup_falls_back_to_a_shorter_ngram():
         f"{_said(tokens, 2, max_ngram=3)} gave {got}: neither [8, 2, 1] nor [2, 1] occurs "
         "earlier, so the 1-gram [1] (at 1) gives the draft"
     )
+    tokens = [2, 7, 1, 2, 8, 9, 1, 2]
+    got = propose_lookup(tokens, 2, max_ngram=3)
+    assert got == [8, 9], (
+        f"{_said(tokens, 2, max_ngram=3)} gave {got}: [9, 1, 2] does not occur earlier, the "
+        "2-gram [1, 2] does (at 2): every n is tried in turn, before the 1-gram [2] at 0"
+    )
 
 
 def test_lookup_respects_min_ngram():
@@ -50,6 +56,8 @@ def test_lookup_respects_min_ngram():
         f"{_said(tokens, 2, max_ngram=3, min_ngram=2)} gave {got}: only a 1-gram matches, "
         "shorter than min_ngram"
     )
+    got = propose_lookup([1, 2, 3, 1, 2], 1, max_ngram=2, min_ngram=2)
+    assert got == [3], f"min_ngram = max_ngram = 2 tries the 2-gram alone; it gave {got}"
 
 
 def test_lookup_cuts_the_continuation_at_k_and_where_the_tokens_end():
