@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-from dataclasses import dataclass
-from typing import List
 
 import torch
 
+from classroom.speculation import propose_latest, replay
 from minisgl import LLM, SamplingParams
-from minisgl.speculative.lookup import propose_lookup
 
 WORKLOADS = {
     "shakespeare": "ROMEO:\nBut soft, what light through yonder window breaks?\n",
@@ -40,50 +38,6 @@ WORKLOADS = {
         "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n"
     ),
 }
-
-
-@dataclass
-class Replay:
-    verifies: int  # target forwards that decode (the first token comes from the prefill)
-    decode_steps: int  # what plain decoding needs for the same tokens
-    accepted: int  # draft tokens kept, over all verifies
-    drafted: int  # draft tokens proposed, over all verifies
-    with_draft: int  # verifies whose draft was not empty
-
-    @property
-    def tokens_per_verify(self) -> float:
-        return self.decode_steps / self.verifies
-
-
-def propose_latest(tokens: List[int], k: int, max_ngram: int = 3) -> List[int]:
-    """propose_lookup with the other choice of occurrence: the latest earlier one."""
-    for n in range(max_ngram, 0, -1):
-        for start in reversed(range(len(tokens) - n)):
-            if tokens[start : start + n] == tokens[-n:]:
-                return tokens[start + n : start + n + k]
-    return []
-
-
-def replay(
-    prompt: List[int], output: List[int], k: int, max_ngram: int = 3, propose=propose_lookup
-) -> Replay:
-    """Prompt lookup replayed over a greedy continuation: `output[0]` comes from the prefill,
-    every later token from a verify step that accepts the agreeing prefix of its draft."""
-    tokens = prompt + output[:1]
-    verifies = accepted = drafted = with_draft = 0
-    while len(tokens) < len(prompt) + len(output):
-        draft = propose(tokens, k, max_ngram=max_ngram)
-        truth = output[len(tokens) - len(prompt) :]
-        kept = 0
-        while kept < len(draft) and kept < len(truth) and draft[kept] == truth[kept]:
-            kept += 1
-        step = min(kept + 1, len(truth))  # the verify adds the target's own token after them
-        tokens += truth[:step]
-        verifies += 1
-        accepted += kept
-        drafted += len(draft)
-        with_draft += bool(draft)
-    return Replay(verifies, len(output) - 1, accepted, drafted, with_draft)
 
 
 def main() -> None:

@@ -175,8 +175,9 @@ def test_greedy_rows_match_a_row_by_row_oracle():
         (([[1, 2]], [-1], [[1, 2, 3]]), "draft_len"),
         (([[1, 2]], [2], [[1, 2]]), "target"),
         (([[1, 2]], [2, 2], [[1, 2, 3]]), "draft_len"),
+        (([1, 2], [2], [[1, 2, 3]]), "draft"),
     ],
-    ids=["past-k", "negative", "target-short", "rows"],
+    ids=["past-k", "negative", "target-short", "rows", "draft-1d"],
 )
 def test_greedy_refuses_bad_inputs_by_name(args, named):
     dev = _device()
@@ -318,3 +319,5 @@ def test_sampled_refuses_draft_probs_of_the_wrong_shape():
         verify_sampled(draft, _full(k), q[:, :, :5], _target(k), _gen(0))
     with pytest.raises(ValueError, match="draft_len"):
         verify_sampled(draft, _full(k) + 1, q, _target(k), _gen(0))
+    with pytest.raises(ValueError, match="draft must be"):
+        verify_sampled(draft[0], _full(k)[:1], q[:1], _target(k)[:1], _gen(0))
