@@ -28,7 +28,7 @@ def propose_lookup(
         the most tokens to draft; 1 <= `min_ngram` <= `max_ngram`, the n-gram lengths tried.
     Returns: a new list of at most k ints; [] when no n-gram matches or k == 0.
     Leaves: `tokens` as it was (a pure function).
-    Uses: only Python (list slices compare element by element).
+    Uses: `list` slices, which compare element by element; nothing of torch or the engine.
     Checked: the longest n first, then the earliest occurrence; the continuation cut where
         `tokens` ends; the suffix itself never counted; k = 0 and no match give []; a negative k
         or an n-gram range outside 1 <= min_ngram <= max_ngram is a ValueError naming it.
