@@ -255,10 +255,12 @@ def test_slot_rows_the_step_does_not_hold_are_kept():
         ), f"row {row}, no request of the step: {_row_changes(pool, before, row)}"
 
 
-@pytest.mark.parametrize("news,totals", [([1, 2], [1, 2, 3]), ([1, 2, 3], [1, 2])])
+# more requests than rows (checked before any row is looked up); one of the two lists short
+@pytest.mark.parametrize("news,totals", [([1, 1, 1], [1, 1, 1]), ([1, 2], [1]), ([1], [1, 2])])
 def test_slot_reset_refuses_lengths_that_do_not_match_the_rows(news, totals):
-    with pytest.raises(ValueError, match="one of each per request"):
-        reset_new_rows(_random_pool(), torch.tensor([0, 1, 2]), news, totals)
+    said = f"2 rows, {len(news)} new lengths and {len(totals)} total lengths: one of each"
+    with pytest.raises(ValueError, match=said):
+        reset_new_rows(_random_pool(), torch.tensor([0, 1]), news, totals)
 
 
 def _raise_step_errors(outputs) -> None:

@@ -98,9 +98,6 @@ def reset_new_rows(
             f"reset_new_rows: {rows.shape[0]} rows, {len(new_lens)} new lengths and "
             f"{len(total_lens)} total lengths: one of each per request"
         )
-    first = [i for i, (new, total) in enumerate(zip(new_lens, total_lens)) if new == total]
-    if not first:
-        return
-    fresh = rows[torch.tensor(first, device=rows.device)]
+    fresh = rows[[i for i, (new, total) in enumerate(zip(new_lens, total_lens)) if new == total]]
     pool.conv.index_fill_(1, fresh, 0)
     pool.recurrent.index_fill_(1, fresh, 0)
