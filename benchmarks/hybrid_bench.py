@@ -20,7 +20,9 @@ What it prints:
   layers' decode step in plain torch and in Triton (minisgl/kernel/triton_delta_rule.py), every
   other kernel the same, and the ratio; then one layer's decode step alone, both ways;
 * the delta rule over one prompt (16 heads of 128, float32): the chunked form (prefill) against
-  the token-by-token recurrence (decode's form), ms and their largest difference.
+  the token-by-token recurrence (decode's form), ms and their largest difference; on a GPU also
+  the whole recurrence in one Triton launch (triton_delta_rule.delta_rule_fused_recurrent), the
+  measure of whether prefill should use it.
 """
 
 from __future__ import annotations
@@ -225,7 +227,12 @@ def rule_ms(device: str, lengths, heads: int = 16, dim: int = 128) -> None:
         state = torch.zeros(1, heads, dim, dim, device=device)
         times = {}
         outs = {}
-        for name, fn in (("chunked", delta_rule_chunked), ("recurrent", delta_rule_recurrent)):
+        forms = [("chunked", delta_rule_chunked), ("recurrent", delta_rule_recurrent)]
+        if device.startswith("cuda"):  # the whole recurrence in one Triton launch
+            from minisgl.kernel.triton_delta_rule import delta_rule_fused_recurrent
+
+            forms.append(("triton", delta_rule_fused_recurrent))
+        for name, fn in forms:
             fn(q[:, :64], k[:, :64], v[:, :64], decay[:, :64], beta[:, :64], state)  # warm-up
             sync(device)
             t0 = time.perf_counter()
@@ -233,11 +240,18 @@ def rule_ms(device: str, lengths, heads: int = 16, dim: int = 128) -> None:
             sync(device)
             times[name] = (time.perf_counter() - t0) * 1000
         diff = (outs["chunked"] - outs["recurrent"]).abs().max().item()
-        print(
+        line = (
             f"  {length:>6} tokens: chunked {times['chunked']:9.1f} ms, token by token "
             f"{times['recurrent']:9.1f} ms ({times['recurrent'] / times['chunked']:5.1f}x), "
             f"max |diff| {diff:.1e}"
         )
+        if "triton" in times:
+            fused_diff = (outs["triton"] - outs["recurrent"]).abs().max().item()
+            line += (
+                f"; Triton fused recurrence {times['triton']:9.2f} ms (chunked / Triton "
+                f"{times['chunked'] / times['triton']:5.2f}x), max |diff| {fused_diff:.1e}"
+            )
+        print(line)
 
 
 def layer_step_us(device: str, heads: int, dim: int, batch: int, iters: int = 200) -> None:

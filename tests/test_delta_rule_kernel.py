@@ -23,7 +23,11 @@ from minisgl.kernel.delta_rule import causal_conv1d_step, delta_rule_recurrent, 
 
 pytestmark = module_needs_extra("triton")  # before the imports that need it
 
-from minisgl.kernel.triton_delta_rule import conv_step_, delta_rule_step_  # noqa: E402
+from minisgl.kernel.triton_delta_rule import (  # noqa: E402
+    conv_step_,
+    delta_rule_fused_recurrent,
+    delta_rule_step_,
+)
 
 ROWS = [3, 0, 5]  # three requests of a pool of 7 rows, not in order
 POOL_ROWS = 7
@@ -162,3 +166,34 @@ def test_a_hybrid_engine_on_the_gpu_gives_transformers_tokens_with_cuda_graphs(n
     want = hf_greedy(prompts(), NEW_TOKENS, model=ckpt)
     assert_tokens_equal(got, want, f"{name} on the GPU, Triton decode step {fused}")
     llm.shutdown()
+
+
+# (N, T, H, Dk, Dv): one token, a prompt past one value block (Dv 48), sizes not powers of two
+PROMPTS = [(1, 1, 2, 8, 16), (2, 13, 3, 6, 48), (1, 40, 2, 16, 16)]
+
+
+@pytest.mark.parametrize("n,length,heads,dk,dv", PROMPTS)
+def test_the_fused_recurrence_over_a_prompt_equals_the_torch_recurrence(n, length, heads, dk, dv):
+    dev = test_device()
+    g = torch.Generator().manual_seed(length)
+    q = l2_normalize(torch.randn(n, length, heads, dk, generator=g)) * dk**-0.5
+    k = l2_normalize(torch.randn(n, length, heads, dk, generator=g))
+    v = torch.randn(n, length, heads, dv, generator=g)
+    decay = -torch.rand(n, length, heads, generator=g)
+    beta = torch.rand(n, length, heads, generator=g)
+    state = torch.randn(n, heads, dk, dv, generator=g)
+    inputs = [t.to(dev) for t in (q, k, v, decay, beta, state)]
+    before = inputs[-1].clone()
+    want_out, want_state = delta_rule_recurrent(*inputs)
+    out, final = delta_rule_fused_recurrent(*inputs)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(final, want_state, atol=1e-5, rtol=1e-5)
+    assert torch.equal(inputs[-1], before), "the given state was written"
+
+
+def test_the_fused_recurrence_refuses_inputs_that_are_not_float32():
+    x = torch.zeros(1, 2, 1, 4)
+    with pytest.raises(ValueError, match="float32"):
+        delta_rule_fused_recurrent(
+            x.bfloat16(), x, x, x[..., 0], x[..., 0], torch.zeros(1, 1, 4, 4)
+        )

@@ -16,6 +16,11 @@ they are two launches, each reading and writing the state pool in place at the r
   prediction, correction and read involve only column j), so a program holds a [Dk, BLOCK_V]
   slice of the state, not the whole [Dk, Dv] map: more programs, fewer registers each.
 
+And, for prefill, `delta_rule_fused_recurrent`: delta_rule_recurrent's contract, the whole
+recurrence over a prompt in one launch (one program per sequence, head and block of value
+columns, the state slice in registers from the first token to the last). Not used by the engine
+yet: benchmarks/hybrid_bench.py times it against the chunked torch form on a GPU, which decides.
+
 The design follows flash-linear-attention's fused_recurrent_gated_delta_rule (one program per
 head and block of value columns, the state in registers); that kernel loops over a sequence's
 tokens, this one does the single token of a decode step and takes the gates, the normalization
@@ -254,3 +259,95 @@ def delta_rule_step_(
         **meta,
     )
     return out
+
+
+@triton.jit
+def _fused_recurrent_kernel(
+    Q,  # [N, T, H, DK] float32, contiguous
+    K,
+    V,  # [N, T, H, DV]
+    G,  # [N, T, H]
+    BETA,
+    S0,  # [N, H, DK, DV]: read only
+    OUT,  # [N, T, H, DV]
+    S_OUT,  # [N, H, DK, DV]
+    T,
+    H: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """One sequence, head and block of value columns: every token of the recurrence in order."""
+    nh = tl.program_id(0)
+    n = nh // H
+    h = nh % H
+    ks = tl.arange(0, BLOCK_K)
+    vs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_ok = ks < DK
+    v_ok = vs < DV
+    ok = k_ok[:, None] & v_ok[None, :]
+    tile = ks[:, None] * DV + vs[None, :]
+    s = tl.load(S0 + nh * DK * DV + tile, mask=ok, other=0.0)
+    for t in range(T):
+        tok = (n * T + t) * H + h  # this token's (sequence, position, head) index
+        q = tl.load(Q + tok * DK + ks, mask=k_ok, other=0.0)
+        k = tl.load(K + tok * DK + ks, mask=k_ok, other=0.0)
+        v = tl.load(V + tok * DV + vs, mask=v_ok, other=0.0)
+        s = s * tl.exp(tl.load(G + tok))  # decay first
+        predicted = tl.sum(k[:, None] * s, 0)
+        s += k[:, None] * (tl.load(BETA + tok) * (v - predicted))[None, :]
+        tl.store(OUT + tok * DV + vs, tl.sum(q[:, None] * s, 0), mask=v_ok)
+    tl.store(S_OUT + nh * DK * DV + tile, s, mask=ok)
+
+
+def delta_rule_fused_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    tuning: Dict[str, Any] | None = None,
+):
+    """delta_rule_recurrent in one launch: the same receives, returns and leaves (float32 inputs
+    of [N, T, H, Dk], [N, T, H, Dv], [N, T, H] and a state [N, H, Dk, Dv] left as it was)."""
+    n, length, heads, dk = k.shape
+    dv = v.shape[-1]
+    tensors = (q, k, v, g, beta, state)
+    if any(t.dtype != torch.float32 for t in tensors):
+        raise ValueError("delta_rule_fused_recurrent: every input must be float32")
+    if q.shape != k.shape or v.shape[:3] != k.shape[:3] or g.shape != k.shape[:3]:
+        raise ValueError(
+            f"delta_rule_fused_recurrent: q {tuple(q.shape)}, k {tuple(k.shape)}, v "
+            f"{tuple(v.shape)}, g {tuple(g.shape)} do not share [N, T, H]"
+        )
+    if beta.shape != g.shape or state.shape != (n, heads, dk, dv):
+        raise ValueError(
+            f"delta_rule_fused_recurrent: beta {tuple(beta.shape)} must be [N, T, H] and state "
+            f"{tuple(state.shape)} [N, H, Dk, Dv] = {(n, heads, dk, dv)}"
+        )
+    q, k, v, g, beta, state = (t.contiguous() for t in tensors)
+    meta = settings(RULE_DEFAULTS, tuning)
+    meta["BLOCK_V"] = min(meta["BLOCK_V"], next_pow2(dv))
+    out = torch.empty_like(v)
+    final = torch.empty_like(state)
+    launch(
+        _fused_recurrent_kernel,
+        (n * heads, triton.cdiv(dv, meta["BLOCK_V"])),
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state,
+        out,
+        final,
+        length,
+        H=heads,
+        DK=dk,
+        DV=dv,
+        BLOCK_K=next_pow2(dk),
+        **meta,
+    )
+    return out, final
