@@ -13,12 +13,17 @@ the interpreter truncates where a GPU rounds).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from extras import module_needs_extra
-from helpers import test_device
+from helpers import REPO, test_device
 from minisgl.kernel.delta_rule import causal_conv1d_step, delta_rule_recurrent, l2_normalize
 
 pytestmark = module_needs_extra("triton")  # before the imports that need it
@@ -197,3 +202,54 @@ def test_the_fused_recurrence_refuses_inputs_that_are_not_float32():
         delta_rule_fused_recurrent(
             x.bfloat16(), x, x, x[..., 0], x[..., 0], torch.zeros(1, 1, 4, 4)
         )
+
+
+COMPILE = """
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+
+from minisgl.kernel import triton_delta_rule as kernels
+
+strides = lambda *names: {n: "i32" for n in names}
+cases = [
+    (
+        kernels._conv_step_kernel,
+        dict(X="*bf16", WIN="*bf16", W="*bf16", ROWS="*i64", OUT="*bf16")
+        | strides("stride_x", "stride_win_row", "stride_win_c", "stride_w_c", "stride_w_k")
+        | strides("stride_out", "channels"),
+        dict(K=4, BLOCK_C=256),
+    ),
+    (
+        kernels._delta_rule_step_kernel,
+        dict(MIXED="*bf16", A="*bf16", BETA_IN="*bf16", A_LOG="*fp32", DT_BIAS="*fp32")
+        | dict(STATE="*fp32", ROWS="*i64", OUT="*bf16")
+        | strides("stride_m", "stride_a", "stride_b", "stride_s_row", "stride_out")
+        | dict(scale="fp32", eps="fp32"),
+        dict(HV=16, R=2, DK=128, DV=128, BLOCK_K=128, BLOCK_V=32),
+    ),
+    (
+        kernels._fused_recurrent_kernel,
+        {name: "*fp32" for name in ("Q", "K", "V", "G", "BETA", "S0", "OUT", "S_OUT")}
+        | dict(T="i32"),
+        dict(H=16, DK=128, DV=128, BLOCK_K=128, BLOCK_V=32),
+    ),
+]
+for kernel, signature, constants in cases:
+    signature |= {name: "constexpr" for name in constants}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+    compiled = compile(source, target=GPUTarget("cuda", 90, 32))
+    assert compiled.asm.get("cubin"), f"{kernel.fn.__name__}: no cubin for sm_90"
+"""
+
+
+def test_the_kernels_compile_for_a_hopper_gpu_without_one():
+    # The interpreter runs the kernels' Python, not Triton's compiler: a typing mistake (a
+    # mixed-dtype where, a cast to a runtime dtype) passes it and fails only on a GPU. Compiling
+    # for sm_90 needs no GPU (the bundled LLVM and ptxas make the cubin), but a process of its own
+    # without TRITON_INTERPRET, which @triton.jit reads at import.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, textwrap.shorten(done.stderr[-3000:], 3000)
