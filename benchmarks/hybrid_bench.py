@@ -16,9 +16,13 @@ What it prints:
   requests of 1k, 8k and 32k tokens fit in `--budget-gib` (default 100 GiB: an H200's 141 GB less
   the weights and the activations' share), the state pool paid per request;
 * decode step time (wall ms, overlap loop, CUDA graphs where the engine takes them) at batch
-  `--batch` against the context length, for both models;
+  `--batch` against the context length, for both models; on a GPU the hybrid twice, its DeltaNet
+  layers' decode step in plain torch and in Triton (minisgl/kernel/triton_delta_rule.py), every
+  other kernel the same, and the ratio; then one layer's decode step alone, both ways;
 * the delta rule over one prompt (16 heads of 128, float32): the chunked form (prefill) against
-  the token-by-token recurrence (decode's form), ms and their largest difference.
+  the token-by-token recurrence (decode's form), ms and their largest difference; on a GPU also
+  the whole recurrence in one Triton launch (triton_delta_rule.delta_rule_fused_recurrent), the
+  measure of whether prefill should use it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -153,7 +158,28 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def decode_ms(model_dir: Path, device: str, batch: int, ctx: int, steps: int, vocab: int):
+@contextmanager
+def deltanet_decode(kernel: str):
+    """The DeltaNet layers' decode step in Triton ("triton", where the engine's fused kernels
+    apply: a GPU) or in plain torch ("torch"); every other fused kernel stays as the engine has it,
+    so the two differ only in the DeltaNet decode step."""
+    if kernel == "triton":
+        yield
+        return
+    with mock.patch("minisgl.models.gated_deltanet.fused_for", lambda x: None):
+        yield
+
+
+def decode_ms(
+    model_dir: Path, device: str, batch: int, ctx: int, steps: int, vocab: int, kernel="torch"
+):
+    """Wall ms of a decode step at batch `batch` after prompts of `ctx` tokens, the DeltaNet
+    layers' decode step in `kernel` from start-up on (the graphs capture it)."""
+    with deltanet_decode(kernel):
+        return _decode_ms(model_dir, device, batch, ctx, steps, vocab)
+
+
+def _decode_ms(model_dir: Path, device: str, batch: int, ctx: int, steps: int, vocab: int):
     options = dict(
         dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32,
         device=device,
@@ -201,7 +227,12 @@ def rule_ms(device: str, lengths, heads: int = 16, dim: int = 128) -> None:
         state = torch.zeros(1, heads, dim, dim, device=device)
         times = {}
         outs = {}
-        for name, fn in (("chunked", delta_rule_chunked), ("recurrent", delta_rule_recurrent)):
+        forms = [("chunked", delta_rule_chunked), ("recurrent", delta_rule_recurrent)]
+        if device.startswith("cuda"):  # the whole recurrence in one Triton launch
+            from minisgl.kernel.triton_delta_rule import delta_rule_fused_recurrent
+
+            forms.append(("triton", delta_rule_fused_recurrent))
+        for name, fn in forms:
             fn(q[:, :64], k[:, :64], v[:, :64], decay[:, :64], beta[:, :64], state)  # warm-up
             sync(device)
             t0 = time.perf_counter()
@@ -209,11 +240,93 @@ def rule_ms(device: str, lengths, heads: int = 16, dim: int = 128) -> None:
             sync(device)
             times[name] = (time.perf_counter() - t0) * 1000
         diff = (outs["chunked"] - outs["recurrent"]).abs().max().item()
-        print(
+        line = (
             f"  {length:>6} tokens: chunked {times['chunked']:9.1f} ms, token by token "
             f"{times['recurrent']:9.1f} ms ({times['recurrent'] / times['chunked']:5.1f}x), "
             f"max |diff| {diff:.1e}"
         )
+        if "triton" in times:
+            fused_diff = (outs["triton"] - outs["recurrent"]).abs().max().item()
+            line += (
+                f"; Triton fused recurrence {times['triton']:9.2f} ms (chunked / Triton "
+                f"{times['chunked'] / times['triton']:5.2f}x), max |diff| {fused_diff:.1e}"
+            )
+        print(line)
+
+
+def layer_step_us(device: str, heads: int, dim: int, batch: int, iters: int = 200) -> None:
+    """One DeltaNet layer's decode step alone (bfloat16 inputs, float32 state, rows of a 64-row
+    pool out of order): the torch path of GatedDeltaNet.forward (gather the rows, convolution,
+    gates, recurrence, scatter) against the two Triton launches; eager and replayed from a CUDA
+    graph (the engine's decode steps replay graphs), microseconds per step."""
+    from minisgl.kernel.delta_rule import causal_conv1d_step
+    from minisgl.kernel.triton_delta_rule import conv_step_, delta_rule_step_
+
+    g = torch.Generator(device=device).manual_seed(0)
+    key = heads * dim
+    channels = 3 * key
+
+    def rand(*shape, dtype=torch.bfloat16, scale=1.0):
+        return (torch.randn(*shape, device=device, generator=g) * scale).to(dtype)
+
+    x, a, b = rand(batch, channels), rand(batch, heads), rand(batch, heads)
+    weight = rand(channels, 4, scale=0.5)
+    a_log, dt_bias = rand(heads, dtype=torch.float32), rand(heads, dtype=torch.float32)
+    conv = rand(64, channels, 3)
+    rec = rand(64, heads, dim, dim, dtype=torch.float32, scale=0.1)
+    rows = torch.randperm(64, device=device, generator=g)[:batch]
+
+    def torch_step():
+        windows, states = conv.index_select(0, rows), rec.index_select(0, rows)
+        mixed, windows = causal_conv1d_step(x, windows, weight)
+        q, k, v = mixed.float().split([key, key, key], dim=-1)
+        q, k = (l2_normalize(t.reshape(batch, heads, dim)) for t in (q, k))
+        gate = -a_log.exp() * F.softplus(a.float() + dt_bias)
+        inputs = (q * dim**-0.5, k, v.reshape(batch, heads, dim), gate, b.sigmoid().float())
+        out, states = delta_rule_recurrent(*(t.unsqueeze(1) for t in inputs), states)
+        conv.index_copy_(0, rows, windows)
+        rec.index_copy_(0, rows, states)
+        return out[:, 0].to(x.dtype)
+
+    def triton_step():
+        mixed = conv_step_(x, conv, rows, weight)
+        return delta_rule_step_(mixed, a, b, a_log, dt_bias, rec, rows, heads)
+
+    saved = conv.clone(), rec.clone()
+    outs = {}
+    for name, fn in (("torch", torch_step), ("triton", triton_step)):
+        conv.copy_(saved[0])
+        rec.copy_(saved[1])
+        outs[name] = fn().float()
+    diff = (outs["torch"] - outs["triton"]).abs().max().item()
+    print(
+        f"one DeltaNet layer's decode step at batch {batch} ({heads} heads of {dim}; us per "
+        f"step, {iters} steps; outputs differ by {diff:.1e} at most, bfloat16):"
+    )
+    for name, fn in (("torch", torch_step), ("triton", triton_step)):
+        for _ in range(5):
+            fn()
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync(device)
+        eager = (time.perf_counter() - t0) * 1e6 / iters
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # warm-up on the capturing stream
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            fn()
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            graph.replay()
+        sync(device)
+        replayed = (time.perf_counter() - t0) * 1e6 / iters
+        print(f"  {name:>6}: eager {eager:8.1f} us, from a CUDA graph {replayed:8.1f} us")
 
 
 def main() -> None:
@@ -240,17 +353,25 @@ def main() -> None:
         memory(cfgs, int(args.budget_gib * 2**30), (1024, 8192, 32768))
         if args.memory_only:
             return
-        print(f"decode step at batch {args.batch} (wall ms, {args.steps} steps):")
+        # the DeltaNet decode step in Triton needs the engine's fused kernels: a GPU
+        kernels = ("torch", "triton") if args.device.startswith("cuda") else ("torch",)
+        print(
+            f"decode step at batch {args.batch} (wall ms, {args.steps} steps; the hybrid's "
+            f"DeltaNet decode in {' and in '.join(kernels)}):"
+        )
         for ctx in contexts:
-            row = {
-                n: decode_ms(d, args.device, args.batch, ctx, args.steps, base["vocab_size"])
-                for n, d in dirs.items()
-            }
-            print(
-                f"  context {ctx:>6}: "
-                + ", ".join(f"{n} {ms:8.2f} ms" for n, ms in row.items())
-                + f" (hybrid / all-attention {row['hybrid'] / row['all-attention']:.2f})"
+            run = lambda name, kernel: decode_ms(  # noqa: E731
+                dirs[name], args.device, args.batch, ctx, args.steps, base["vocab_size"], kernel
             )
+            full = run("all-attention", "torch")  # no DeltaNet layer: the kernel changes nothing
+            hybrid = {k: run("hybrid", k) for k in kernels}
+            cells = [f"all-attention {full:8.2f} ms"]
+            cells += [f"hybrid ({k}) {ms:8.2f} ms ({ms / full:.2f}x)" for k, ms in hybrid.items()]
+            if len(hybrid) == 2:
+                cells.append(f"torch / triton {hybrid['torch'] / hybrid['triton']:.2f}")
+            print(f"  context {ctx:>6}: " + ", ".join(cells))
+        if args.device.startswith("cuda"):
+            layer_step_us(args.device, *linear, args.batch)
     rule_ms(args.device, (256, 1024) if args.quick else (512, 2048, 8192))
 
 

@@ -6,8 +6,13 @@
   chunk, with a nonzero initial state, across several chunks.
 - `causal_conv1d`: equals one convolution over the whole sequence when the sequence comes in
   chunks, and hands on the window of the last K - 1 inputs.
-- All three inside the engine: a tiny random Qwen3.5 gives transformers' greedy tokens with
-  chunked prefill (3-token chunks) and more requests than slots.
+- `reset_new_rows` (the state slot's life): zeroes the window and the state of the requests
+  whose step is their first, in every layer, and no other row: not a continued chunk's, not one
+  the step does not hold.
+- All four inside the engine: a tiny random Qwen3.5 gives transformers' greedy tokens with
+  chunked prefill (3-token chunks) and more requests than slots; and requests taking turns in one
+  slot with overlap on and deferred CPU streams (each one's last step still queued when the next
+  is scheduled).
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ import torch.nn.functional as F
 
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy
 from hybrid_checkpoints import hybrid_checkpoint
+from minisgl.env import ENV
 from minisgl.kernel.delta_rule import (
     causal_conv1d,
     delta_rule_chunked,
     delta_rule_recurrent,
     l2_normalize,
 )
+from minisgl.kvcache.state_pool import StatePool, reset_new_rows
 
 TOL = dict(atol=2e-5, rtol=1e-4)
 
@@ -198,6 +205,64 @@ def test_convolution_keeps_the_inputs_dtype():
 # ---------------------------------------------------------------- inside the engine
 
 
+# ---------------------------------------------------------------- the state slot's life
+
+
+def _random_pool() -> StatePool:
+    """3 layers, 6 rows, every value nonzero: a zeroed row, or a row left alone, shows."""
+    pool = StatePool(3, 6, 5, 4, 2, 3, 2, torch.float32, torch.device("cpu"))
+    g = torch.Generator().manual_seed(5)
+    pool.conv.copy_(torch.rand(pool.conv.shape, generator=g) + 0.5)
+    pool.recurrent.copy_(torch.rand(pool.recurrent.shape, generator=g) + 0.5)
+    return pool
+
+
+def _row_changes(pool: StatePool, before: StatePool, row: int) -> str:
+    conv = not torch.equal(pool.conv[:, row], before.conv[:, row])
+    rec = not torch.equal(pool.recurrent[:, row], before.recurrent[:, row])
+    return f"window {'changed' if conv else 'kept'}, state {'changed' if rec else 'kept'}"
+
+
+def test_slot_rows_of_new_requests_are_zeroed_in_every_layer():
+    # requests 0 and 2 start (all their tokens are new), request 1 continues at row 1
+    pool, rows = _random_pool(), torch.tensor([4, 1, 2])
+    reset_new_rows(pool, rows, [5, 3, 1], [5, 8, 1])
+    for row in (4, 2):
+        assert (pool.conv[:, row] == 0).all(), f"row {row}: a new request's window is not zero"
+        assert (pool.recurrent[:, row] == 0).all(), f"row {row}: a new request's state is not zero"
+
+
+def test_slot_row_of_a_continued_chunk_is_kept():
+    # the second chunk of a prompt (3 new tokens of 8) and a request's first decode-like token:
+    # both continue, their rows are their memory of the tokens before
+    pool, rows = _random_pool(), torch.tensor([1, 3])
+    before = _random_pool()
+    reset_new_rows(pool, rows, [3, 1], [8, 6])
+    for row in (1, 3):
+        assert torch.equal(pool.conv[:, row], before.conv[:, row]) and torch.equal(
+            pool.recurrent[:, row], before.recurrent[:, row]
+        ), f"row {row} of a continued request: {_row_changes(pool, before, row)}"
+
+
+def test_slot_rows_the_step_does_not_hold_are_kept():
+    # rows 0, 3 and 5 belong to requests outside this step (decoding, or the scratch row)
+    pool, rows = _random_pool(), torch.tensor([4, 1, 2])
+    before = _random_pool()
+    reset_new_rows(pool, rows, [5, 3, 1], [5, 8, 1])
+    for row in (0, 3, 5):
+        assert torch.equal(pool.conv[:, row], before.conv[:, row]) and torch.equal(
+            pool.recurrent[:, row], before.recurrent[:, row]
+        ), f"row {row}, no request of the step: {_row_changes(pool, before, row)}"
+
+
+# more requests than rows (checked before any row is looked up); one of the two lists short
+@pytest.mark.parametrize("news,totals", [([1, 1, 1], [1, 1, 1]), ([1, 2], [1]), ([1], [1, 2])])
+def test_slot_reset_refuses_lengths_that_do_not_match_the_rows(news, totals):
+    said = f"2 rows, {len(news)} new lengths and {len(totals)} total lengths: one of each"
+    with pytest.raises(ValueError, match=said):
+        reset_new_rows(_random_pool(), torch.tensor([0, 1]), news, totals)
+
+
 def _raise_step_errors(outputs) -> None:
     """A step that raises ends its requests with an error reply (the engine goes on); raise it
     here again, so that an exercise not written yet reads as such."""
@@ -225,3 +290,25 @@ def test_a_tiny_qwen3_5_gives_transformers_tokens_in_chunks_with_reused_slots():
     _raise_step_errors(outputs)
     got = [o["token_ids"] for o in outputs]
     assert_tokens_equal(got, want, "Qwen3.5, chunks of 3 tokens, 2 slots for 3 requests")
+
+
+def test_a_tiny_qwen3_5_gives_transformers_tokens_when_requests_take_turns_in_one_slot():
+    """Overlap on and deferred CPU streams: each request's last step is still queued when the
+    next one is scheduled into its slot; the new owner's first step must start from zeros, after
+    that queued step, whatever it wrote."""
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = False  # put back by conftest
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, 256, (24,), generator=g).tolist()
+    prompts = [ids[:6], ids[6:15], ids[3:24]]
+    ckpt = hybrid_checkpoint("qwen3_5")
+    want = hf_greedy(prompts, 4, model=ckpt)
+    llm = build_llm(
+        ckpt, device="cpu", cpu_streams="deferred", cache_type="naive", max_running_req=1
+    )
+    try:
+        outputs = llm.generate(prompts, greedy(4))
+    finally:
+        llm.shutdown()
+    _raise_step_errors(outputs)
+    got = [o["token_ids"] for o in outputs]
+    assert_tokens_equal(got, want, "Qwen3.5, 3 requests taking turns in 1 slot, deferred streams")

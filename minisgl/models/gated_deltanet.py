@@ -6,10 +6,12 @@ convolution), a gate z, a write strength b and a decay input a; run the gated de
 with silu(z); project back. The request's convolution window and delta-rule state live in the
 engine's StatePool (minisgl/kvcache/state_pool.py), in its slot's row.
 
-A prefill step runs each request's new tokens through the chunked delta rule, starting from zeros
-when the step is the request's first (nothing of it cached yet), else from its row; a decode step
-runs one recurrence step for the whole batch at once, gathering and scattering rows by slot (one
-launch per op, no Python loop: a CUDA graph can capture it).
+A prefill step runs each request's new tokens through the chunked delta rule from its row (zeros
+when the step is the request's first: the model zeroes those rows before its layers run,
+state_pool.reset_new_rows); a decode step runs one recurrence step for the whole batch at once,
+gathering and scattering rows by slot (one launch per op, no Python loop: a CUDA graph can
+capture it); on a GPU engine with fused kernels the decode step is two Triton launches that
+update the rows in place (minisgl/kernel/triton_delta_rule.py).
 
 The two families differ only in how the projections are stored: Qwen3.5 has in_proj_qkv, in_proj_z,
 in_proj_b and in_proj_a; Qwen3-Next has in_proj_qkvz and in_proj_ba, grouped by key head (each key
@@ -32,6 +34,7 @@ from minisgl.kernel.delta_rule import (
     delta_rule_recurrent,
     l2_normalize,
 )
+from minisgl.kernel.dispatch import fused_for
 from minisgl.kvcache.state_pool import StatePool
 from minisgl.layers import BaseOP, Linear
 
@@ -147,8 +150,12 @@ class GatedDeltaNet(BaseOP):
             )
         qkv, z, b, a = self._project(x)
         conv, rec = pool.conv[self._slot_layer], pool.recurrent[self._slot_layer]
-        windows, states = conv.index_select(0, meta.rows), rec.index_select(0, meta.rows)
         weight = self.conv1d.weight[:, 0]
+        if batch.is_decode and fused_for(x) is not None:  # two Triton launches, rows in place
+            out = self._decode_fused(qkv, b, a, conv, rec, meta.rows, weight)
+            out = self.norm.forward(out, z)
+            return self.out_proj.forward(out.reshape(x.shape[0], self._value_dim))
+        windows, states = conv.index_select(0, meta.rows), rec.index_select(0, meta.rows)
         if batch.is_decode:  # one token per request: the whole batch in one recurrence step
             mixed, windows = causal_conv1d_step(qkv, windows, weight)
             q, k, v, g, beta = (t.unsqueeze(1) for t in self._rule_inputs(mixed, b, a))
@@ -161,19 +168,27 @@ class GatedDeltaNet(BaseOP):
         out = self.norm.forward(out.to(x.dtype), z)
         return self.out_proj.forward(out.reshape(x.shape[0], self._value_dim))
 
+    def _decode_fused(self, qkv, b, a, conv, rec, rows, weight):
+        """The decode step's convolution and delta rule in Triton (minisgl/kernel/
+        triton_delta_rule.py): what the torch path computes, the rows updated in place."""
+        from minisgl.kernel.triton_delta_rule import conv_step_, delta_rule_step_
+
+        mixed = conv_step_(qkv, conv, rows, weight)
+        return delta_rule_step_(
+            mixed, a.contiguous(), b.contiguous(), self.A_log, self.dt_bias, rec, rows, self._hk
+        )
+
     def _prefill(self, qkv, b, a, windows, states, meta, weight):
-        """Each request's new tokens through the convolution and the chunked delta rule, from
-        zeros for a request's first step, else from its row."""
-        cu, lens_k = _host_lengths(meta)
+        """Each request's new tokens through the convolution and the chunked delta rule, from its
+        row (zeros for a request's first step: the model zeroed those rows before the layers,
+        state_pool.reset_new_rows)."""
+        cu = host_lengths(meta)[0]
         outs: List[torch.Tensor] = []
         new_windows: List[torch.Tensor] = []
         new_states: List[torch.Tensor] = []
-        for i in range(len(lens_k)):
+        for i in range(len(cu) - 1):
             start, end = cu[i], cu[i + 1]
-            first_step = lens_k[i] == end - start  # nothing of the request cached before
             window, state = windows[i], states[i]
-            if first_step:  # whatever the slot held belongs to an earlier request
-                window, state = torch.zeros_like(window), torch.zeros_like(state)
             mixed, window = causal_conv1d(qkv[start:end], window, weight)
             inputs = self._rule_inputs(mixed, b[start:end], a[start:end])
             q, k, v, g, beta = (t.unsqueeze(0) for t in inputs)
@@ -184,7 +199,7 @@ class GatedDeltaNet(BaseOP):
         return torch.cat(outs), torch.stack(new_windows), torch.stack(new_states)
 
 
-def _host_lengths(meta) -> Tuple[List[int], List[int]]:
+def host_lengths(meta) -> Tuple[List[int], List[int]]:
     """(cu_seqlens_q, cache_seqlens) as host lists: the metadata's host copies when it carries
     them (`.tolist()` of a GPU tensor would wait for the GPU)."""
     cu = meta.cu_seqlens_q_host

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minisgl.kvcache.state_pool import StatePool
+from minisgl.core import get_global_ctx
+from minisgl.kvcache.state_pool import StatePool, reset_new_rows
 from minisgl.layers import (
     BaseOP,
     GatedAttention,
@@ -32,7 +33,7 @@ from minisgl.layers import (
 
 from .config import ModelConfig
 from .decoder import MLP, CausalLM, DecoderBody
-from .gated_deltanet import GatedDeltaNet
+from .gated_deltanet import GatedDeltaNet, host_lengths
 from .moe import SparseMoeBlock
 
 
@@ -164,8 +165,22 @@ class HybridCausalLM(CausalLM):
 
     def attach_state(self, pool: StatePool) -> None:
         """Give each DeltaNet layer its part of the engine's state pool."""
+        self._pool = pool
         for index, layer_id in enumerate(self._config.hybrid.linear_layers):
             self.model.layers[layer_id].linear_attn.attach_state(pool, index)
+
+    def forward(self) -> torch.Tensor:
+        """A prefill step first zeroes the rows of the requests it starts (reset_new_rows), inside
+        the step: in stream order, after every step queued before it. A decode step starts no
+        request (and a CUDA graph captures it: the rows it would zero are the replay's)."""
+        batch = get_global_ctx().batch
+        pool = getattr(self, "_pool", None)
+        if not batch.is_decode and pool is not None and batch.attn_metadata is not None:
+            meta = batch.attn_metadata
+            cu, totals = host_lengths(meta)
+            news = [end - start for start, end in zip(cu, cu[1:])]
+            reset_new_rows(pool, meta.rows, news, totals)
+        return super().forward()
 
 
 class Qwen3NextForCausalLM(HybridCausalLM):
