@@ -87,6 +87,14 @@ class DecoderLayer(BaseOP):
 
 
 class DecoderBody(BaseOP):
+    # What a family of models changes in the body (models/hybrid.py): the layer at each position
+    # of the stack, and how many dimensions of a head the rotary table turns
+    layer_class = DecoderLayer
+
+    @staticmethod
+    def rotary_dim(cfg: ModelConfig) -> int:
+        return cfg.head_dim
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -100,11 +108,11 @@ class DecoderBody(BaseOP):
         if max_positions is None:
             max_positions = cfg.max_position_embeddings
         self._rotary = RotaryEmbedding(
-            cfg.head_dim, max_positions, cfg.rope_theta, rope_device, cfg.rope_scaling
+            self.rotary_dim(cfg), max_positions, cfg.rope_theta, rope_device, cfg.rope_scaling
         )
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
         self.layers = OPList(
-            [DecoderLayer(cfg, i, self._rotary, dtype, device) for i in range(cfg.num_layers)]
+            [self.layer_class(cfg, i, self._rotary, dtype, device) for i in range(cfg.num_layers)]
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
 

@@ -25,10 +25,8 @@ from minisgl.layers import (
     GatedAttention,
     Linear,
     LMHead,
-    OPList,
     RMSNorm,
     RotaryEmbedding,
-    VocabEmbedding,
 )
 
 from .config import ModelConfig
@@ -113,24 +111,14 @@ class HybridDecoderLayer(BaseOP):
 
 
 class HybridBody(DecoderBody):
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        dtype: torch.dtype,
-        device: torch.device,
-        max_positions: int | None = None,
-    ) -> None:
-        rope_device = torch.device("cpu") if device.type == "meta" else device
-        if max_positions is None:
-            max_positions = cfg.max_position_embeddings
-        self._rotary = RotaryEmbedding(
-            cfg.hybrid.rotary_dim, max_positions, cfg.rope_theta, rope_device, cfg.rope_scaling
-        )
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, device)
-        self.layers = OPList(
-            [HybridDecoderLayer(cfg, i, self._rotary, dtype, device) for i in range(cfg.num_layers)]
-        )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+    """A decoder body whose layers are DeltaNet or gated full attention by the config's layer
+    kinds, with RoPE on part of each head (partial rotary)."""
+
+    layer_class = HybridDecoderLayer
+
+    @staticmethod
+    def rotary_dim(cfg: ModelConfig) -> int:
+        return cfg.hybrid.rotary_dim
 
 
 class HybridCausalLM(CausalLM):
