@@ -188,3 +188,17 @@ def test_a_server_that_fails_in_your_code_names_the_exercise_and_its_line():
     assert blame_from_error(None, error, [unit]) == [said[2:]]
     standin = "LearnerCodeError: ch13.next_text: your code failed to load: NameError"
     assert _learner_lines(SERVER_LOG + standin) == "; " + standin.split(": ", 1)[1]
+
+
+def test_a_run_that_never_ends_is_stopped_and_said():
+    import time
+
+    from classroom.milestone_worker import in_child
+
+    start = time.monotonic()
+    got = in_child(lambda: time.sleep(60) or {}, timeout=1.0)
+    assert time.monotonic() - start < 10
+    assert got == {"error": "it did not finish in 1 s (a loop that never ends?)"}
+    assert in_child(lambda: {"checks": {"x": [1]}}, timeout=30.0) == {"checks": {"x": [1]}}
+    raised = in_child(lambda: {}["missing"], timeout=30.0)
+    assert raised == {"error": "KeyError: 'missing'"}
