@@ -142,6 +142,7 @@ def _work(part: int, spec: Path | None, reference, env: Dict[str, str], tmp: Pat
         json.dumps(
             {
                 "part": part,
+                "previous_part_ends": PARTS.get(part - 1, ""),
                 "spec": str(spec) if spec else None,
                 "reference": reference.__dict__ if reference is not None else None,
             }
@@ -238,7 +239,7 @@ def _first_difference(mine: Dict[str, list], ref: Dict[str, list]) -> str:
             continue
         if got is None:
             return f"{name}: your engine gave nothing"
-        if all(isinstance(w, list) for w in want) and all(isinstance(g, list) for g in got):
+        if all(_ints(w) for w in want) and all(_ints(g) for g in got):  # requests' token ids
             for i, (g, w) in enumerate(zip(got, want)):
                 if g != w:
                     j = next(
@@ -248,8 +249,20 @@ def _first_difference(mine: Dict[str, list], ref: Dict[str, list]) -> str:
                         return f"{name}: request {i}'s token {j} is {g[j]}, the reference's {w[j]}"
                     return f"{name}: request {i} has {len(g)} tokens, the reference's {len(w)}"
             return f"{name}: {len(got)} requests, the reference's {len(want)}"
+        if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+            i = next(k for k, (g, w) in enumerate(zip(got, want)) if g != w)
+            return f"{name}: request {i}'s {_short(got[i])}, the reference's {_short(want[i])}"
         return f"{name}: {got}, the reference's {want}"
     return "your engine's outputs differ from the reference's"
+
+
+def _ints(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) for v in value)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # ---------------------------------------------------------------------- what to explain

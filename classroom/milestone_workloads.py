@@ -180,11 +180,11 @@ EXCEPTION_LINE = re.compile(r"^(\w+(?:Error|Exception|Exit)\b.*)$", re.MULTILINE
 LEARNER_LINE = re.compile(r'File "([^"]+ cell \d+ \((ch\d\d\.\w+)\))", line (\d+), in (\w+)')
 
 
-def streamed(client, model: str, prompt: str, max_tokens: int) -> Tuple[str, float, int]:
-    """(the text, seconds to the first chunk with text, the tokens the usage chunk counts) of one
-    streamed completion."""
+def streamed(client, model: str, prompt: str, max_tokens: int) -> Tuple[str, float, int, str]:
+    """(the text, seconds to the first chunk with text, the tokens the usage chunk counts, the
+    finish reason) of one streamed completion."""
     sent = time.perf_counter()
-    first, text, count = None, [], 0
+    first, text, count, reason = None, [], 0, ""
     stream = client.completions.create(
         model=model,
         prompt=prompt,
@@ -198,9 +198,11 @@ def streamed(client, model: str, prompt: str, max_tokens: int) -> Tuple[str, flo
         if piece and first is None:
             first = time.perf_counter() - sent
         text.append(piece)
+        if chunk.choices and chunk.choices[0].finish_reason:
+            reason = chunk.choices[0].finish_reason
         if chunk.usage is not None:
             count = chunk.usage.completion_tokens
-    return "".join(text), first if first is not None else float("nan"), count
+    return "".join(text), first if first is not None else float("nan"), count, reason
 
 
 def part3() -> dict:
@@ -253,7 +255,10 @@ def part3() -> dict:
     }
     checks = {
         "the streamed completions' text": [r[0] for r in runs],
-        "the chat reply's text": [chat.choices[0].message.content],
+        "the streams' token counts and finish reasons": [[r[2], r[3]] for r in runs],
+        "the chat reply's text and finish reason": [
+            [chat.choices[0].message.content, chat.choices[0].finish_reason]
+        ],
     }
     return {"rows": rows, "checks": checks, "seconds": time.perf_counter() - began}
 
