@@ -28,7 +28,12 @@ WORKER_TIMEOUT_S = 1800.0
 
 
 class MilestoneError(Exception):
-    """What keeps a milestone from running at all (no such part, a notebook missing or broken)."""
+    """What keeps a milestone from running at all (no such part or variant)."""
+
+
+class UnreadableNotebook(MilestoneError):
+    """A notebook of yours that the judge cannot read (missing, broken JSON): `run` says so on a
+    ✘ line and still runs the reference's column."""
 
 
 @dataclass
@@ -49,6 +54,7 @@ class Result:
     reference: Column
     swapped: List[str]  # your exercises that ran
     stubs: List[str]  # exercises still stubs: the reference ran in their place
+    unreadable: str | None = None  # why your notebooks could not be read (only the reference ran)
 
     @property
     def same_as_reference(self) -> bool:
@@ -66,7 +72,11 @@ def run(part: int, notebooks: str | Path | None = None, variant: str | None = No
         raise MilestoneError(
             f"part {part!r}: the milestones are parts {', '.join(map(str, PARTS))}"
         )
-    units, env, swapped, stubs = learner_spec(part, notebooks, variant)
+    try:
+        units, env, swapped, stubs = learner_spec(part, notebooks, variant)
+        unreadable = None
+    except UnreadableNotebook as e:
+        units, env, swapped, stubs, unreadable = [], {}, [], [], str(e)
     with tempfile.TemporaryDirectory(prefix="minisgl-milestone-") as tmp:
         reference = _column(_work(part, None, None, {}, Path(tmp), "reference"))
         spec = Path(tmp) / "spec.json"
@@ -76,8 +86,8 @@ def run(part: int, notebooks: str | Path | None = None, variant: str | None = No
         # nothing of yours yet: your column would be the reference's again
         yours = _column(_work(part, spec, reference, env, Path(tmp), "yours")) if swapped else None
     if yours is None:
-        yours = Column(error="none of the exercises is yours yet")
-    result = Result(part, yours, reference, swapped, stubs)
+        yours = Column(error=unreadable or "none of the exercises is yours yet")
+    result = Result(part, yours, reference, swapped, stubs, unreadable)
     print(render(result))
     return result
 
@@ -110,8 +120,10 @@ def learner_spec(part: int, notebooks: str | Path | None, variant: str | None):
                 code = variant_code(paths[0], chapter)
             else:
                 code = from_notebook(find_notebook(chapter, folder), chapter)
-        except (SourceError, VariantError) as e:
+        except VariantError as e:
             raise MilestoneError(str(e)) from None
+        except SourceError as e:
+            raise UnreadableNotebook(str(e)) from None
         yours = stubs_left_to_the_reference(code, chapter)
         swapped += [f"{chapter.key}.{n}" for n in yours]
         stubs += [e.id for e in chapter.exercises if e.name not in yours]
@@ -209,6 +221,8 @@ def verdict_lines(result: Result) -> List[str]:
     yours, ref = result.yours, result.reference
     if ref.error:
         return [f"{FAIL} the reference itself failed (a bug of the workbook): {ref.error}"]
+    if result.unreadable:
+        return [f"{FAIL} only the reference ran: {result.unreadable}"]
     if not result.swapped:
         return [
             "none of the exercises is yours yet, so only the reference ran: write them in the "

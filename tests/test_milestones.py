@@ -92,8 +92,18 @@ def test_no_such_part_or_variant_is_a_clear_error(tmp_path):
         milestone.run(5)
     with pytest.raises(milestone.MilestoneError, match="no known-wrong variant ch09_nothing"):
         milestone.learner_spec(2, SOLUTIONS, "ch09_nothing")
-    with pytest.raises(milestone.MilestoneError, match="no notebook for ch00"):
+    with pytest.raises(milestone.UnreadableNotebook, match="no notebook for ch00"):
         milestone.learner_spec(1, tmp_path, None)
+
+
+def test_an_unreadable_notebook_is_said_and_the_reference_still_runs(capsys, tmp_path):
+    for path in sorted(SOLUTIONS.glob("ch0[0-6]_*.ipynb")):
+        shutil.copyfile(path, tmp_path / path.name)
+    (tmp_path / "ch03_loading.ipynb").write_text('{"cells": [')  # saved half-way
+    result, out = _run(capsys, 1, notebooks=tmp_path)
+    _both_columns(out, result)
+    assert f"{FAIL} only the reference ran: {tmp_path}/ch03_loading.ipynb is not a valid" in out
+    assert "Traceback" not in out
 
 
 def _solutions_with(tmp_path: Path, exercise: str, first_line: str) -> Path:
