@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import List
 
 from . import settings
 
@@ -75,12 +76,7 @@ def serve_learner_code(
     if broken or code.general_problems:
         why = "; ".join([f"{n}: {p}" for n, p in broken.items()] + code.general_problems)
         raise ServeError(f"{path} cannot be served: {why}")
-    code.missing = "reference"
-    for name, attempted in list(code.attempted.items()):
-        if not attempted:  # a stub: the reference serves in its place
-            del code.attempted[name]
-            code.snippets = [s for s in code.snippets if s.exercise != name]
-    yours = [ex.name for ex in chapter.exercises if ex.name in code.attempted]
+    yours = stubs_left_to_the_reference(code, chapter)
     unit = spec_unit(code, chapter)
     spec = Path(tempfile.mkdtemp(prefix="minisgl-serve-")) / "spec.json"
     RunSpec(results=os.devnull, units=[unit]).write(spec)
@@ -92,6 +88,18 @@ def serve_learner_code(
     return f"minisgl: serving your {chapter.key} code from {path}: {', '.join(yours)}" + (
         f" (still stubs, the reference serves: {', '.join(rest)})" if rest else ""
     )
+
+
+def stubs_left_to_the_reference(code, chapter) -> List[str]:
+    """Leave every exercise of `code` that is still its stub to the reference (a server, or a
+    milestone's run, that fails on the first stub helps no one); the names of the others, which
+    are swapped in (with their stand-in where they cannot run)."""
+    code.missing = "reference"
+    for name, attempted in list(code.attempted.items()):
+        if not attempted:
+            del code.attempted[name]
+            code.snippets = [s for s in code.snippets if s.exercise != name]
+    return [ex.name for ex in chapter.exercises if code.swaps(ex.name)]
 
 
 def _notebooks_dir() -> Path:

@@ -44,6 +44,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    if "slow" not in (config.getoption("markexpr") or ""):  # as pyproject's markers say
+        skip_slow = pytest.mark.skip(reason="slow: run with -m slow")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip_slow)
     for item in items:
         for mark in item.iter_markers("needs_extra"):
             reason = missing_reason(mark.args[0], mark.args[1:])

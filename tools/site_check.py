@@ -211,7 +211,7 @@ def visit(
         report.expectations.append((what, page.evaluate(f"() => Boolean({expr})") is True))
     stem = path.strip("/").replace("/", "_").replace(".html", "") or "index"
     shots = [(f"{stem}.png", "window.scrollTo(0, 0)")]
-    if "ch11" in path:  # also the first figures (the timeline, then the problems)
+    if "ch11_" in path:  # also the first figures (the timeline, then the problems)
         shots.append(
             (
                 f"{stem}_figure1.png",

@@ -73,7 +73,7 @@ def execute(ids: Iterable[str] = ()) -> int:
         nb.metadata["minisgl"]["execution"] = {"seconds": round(result.seconds, 1)}
         solution_path(ch).write_text(notebook.dumps(nb), encoding="utf-8")
         print(f"wrote {_rel(solution_path(ch))} ({result.seconds:.1f} s)")
-        for problem in tryout_problems(ch, nb):
+        for problem in tryout_problems(ch, nb) + milestone_problems(ch, nb):
             print(f"FAIL {problem}")
             failed = True
     return 1 if failed else 0
@@ -276,6 +276,20 @@ def tryout_problems(ch: Chapter, nb: nbformat.NotebookNode) -> List[str]:
                 f"checks: {'; '.join(seen)}"
             )
     return problems
+
+
+def milestone_problems(ch: Chapter, nb: nbformat.NotebookNode) -> List[str]:
+    """In an executed milestone, run on the solutions: each run must say that its tokens and counts
+    equal the reference's (a ✔ line), and nothing must fail (no ✘)."""
+    from classroom.tryout import FAIL, PASS
+
+    if not ch.is_milestone:
+        return []
+    text = "".join(_text(c) for c in nb.cells if c.cell_type == "code")
+    if PASS in text and FAIL not in text:
+        return []
+    seen = [ln for ln in text.splitlines() if ln.startswith((PASS, FAIL))] or ["no ✔ line at all"]
+    return [f"{ch.stem}: the solutions' run is not the reference's: {'; '.join(seen)}"]
 
 
 def _text(cell) -> str:

@@ -25,7 +25,8 @@ def render(chapter: Chapter, kind: Kind) -> nbformat.NotebookNode:
     cells = []
     for block in chapter.blocks:
         cells.extend(_cells_for(block, chapter, kind))
-    cells.extend(_judge_cells(chapter))
+    if not chapter.is_milestone:  # a milestone has no exercise to judge: it runs them all
+        cells.extend(_judge_cells(chapter))
     for i, cell in enumerate(cells):
         cell["id"] = f"{chapter.chapter}-{i:03d}"
     nb = new_notebook(cells=cells)

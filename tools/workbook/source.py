@@ -26,7 +26,10 @@ DIRECTIVES = ("code-cell", "exercise", "listing")
 _FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})\s*(?P<info>.*)$")
 _DIRECTIVE = re.compile(r"^\{(?P<name>[a-z-]+)\}\s*(?P<arg>.*)$")
 _OPTION = re.compile(r"^:(?P<key>[a-z_-]+):\s*(?P<value>.*)$")
-CHAPTER_FILE = re.compile(r"^(?P<chapter>ch\d\d)_[a-z0-9_]+\.md$")
+# chNN_words.md is a chapter; chNNm_words.md the milestone at the end of the part that chapter NN
+# closes (it runs the learner's engine so far, classroom/milestone.py, and has no exercise of its
+# own), named so that it sorts right after its chapter, in the site's navigation too.
+CHAPTER_FILE = re.compile(r"^(?P<chapter>ch\d\dm?)_[a-z0-9_]+\.md$")
 
 
 class SourceError(ValueError):
@@ -76,6 +79,10 @@ class Chapter:
         return self.path.stem  # "ch11_overlap": the notebooks and the site page take this name
 
     @property
+    def is_milestone(self) -> bool:
+        return self.chapter.endswith("m")
+
+    @property
     def exercises(self) -> List[Exercise]:
         return [b for b in self.blocks if isinstance(b, Exercise)]
 
@@ -84,7 +91,9 @@ def read_chapter(path: Path) -> Chapter:
     path = Path(path)
     m = CHAPTER_FILE.match(path.name)
     if not m:
-        raise SourceError(f"{path.name}: a chapter file is named chNN_some_words.md")
+        raise SourceError(
+            f"{path.name}: a chapter file is named chNN_some_words.md (a milestone's chNNm_...)"
+        )
     chapter = m["chapter"]
     text = path.read_text(encoding="utf-8")
     front, body, body_line = _split_front_matter(text, path)
