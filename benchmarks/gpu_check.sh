@@ -10,9 +10,13 @@
 # Tensor parallelism: `tp` = tests/test_tp.py on cuda (with one GPU: CPU ranks, tp_size=1 on NCCL, two
 # ranks sharing the GPU over gloo) and, with 2+ GPUs, TP=2 on NCCL against TP=1 on cuda; not in `all`.
 # Chapter 23 (scheduling under load): `sched` = the scheduling tests on cuda, then
-# benchmarks/sched_load.py --gpu (the ablation, then ITL mixed vs unmixed, reserve-all vs
-# optimistic, FCFS vs lpm; Qwen3-0.6B's shape, dummy bf16 weights), 8 minutes at most (time
-# limits 150 + 240 + 90 s, each settable: SCHED_*_TIMEOUT): one call, not in `all`.
+# benchmarks/sched_load.py --gpu (the ablation on upstream's burst, the ablation on the tenants'
+# shared prefixes, then ITL mixed vs unmixed, reserve-all vs optimistic, FCFS vs lpm; Qwen3-0.6B's
+# shape, dummy bf16 weights), 8 minutes at most (time limits 110 + 220 + 90 + 60 s, each settable:
+# SCHED_*_TIMEOUT): one call, not in `all`.
+# Chapter 25 (routers): `router` = benchmarks/router.py --device cuda: 2 workers sharing the GPU,
+# round-robin vs minisgl's cache-aware router vs sglang-router (if installed) on the multi-tenant
+# workload, 6 minutes at most (ROUTER_TIMEOUT): one call, not in `all`.
 # Each part has its own time limit, so one that hangs does not take the others down.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -87,14 +91,24 @@ if [[ $what == *" moebench "* ]]; then
 fi
 if [[ $what == *" sched "* ]]; then
   part "scheduling under load: lpm, retraction, mixed batches on cuda (tests/test_sched_load.py)"
-  timeout ${SCHED_TESTS_TIMEOUT:-150} $py -m pytest -q -rfE --device cuda tests/test_sched_load.py -k "not torture" \
+  timeout ${SCHED_TESTS_TIMEOUT:-110} $py -m pytest -q -rfE --device cuda tests/test_sched_load.py \
+    tests/test_ch23_order.py tests/test_mixed_handling.py -k "not torture" \
     2>&1 | tee "$OUT/sched_tests.txt"
-  part "scheduling under load: the ablation (benchmarks/sched_load.py --gpu: Qwen3-0.6B's shape, dummy weights)"
-  timeout ${SCHED_ABLATION_TIMEOUT:-240} $py benchmarks/sched_load.py --gpu --parts ablation \
-    --out "$OUT/sched_ablation.json" 2>&1 | tee "$OUT/sched_ablation.txt"
+  # each workload of the ablation has its own limit: the burst's 7 configurations take most of it
+  part "scheduling under load: the ablation on upstream's burst (benchmarks/sched_load.py --gpu: Qwen3-0.6B's shape, dummy weights)"
+  timeout ${SCHED_ABLATION_TIMEOUT:-220} $py benchmarks/sched_load.py --gpu --parts ablation \
+    --workloads upstream --out "$OUT/sched_ablation.json" 2>&1 | tee "$OUT/sched_ablation.txt"
+  part "scheduling under load: the ablation on the tenants' shared prefixes"
+  timeout ${SCHED_TENANTS_TIMEOUT:-90} $py benchmarks/sched_load.py --gpu --parts ablation \
+    --workloads tenants --out "$OUT/sched_ablation_tenants.json" 2>&1 | tee "$OUT/sched_ablation_tenants.txt"
   part "scheduling under load: ITL mixed vs unmixed, reserve-all vs optimistic, FCFS vs lpm"
-  timeout ${SCHED_TIMEOUT:-90} $py benchmarks/sched_load.py --gpu --parts itl,admission,prefix \
+  timeout ${SCHED_TIMEOUT:-60} $py benchmarks/sched_load.py --gpu --parts itl,admission,prefix \
     --out "$OUT/sched_load.json" 2>&1 | tee "$OUT/sched_load.txt"
+fi
+if [[ $what == *" router "* ]]; then
+  part "routers: 2 workers sharing the GPU, round-robin vs cache-aware vs sglang-router (benchmarks/router.py)"
+  timeout ${ROUTER_TIMEOUT:-360} $py benchmarks/router.py --device cuda --workers 2 ${ROUTER_ARGS:---requests 240 --rate 16} \
+    2>&1 | tee "$OUT/router.txt"
 fi
 if want suite; then
   part "whole suite and the judge's self-check on cuda, side by side"

@@ -3,6 +3,7 @@
     python benchmarks/router.py                       # 4 CPU workers, the bundled model
     python benchmarks/router.py --quick               # a smoke run
     python benchmarks/router.py --out benchmarks/results/DATE-cpu-router.txt
+    python benchmarks/router.py --device cuda --workers 2   # 2 workers sharing one GPU
 
 Tenants each have a long system prompt (--system-tokens, about; a sentence repeated) and ask short
 questions; requests pick a tenant at random (fixed seed) and arrive as a Poisson process of --rate
@@ -15,6 +16,12 @@ Figures per router: prefill tokens computed (the workers' /debug/scheduler `pref
 summed: prompt tokens their prefill batches ran, a cached prefix not), prompt tokens (usage),
 cache hit rate (1 - computed / prompt), throughput (requests and output tokens per second over
 first sent to last token), TTFT p50/p99 (sent to the first chunk with text; minisgl/bench).
+
+With `--device cuda` every worker serves on the one GPU, in bfloat16. Left to size itself, a
+server's KV pool takes a share (`memory_ratio`, 0.85) of the memory free when it starts: two
+workers starting at once would each claim most of the card. `--num-pages` fixes each worker's pool
+instead (CUDA_POOL_PAGES one-token pages: 192 MiB of KV for the bundled model), so any number
+fits beside each other's CUDA graphs.
 """
 
 from __future__ import annotations
@@ -135,8 +142,28 @@ def table(rows: List[Dict]) -> str:
     return "\n".join(lines)
 
 
+CUDA_POOL_PAGES = 65536  # per worker, fixed: see the module's docstring
+# on the GPU: more requests at once, bfloat16, a fixed pool (of a repeated flag the last wins)
+CUDA_WORKER_ARGS = (
+    "--device",
+    "cuda",
+    "--dtype",
+    "bfloat16",
+    "--num-pages",
+    str(CUDA_POOL_PAGES),
+    "--max-running-req",
+    "32",
+)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where every worker runs: cpu (the default), or all of them sharing one GPU",
+    )
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--tenants", type=int, default=6)
     p.add_argument("--requests", type=int, default=60)
@@ -154,7 +181,13 @@ def main() -> None:
     if sglang and importlib.util.find_spec("sglang_router") is None:
         print("sglang-router is not installed (pip install -e '.[router]'): left out")
         sglang = False
-    servers = start_workers(args.workers)
+    gpu = args.device == "cuda"
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch sees no CUDA device here")
+    servers = start_workers(args.workers, *(CUDA_WORKER_ARGS if gpu else ()))
     urls = [s.url for s in servers]
     rows = []
     try:
@@ -175,11 +208,22 @@ def main() -> None:
     finally:
         stop_all(servers)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    pool = WORKER_ARGS[WORKER_ARGS.index("--num-pages") + 1]
+    if gpu:
+        import torch
+
+        where = (
+            f"{args.workers} workers sharing one {torch.cuda.get_device_name()} (the bundled "
+            f"model, bfloat16, a KV pool of {CUDA_POOL_PAGES} one-token pages each)"
+        )
+    else:
+        pool = WORKER_ARGS[WORKER_ARGS.index("--num-pages") + 1]
+        where = (
+            f"{args.workers} CPU workers (the bundled model, float32, OMP_NUM_THREADS=1 each, a KV "
+            f"pool of {pool} one-token pages)"
+        )
     header = (
         f"# benchmarks/router.py, {when}; {platform.machine()}, {os.cpu_count()} cores, "
-        f"{args.workers} CPU workers (the bundled model, float32, OMP_NUM_THREADS=1 each, a KV "
-        f"pool of {pool} one-token pages), {args.tenants} tenants, prompts of "
+        f"{where}, {args.tenants} tenants, prompts of "
         f"{rows[0]['prompt_tokens'] / args.requests:.0f} tokens on average, "
         f"{args.requests} requests at {args.rate:g}/s (Poisson, seed {args.seed}), "
         f"max_tokens {args.max_tokens}"

@@ -249,6 +249,9 @@ class Batch:
     # (minisgl/engine/request_sampling.py)
     logit_rows: torch.Tensor | None = None
     step: int = 0  # a running number, for the event log
+    # A mixed step (chapter 23, scheduler/load.py) runs as a prefill whose last rows are decode
+    # tokens of running requests: how many, so its handling caches only the prefill rows' prompts
+    mixed_decodes: int = 0
 
     @property
     def is_prefill(self) -> bool:

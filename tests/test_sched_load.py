@@ -1,5 +1,5 @@
-"""Scheduling under load: the cache-aware order of the waiting queue (minisgl/scheduler/policy.py)
-and optimistic admission with retraction (minisgl/scheduler/retract.py).
+"""Scheduling under load: optimistic admission with retraction (minisgl/scheduler/retract.py), the
+features' options; the cache-aware order is tested in tests/test_ch23_order.py.
 
 The retraction tests run requests on a pool too small for all of them with the estimate held at
 0.1 of max_tokens, so decode steps run out of pages and retract; the outputs must be an unpressured
@@ -25,85 +25,8 @@ from torture.prompts import load_pool
 from torture.runner import run_workload
 from torture.workload import generate
 
-# ---------------------------------------------------------------- cache-aware order
-
-
-def _tenants():
-    """Two tenants with long system prompts sharing nothing, requests interleaved A, B, A, B..."""
-    p = prompt_ids()
-    system = {"A": p[0] + p[1] + p[3], "B": p[3] + p[1] + p[0] + p[3]}
-    prompts = []
-    for i in range(8):
-        tenant = "AB"[i % 2]
-        prompts.append(system[tenant] + p[2][i % 3 : i % 3 + 2])
-    return prompts
-
-
-def _prefill_tokens(log) -> int:
-    return sum(sum(e["extend_lens"]) for e in log if e.kind == "launch" and e["phase"] == "prefill")
-
-
-def _run_policy(policy: str, **options):
-    prompts = _tenants()
-    longest = max(len(x) for x in prompts) + 4
-    # one request and one tenant's cached prompt fit; the other tenant's prompt is evicted
-    llm = build_llm(
-        max_running_req=1, num_page_override=longest + 30, schedule_policy=policy, **options
-    )
-    log = llm.events.record()
-    out = [o["token_ids"] for o in llm.generate(prompts, greedy(4))]
-    llm.cache_manager.check_integrity()
-    return out, _prefill_tokens(log)
-
-
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "normal"])
-def test_lpm_computes_fewer_prefill_tokens_than_fcfs(overlap):
-    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
-    fcfs_out, fcfs_tokens = _run_policy("fcfs")
-    lpm_out, lpm_tokens = _run_policy("lpm")
-    assert lpm_out == fcfs_out
-    # FCFS alternates tenants, and each evicts the other's prompt: every request computes its
-    # whole prompt. lpm runs a tenant's requests while its prompt is cached.
-    assert lpm_tokens * 2 < fcfs_tokens, f"prefill tokens: lpm {lpm_tokens}, fcfs {fcfs_tokens}"
-
-
-def test_lpm_falls_back_to_fcfs_past_its_queue_limit():
-    _, fcfs_tokens = _run_policy("fcfs")
-    _, lpm_tokens = _run_policy("lpm")
-    _, never = _run_policy("lpm", lpm_max_queue=0)  # every queue is past the limit
-    _, late = _run_policy("lpm", lpm_max_queue=3)  # FCFS until only 3 wait
-    assert never == fcfs_tokens
-    assert lpm_tokens < late < fcfs_tokens, (lpm_tokens, late, fcfs_tokens)
-
-
-def test_lpm_keeps_a_started_chunk_and_a_retracted_request_first():
-    from minisgl.scheduler.policy import order_queue
-
-    llm = build_llm(cache_type="radix")
-    cached = torch.arange(10, 30, dtype=torch.int32)
-    llm.generate([cached.tolist()], greedy(1))  # its prompt is cached now
-    params = greedy(2)
-    fresh = PlannedReq(1, torch.arange(40, 50, dtype=torch.int32), params)
-    retracted = PlannedReq(2, torch.arange(60, 70, dtype=torch.int32), params, retractions=1)
-    hit = PlannedReq(3, torch.cat([cached, torch.tensor([5], dtype=torch.int32)]), params)
-    order = order_queue([fresh, retracted, hit], llm.cache_manager, "lpm", 128)
-    assert [p.uid for p in order] == [2, 3, 1]
-    assert [p.uid for p in order_queue([fresh, hit], llm.cache_manager, "fcfs", 128)] == [1, 3]
-
-
-def test_lpm_puts_a_second_prompt_of_the_same_uncached_run_behind_the_rest():
-    """Two waiting prompts that would compute the same uncached tokens: one keeps its place, the
-    other waits behind the others, to find them cached a step later."""
-    from minisgl.scheduler.policy import SHARED_RUN, order_queue
-
-    llm = build_llm(cache_type="radix")
-    shared = torch.arange(100, 100 + SHARED_RUN + 4, dtype=torch.int32)
-    params = greedy(2)
-    first = PlannedReq(1, torch.cat([shared, torch.tensor([7], dtype=torch.int32)]), params)
-    twin = PlannedReq(2, torch.cat([shared, torch.tensor([8], dtype=torch.int32)]), params)
-    other = PlannedReq(3, torch.arange(300, 340, dtype=torch.int32), params)
-    order = order_queue([first, twin, other], llm.cache_manager, "lpm", 128)
-    assert [p.uid for p in order] == [1, 3, 2]
+# ---------------------------------------------------------------- optimistic admission
+# (the cache-aware order is chapter 23's exercise: tests/test_ch23_order.py)
 
 
 def test_the_token_ratio_learns_from_ended_requests_and_retractions():

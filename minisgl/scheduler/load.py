@@ -66,7 +66,8 @@ class LoadPrefillManager(PrefillManager):
         prefill = self._prefill_batch(token_budget)
         if prefill is None or decodes is None:
             return prefill
-        return Batch(reqs=prefill.reqs + decodes.reqs, phase="prefill")
+        reqs = prefill.reqs + decodes.reqs
+        return Batch(reqs=reqs, phase="prefill", mixed_decodes=len(decodes.reqs))
 
     def _mixable(self) -> bool:
         return self.decode_manager.runnable and not any(

@@ -41,6 +41,7 @@ from typing import Dict, List
 from minisgl.core import Batch, Req
 
 from .cache import pages_for
+from .mixed_handling import prefill_rows_only
 from .planned import PlannedReq
 
 
@@ -65,6 +66,12 @@ class TokenRatio:
 class Retraction:
     """A mixin of Scheduler (`self` is the scheduler): the plan each request is admitted on, and
     retraction when a decode step finds no page."""
+
+    def _process_last_data(self, last_data) -> None:
+        """Chapter 11's handling (the next class in the scheduler's bases); for a mixed step, with
+        only its prefill rows' prompts handed to the prefix cache (mixed_handling.py)."""
+        with prefill_rows_only(self, None if last_data is None else last_data[0].batch):
+            super()._process_last_data(last_data)
 
     def _init_retraction(self) -> None:
         self.token_ratio = TokenRatio(initial=self.config.init_new_token_ratio)
