@@ -33,6 +33,7 @@ import torch
 
 from minisgl.core import Req
 from minisgl.engine import Engine, ForwardInput, ForwardOutput
+from minisgl.engine.verify_step import VerifyInput
 from minisgl.env import ENV
 from minisgl.models.tokenizer import load_tokenizer
 from minisgl.utils import EventLog
@@ -48,13 +49,16 @@ from .io import SchedulerIO
 from .lifecycle import RequestLifecycle
 from .load import LoadPrefillManager, RetractingDecodeManager
 from .retract import Retraction
+from .speculative import SpeculativeSteps
 from .stops import StopChecker
 from .table import TableManager
 
 ForwardData = Tuple[ForwardInput, ForwardOutput]
 
 
-class Scheduler(GrammarSteps, RequestExtras, Intake, Retraction, RequestLifecycle, BatchInputs):
+class Scheduler(
+    SpeculativeSteps, GrammarSteps, RequestExtras, Intake, Retraction, RequestLifecycle, BatchInputs
+):
     def __init__(self, config: SchedulerConfig, io: SchedulerIO) -> None:
         self.config = config
         self.io = io
@@ -95,10 +99,13 @@ class Scheduler(GrammarSteps, RequestExtras, Intake, Retraction, RequestLifecycl
         self._deferred_slots: List[Tuple[int, int]] = []  # (table_idx, uid)
         self._step = 0
         self._prompt_parts: Dict[int, list] = {}  # uid -> prompt logprobs of its chunks so far
+        self._init_speculative()  # drafts and verify steps, when config.speculative asks
 
     # ------------------------------------------------------------------ scheduling
 
     def _schedule_next_batch(self) -> ForwardInput | None:
+        if self.drafter is not None:  # decode steps verify drafts (speculative.py)
+            return self._schedule_speculative()
         batch = None
         if self.prefill_manager.runnable:  # else a decode step need not weigh an empty queue
             batch = self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens)
@@ -110,6 +117,8 @@ class Scheduler(GrammarSteps, RequestExtras, Intake, Retraction, RequestLifecycl
         return forward_input
 
     def _forward(self, forward_input: ForwardInput) -> ForwardOutput:
+        if isinstance(forward_input, VerifyInput):
+            return self._forward_verify(forward_input)
         batch = forward_input.batch
         self._step += 1
         batch.step = self._step
@@ -222,6 +231,8 @@ class Scheduler(GrammarSteps, RequestExtras, Intake, Retraction, RequestLifecycl
     def overlap_now(self) -> bool:
         """Whether this turn runs the overlap loop: `config.overlap_scheduling`, else the
         environment's switch (read at every turn: tests and notebooks flip it mid-run)."""
+        if self.drafter is not None:
+            return False  # a draft needs the last step's tokens on the host (speculative.py)
         overlap = self.config.overlap_scheduling
         return not ENV.DISABLE_OVERLAP_SCHEDULING if overlap is None else overlap
 
