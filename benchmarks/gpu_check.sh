@@ -13,6 +13,10 @@
 # benchmarks/sched_load.py --gpu (the ablation, then ITL mixed vs unmixed, reserve-all vs
 # optimistic, FCFS vs lpm; Qwen3-0.6B's shape, dummy bf16 weights), 8 minutes at most (time
 # limits 150 + 240 + 90 s, each settable: SCHED_*_TIMEOUT): one call, not in `all`.
+# Speculative decoding (issue 47): `spec` = tests/test_speculative.py on cuda (torture aside), then
+# benchmarks/spec_bench.py --gpu (a verify step of k+1 tokens against a decode step, batch 1..64,
+# Qwen3-0.6B's shape, dummy bf16 weights) and the bundled model's acceptance and batch-1 tokens/s
+# on cuda; 8 minutes at most (SPEC_*_TIMEOUT: 200 + 200 + 80 s): one call, not in `all`.
 # Each part has its own time limit, so one that hangs does not take the others down.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -95,6 +99,16 @@ if [[ $what == *" sched "* ]]; then
   part "scheduling under load: ITL mixed vs unmixed, reserve-all vs optimistic, FCFS vs lpm"
   timeout ${SCHED_TIMEOUT:-90} $py benchmarks/sched_load.py --gpu --parts itl,admission,prefix \
     --out "$OUT/sched_load.json" 2>&1 | tee "$OUT/sched_load.txt"
+fi
+if [[ $what == *" spec "* ]]; then
+  part "speculative decoding on cuda (tests/test_speculative.py, torture aside)"
+  timeout ${SPEC_TESTS_TIMEOUT:-200} $py -m pytest -q -rfE --device cuda tests/test_speculative.py -k "not torture" \
+    2>&1 | tee "$OUT/spec_tests.txt"
+  part "speculative decoding: verify step vs decode step (benchmarks/spec_bench.py --gpu)"
+  timeout ${SPEC_GPU_TIMEOUT:-200} $py benchmarks/spec_bench.py --gpu --steps 10 2>&1 | tee "$OUT/spec_gpu.txt"
+  part "speculative decoding: bundled model on cuda, acceptance and batch-1 tokens/s"
+  timeout ${SPEC_BUNDLED_TIMEOUT:-80} $py benchmarks/spec_bench.py --device cuda --new-tokens 48 --repeat 2 \
+    2>&1 | tee "$OUT/spec_bundled.txt"
 fi
 if want suite; then
   part "whole suite and the judge's self-check on cuda, side by side"
