@@ -541,3 +541,14 @@ def test_a_hybrid_model_refuses_speculation_by_name():
     ckpt = hybrid_checkpoint(next(iter(HYBRID_RECIPES)))
     with pytest.raises(ValueError, match="speculative='lookup' is not supported.*DeltaNet"):
         build_llm(ckpt, cache_type="naive", speculative="lookup")
+
+
+def test_a_drafter_proposing_ids_outside_the_vocabulary_is_named():
+    class Broken(ReferenceDrafter):
+        def propose(self, reqs, k):
+            return [[-3] for _ in reqs]
+
+    llm = build_llm(speculative="lookup")
+    llm.drafter = Broken([], llm.vocab_size)
+    with pytest.raises(RuntimeError, match=r"Broken\) proposed token ids outside .*\[-3\]"):
+        llm.generate([_prompts()[0]], greedy(4))

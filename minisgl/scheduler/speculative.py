@@ -138,6 +138,12 @@ class SpeculativeSteps:
         for req, draft in zip(reqs, proposed):
             # the last draft token's successor is generated too: d + 1 <= tokens left
             draft = [int(t) for t in draft[: max(0, min(self.spec_k, req.remain_len - 1))]]
+            bad = [t for t in draft if not 0 <= t < self.vocab_size]
+            if bad:
+                raise RuntimeError(
+                    f"the drafter ({type(self.drafter).__name__}) proposed token ids outside the "
+                    f"vocabulary [0, {self.vocab_size}) for uid {req.uid}: {bad}"
+                )
             matcher = self._matchers.get(req.uid)
             if matcher is not None and draft:
                 draft = draft[: matcher.validate_tokens(draft)]
