@@ -2,8 +2,10 @@
 draft, then each request keeps the longest run the target agrees with, plus one token of its own.
 
 The batch is an extend over each request's cached prefix (a prefill over the paged cache, as a
-prompt that hit the prefix cache runs), with logits at every position (`Batch.logit_rows`, as
-prompt logprobs use it). Request i processes its last token and its d_i draft tokens; position j
+prompt that hit the prefix cache runs), with phase "verify": not "decode" (one token per request,
+the CUDA graphs' shape) and not "prefill" (whose LM head keeps each request's last row and whose
+prompt is cached), so the attention takes its extend path and the LM head turns every row into
+logits. Request i processes its last token and its d_i draft tokens; position j
 of it predicts the token after draft j-1. The logits are gathered into [B, k+1, V] (positions past
 d_i repeat the last one: padding that verification never reads), then:
 

@@ -33,7 +33,6 @@ import torch
 
 from minisgl.core import Req
 from minisgl.engine import Engine, ForwardInput, ForwardOutput
-from minisgl.engine.verify_step import VerifyInput
 from minisgl.env import ENV
 from minisgl.models.tokenizer import load_tokenizer
 from minisgl.utils import EventLog
@@ -104,8 +103,6 @@ class Scheduler(
     # ------------------------------------------------------------------ scheduling
 
     def _schedule_next_batch(self) -> ForwardInput | None:
-        if self.drafter is not None:  # decode steps verify drafts (speculative.py)
-            return self._schedule_speculative()
         batch = None
         if self.prefill_manager.runnable:  # else a decode step need not weigh an empty queue
             batch = self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens)
@@ -117,8 +114,6 @@ class Scheduler(
         return forward_input
 
     def _forward(self, forward_input: ForwardInput) -> ForwardOutput:
-        if isinstance(forward_input, VerifyInput):
-            return self._forward_verify(forward_input)
         batch = forward_input.batch
         self._step += 1
         batch.step = self._step

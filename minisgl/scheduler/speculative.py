@@ -5,7 +5,11 @@ minisgl/engine/verify_step.py).
 A decode step becomes a verify step when some request has a draft: the drafter proposes up to k
 tokens from each request's host tokens, the drafts are written into the token pool after the
 request's last token, pages are allocated for them as for any extend, and one forward scores them
-all. A request without a draft rides along with one position, as in a plain decode.
+all. A request without a draft rides along with one position, as in a plain decode. The mixin
+hooks in where a batch is prepared (`_prepare_batch`) and where a step that does not end in the
+engine's one-token draw is launched (`_needs_mask` and `_launch_forward_only`, as a constrained
+step is), so the chapters' `_schedule_next_batch` and `_forward` run it unchanged. Its batch has
+phase "verify" (minisgl/engine/verify_step.py says why).
 
 Handling. Request i accepted count_i tokens. They are handled as count_i plain steps, one token
 each, through the whole chain of handlings (the grammar's matchers, stops and logprobs of
@@ -43,7 +47,6 @@ from minisgl.engine.request_sampling import LogprobPlan, StepLogprobs
 from minisgl.engine.verify_step import VerifyInput, VerifyPlan, launch_verify, seed_of
 
 from .cache import pages_for
-from .extras import plan_extras
 
 
 @dataclass
@@ -107,22 +110,14 @@ class SpeculativeSteps:
 
     # ---------------------------------------------------------------- the loop
 
-    def _schedule_speculative(self):
-        """The scheduler's next batch with speculation on: a prefill as usual, else a decode
-        step, which becomes a verify step when some request has a draft."""
-        batch = None
-        if self.prefill_manager.runnable:
-            batch = self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens)
-        if batch is None:
-            batch = self.decode_manager.schedule_next_batch()
-            if batch is None:
-                return None
+    def _prepare_batch(self, batch: Batch):
+        """A decode batch in which some request has a draft becomes a verify step; any other
+        batch is prepared as usual (batch_inputs.py)."""
+        if self.drafter is not None and batch.is_decode:
             drafts = self._drafts(batch.reqs)
             if any(drafts):
                 return self._prepare_verify(batch, drafts)
-        fi = self._prepare_batch(batch)
-        plan_extras(self, fi)
-        return fi
+        return super()._prepare_batch(batch)
 
     # ---------------------------------------------------------------- drafts
 
@@ -175,18 +170,18 @@ class SpeculativeSteps:
             kit.to_device(torch.tensor(rows, dtype=torch.int64)),
             kit.to_device(torch.tensor(cols, dtype=torch.int64)),
         ] = kit.to_device(torch.tensor(vals, dtype=torch.int32))
-        # an extend of each request's last token and its draft over its cached prefix: the
-        # prefill path builds it once device_len counts the draft
-        batch.phase = "prefill"
+        # an extend of each request's last token and its draft over its cached prefix, built by
+        # the extend path once device_len counts the draft. Phase "verify": neither a decode (one
+        # token each, CUDA graphs) nor a prefill (logits of each request's last row only, a prompt
+        # to cache): the LM head turns every row into logits
+        batch.phase = "verify"
         for r, d in zip(reqs, lens):
             r.device_len += d
         try:
-            fi = self._prepare_batch(batch)
+            fi = super()._prepare_batch(batch)
         finally:
             for r, d in zip(reqs, lens):
                 r.device_len -= d
-        total = sum(lens) + len(reqs)
-        batch.logit_rows = kit.to_device(torch.arange(total, dtype=torch.int64))
         padded = torch.zeros((len(reqs), k), dtype=torch.int64)
         for i, d in enumerate(drafts):
             padded[i, : len(d)] = torch.tensor(d, dtype=torch.int64)
@@ -225,24 +220,15 @@ class SpeculativeSteps:
             plan.mask_rows = torch.tensor(rows, dtype=torch.int64)
             plan.bitmask = self.grammars.bitmask(matchers)
 
-    def _forward_verify(self, forward_input: VerifyInput):
-        batch = forward_input.batch
-        self._step += 1
-        batch.step = self._step
-        self.events.emit(
-            "launch",
-            step=batch.step,
-            phase="verify",
-            uids=[r.uid for r in batch.reqs],
-            table_idxs=[r.table_idx for r in batch.reqs],
-            extend_lens=[1 + d for d in forward_input.plan.draft_lens],
-        )
-        for req in batch.reqs:
-            self._live[req.uid] = req
-        try:
-            return launch_verify(self.engine, forward_input)
-        except Exception as e:  # noqa: BLE001 - as a plain step: only this batch's requests pay
-            return self._fail_batch(batch, e)
+    def _needs_mask(self, fi) -> bool:
+        # a verify step is launched by `_launch_forward_only` as well: like a constrained step,
+        # it does not end in the engine's one-token draw (the scheduler's `_forward` runs both)
+        return isinstance(fi, VerifyInput) or super()._needs_mask(fi)
+
+    def _launch_forward_only(self, fi):
+        if isinstance(fi, VerifyInput):
+            return launch_verify(self.engine, fi)
+        return super()._launch_forward_only(fi)
 
     # ---------------------------------------------------------------- handling
 
