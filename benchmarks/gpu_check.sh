@@ -17,6 +17,10 @@
 # Chapter 25 (routers): `router` = benchmarks/router.py --device cuda: 2 workers sharing the GPU,
 # round-robin vs minisgl's cache-aware router vs sglang-router (if installed) on the multi-tenant
 # workload, 6 minutes at most (ROUTER_TIMEOUT): one call, not in `all`.
+# Speculative decoding (issue 47): `spec` = tests/test_speculative.py on cuda (torture aside), then
+# benchmarks/spec_bench.py --gpu (a verify step of k+1 tokens against a decode step, batch 1..64,
+# Qwen3-0.6B's shape, dummy bf16 weights) and the bundled model's acceptance and batch-1 tokens/s
+# on cuda; 8 minutes at most (SPEC_*_TIMEOUT: 200 + 200 + 80 s): one call, not in `all`.
 # Each part has its own time limit, so one that hangs does not take the others down.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -109,6 +113,16 @@ if [[ $what == *" router "* ]]; then
   part "routers: 2 workers sharing the GPU, round-robin vs cache-aware vs sglang-router (benchmarks/router.py)"
   timeout ${ROUTER_TIMEOUT:-360} $py benchmarks/router.py --device cuda --workers 2 ${ROUTER_ARGS:---requests 240 --rate 16} \
     2>&1 | tee "$OUT/router.txt"
+fi
+if [[ $what == *" spec "* ]]; then
+  part "speculative decoding on cuda (tests/test_speculative.py, torture aside)"
+  timeout ${SPEC_TESTS_TIMEOUT:-200} $py -m pytest -q -rfE --device cuda tests/test_speculative.py -k "not torture" \
+    2>&1 | tee "$OUT/spec_tests.txt"
+  part "speculative decoding: verify step vs decode step (benchmarks/spec_bench.py --gpu)"
+  timeout ${SPEC_GPU_TIMEOUT:-200} $py benchmarks/spec_bench.py --gpu --steps 10 2>&1 | tee "$OUT/spec_gpu.txt"
+  part "speculative decoding: bundled model on cuda, acceptance and batch-1 tokens/s"
+  timeout ${SPEC_BUNDLED_TIMEOUT:-80} $py benchmarks/spec_bench.py --device cuda --new-tokens 48 --repeat 2 \
+    2>&1 | tee "$OUT/spec_bundled.txt"
 fi
 if want suite; then
   part "whole suite and the judge's self-check on cuda, side by side"

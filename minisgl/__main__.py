@@ -75,6 +75,25 @@ def main(argv=None) -> int:
         help="let a prefill step carry the running requests' decode tokens (default off)",
     )
     s.add_argument(
+        "--speculative",
+        choices=["lookup", "draft"],
+        default=None,
+        help="speculative decoding: drafts from prompt lookup (each request's own tokens) or "
+        "from a draft model (--draft-model), verified by the model in one forward (default off)",
+    )
+    s.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="the most draft tokens verified per request and step (default 4)",
+    )
+    s.add_argument(
+        "--draft-model",
+        type=Path,
+        default=None,
+        help="the draft model's directory, with --speculative draft (it must share the tokenizer)",
+    )
+    s.add_argument(
         "--tp-size",
         type=int,
         default=None,
@@ -104,6 +123,8 @@ def main(argv=None) -> int:
         "schedule_policy": "schedule_policy",
         "optimistic_admission": "optimistic_admission",
         "mixed_batches": "mixed_batches",
+        "speculative": "speculative",
+        "num_speculative_tokens": "num_speculative_tokens",
         "tp_size": "tp_size",
     }
     engine = {
@@ -123,6 +144,10 @@ def main(argv=None) -> int:
         if not args.model.is_dir():
             parser.error(f"--model {args.model}: not a directory")
         server_args.model = args.model.resolve()
+    if args.draft_model is not None:
+        if not args.draft_model.is_dir():
+            parser.error(f"--draft-model {args.draft_model}: not a directory")
+        engine["draft_model"] = str(args.draft_model.resolve())
     return serve(server_args, log_level=args.log_level)
 
 

@@ -31,6 +31,12 @@ class SchedulerConfig(EngineConfig):
     # True: a prefill step carries the running requests' decode tokens too, under the one token
     # budget (load.py), so decoding goes on while a long prompt is chunked
     mixed_batches: bool = False
+    # speculative decoding (minisgl/scheduler/speculative.py): None (off), "lookup" (prompt lookup
+    # over each request's own tokens) or "draft" (a small model, `draft_model`, proposes); each
+    # decode step then verifies up to `num_speculative_tokens` drafted tokens per request
+    speculative: str | None = None
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -57,7 +63,21 @@ class SchedulerConfig(EngineConfig):
         for name in ("optimistic_admission", "mixed_batches"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        self._check_speculative()
         if self.overlap_scheduling is not None and not isinstance(self.overlap_scheduling, bool):
             raise TypeError(
                 f"overlap_scheduling must be True, False or None, got {self.overlap_scheduling!r}"
+            )
+
+    def _check_speculative(self) -> None:
+        kind, k = self.speculative, self.num_speculative_tokens
+        if kind not in (None, "lookup", "draft"):
+            raise ValueError(f"speculative must be 'lookup', 'draft' or None, got {kind!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
+            raise ValueError(f"num_speculative_tokens must be an integer in [1, 64], got {k!r}")
+        if kind == "draft" and self.draft_model is None:
+            raise ValueError("speculative='draft' needs draft_model, the draft model's directory")
+        if kind != "draft" and self.draft_model is not None:
+            raise ValueError(
+                f"draft_model is given but speculative is {kind!r}: pass speculative='draft'"
             )

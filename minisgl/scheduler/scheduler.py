@@ -48,13 +48,16 @@ from .io import SchedulerIO
 from .lifecycle import RequestLifecycle
 from .load import LoadPrefillManager, RetractingDecodeManager
 from .retract import Retraction
+from .speculative import SpeculativeSteps
 from .stops import StopChecker
 from .table import TableManager
 
 ForwardData = Tuple[ForwardInput, ForwardOutput]
 
 
-class Scheduler(GrammarSteps, RequestExtras, Intake, Retraction, RequestLifecycle, BatchInputs):
+class Scheduler(
+    SpeculativeSteps, GrammarSteps, RequestExtras, Intake, Retraction, RequestLifecycle, BatchInputs
+):
     def __init__(self, config: SchedulerConfig, io: SchedulerIO) -> None:
         self.config = config
         self.io = io
@@ -95,6 +98,7 @@ class Scheduler(GrammarSteps, RequestExtras, Intake, Retraction, RequestLifecycl
         self._deferred_slots: List[Tuple[int, int]] = []  # (table_idx, uid)
         self._step = 0
         self._prompt_parts: Dict[int, list] = {}  # uid -> prompt logprobs of its chunks so far
+        self._init_speculative()  # drafts and verify steps, when config.speculative asks
 
     # ------------------------------------------------------------------ scheduling
 
@@ -222,6 +226,8 @@ class Scheduler(GrammarSteps, RequestExtras, Intake, Retraction, RequestLifecycl
     def overlap_now(self) -> bool:
         """Whether this turn runs the overlap loop: `config.overlap_scheduling`, else the
         environment's switch (read at every turn: tests and notebooks flip it mid-run)."""
+        if self.drafter is not None:
+            return False  # a draft needs the last step's tokens on the host (speculative.py)
         overlap = self.config.overlap_scheduling
         return not ENV.DISABLE_OVERLAP_SCHEDULING if overlap is None else overlap
 
