@@ -237,7 +237,8 @@ class Batch:
     """The requests of one forward pass, and the tensors the scheduler prepared for it."""
 
     reqs: List[Req]
-    phase: Literal["prefill", "decode"]
+    # "verify": a decode step that also scores drafted tokens (speculative decoding, chapter 24)
+    phase: Literal["prefill", "decode", "verify"]
     # Filled in by the scheduler before the forward pass:
     input_ids: torch.Tensor | None = None  # gathered from the token pool on the engine stream
     positions: torch.Tensor | None = None

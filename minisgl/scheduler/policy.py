@@ -53,6 +53,9 @@ def order_queue(
         arrival order. Under "lpm" the rest go by cached tokens, most first; requests with equal
         matches keep arrival order; and a request whose `uncached_run` key (not None) an earlier
         one of the rest already has goes behind all the others, in arrival order.
+    Leaves: `pending` as it was (the order is a new list); the prefix cache holding the same
+        tokens (a match may split a node where it stops and stamps the nodes it walks as used, as
+        every match does).
     Raises: ValueError naming the policy when it is not one of POLICIES.
     Uses: `split_front`, `uncached_run`; `cache_manager.match_req` (ch08).
     Checked: the most cached first, ties in arrival order; FCFS past max_queue; a twin of an
