@@ -45,12 +45,14 @@ class Log:
         self.f.flush()
 
 
-def build_model(vocab: int, eos_id: int, attn_dropout: float) -> Qwen3ForCausalLM:
+def build_model(
+    vocab: int, eos_id: int, attn_dropout: float, layers: int = 6, intermediate: int = 768
+) -> Qwen3ForCausalLM:
     cfg = Qwen3Config(
         vocab_size=vocab,
         hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=6,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
         num_attention_heads=8,
         num_key_value_heads=4,
         head_dim=32,
@@ -68,6 +70,27 @@ def build_model(vocab: int, eos_id: int, attn_dropout: float) -> Qwen3ForCausalL
     # Flat copy for readers that look for the pre-v5 key; same value as rope_parameters.
     cfg.rope_theta = 10000.0
     return Qwen3ForCausalLM(cfg)
+
+
+def init_from(model: Qwen3ForCausalLM, source: Path, log: Log) -> None:
+    """Start a smaller model from a trained one: the embedding (tied to the output head), the
+    final norm and the first layers copied, so it starts from the target's token space."""
+    src = Qwen3ForCausalLM.from_pretrained(source, dtype=torch.float32).state_dict()
+    own = model.state_dict()
+    taken = {k: v for k, v in src.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(taken, strict=False)
+    log(f"init from {source}: {len(taken)} of {len(own)} tensors copied")
+
+
+def distill_loss(logits: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor, alpha: float):
+    """alpha * KL(teacher || student) at temperature 1 + (1 - alpha) * cross-entropy on the
+    data: the draft learns the target's whole next-token distribution, not just the data's
+    token, which is what raises greedy agreement (acceptance) for a small model."""
+    flat = logits.float().reshape(-1, logits.size(-1))
+    ce = F.cross_entropy(flat, y.reshape(-1))
+    t = F.log_softmax(teacher.float().reshape(-1, teacher.size(-1)), dim=-1)
+    kl = F.kl_div(F.log_softmax(flat, dim=-1), t, log_target=True, reduction="batchmean")
+    return alpha * kl + (1 - alpha) * ce
 
 
 def add_dropout_hooks(model: Qwen3ForCausalLM, p: float) -> None:
@@ -112,7 +135,21 @@ def main() -> None:
     )
     ap.add_argument("--max-seconds", type=float, default=0, help="wall-clock cap (0 = none)")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--layers", type=int, default=6, help="decoder layers (hidden stays 256)")
+    ap.add_argument("--intermediate", type=int, default=768, help="MLP width")
+    ap.add_argument("--init-from", type=Path, help="trained model to copy matching tensors from")
+    ap.add_argument(
+        "--distill-from", type=Path, help="teacher model: train on KL to its logits (T = 1)"
+    )
+    ap.add_argument(
+        "--distill-alpha", type=float, default=1.0, help="weight of the KL term (rest: CE)"
+    )
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not 0.0 <= args.distill_alpha <= 1.0:
+        ap.error(f"--distill-alpha must be in [0, 1], got {args.distill_alpha}")
 
     args.out.mkdir(parents=True, exist_ok=True)
     log = Log(args.out / "train.log")
@@ -130,7 +167,19 @@ def main() -> None:
     val = torch.from_numpy(np.load(args.data / "val.npy").astype(np.int64)).to(dev)
     log(f"tokens: train {train.numel():,}  val {val.numel():,}  vocab {len(tok)}  eos {eos_id}")
 
-    model = build_model(len(tok), eos_id, args.attn_dropout).to(dev)
+    model = build_model(len(tok), eos_id, args.attn_dropout, args.layers, args.intermediate)
+    if args.init_from:
+        init_from(model, args.init_from, log)
+    model = model.to(dev)
+    teacher = None
+    if args.distill_from:
+        teacher = Qwen3ForCausalLM.from_pretrained(args.distill_from, dtype=torch.float32)
+        teacher = teacher.to(dev).eval().requires_grad_(False)
+        if teacher.config.vocab_size != len(tok):
+            raise SystemExit(
+                f"teacher vocab {teacher.config.vocab_size} != tokenizer vocab {len(tok)}"
+            )
+        log(f"distilling from {args.distill_from} (alpha {args.distill_alpha})")
     n_params = sum(p.numel() for p in model.parameters())  # tied: embedding counted once
     log(f"parameters: {n_params:,}")
     add_dropout_hooks(model, args.dropout)
@@ -245,7 +294,13 @@ def main() -> None:
         x, y = batch(gen)
         with autocast():
             logits = model(input_ids=x).logits
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
+            if teacher is not None:
+                with torch.no_grad():
+                    teacher_logits = teacher(input_ids=x).logits
+        if teacher is None:
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
+        else:
+            loss = distill_loss(logits, teacher_logits, y, args.distill_alpha)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -1,0 +1,354 @@
+"""A draft model as a drafter: a small model that shares the target's tokenizer proposes k tokens
+greedily, each request's KV kept in the draft's own paged cache between steps.
+
+The draft runs in an `Engine` of its own (its model, KV pool, page table and Context; Context's
+forward_batch makes it the global context only while a draft forward runs, so the target's layers
+never see the draft's cache). It does not go through the scheduler: the drafter is its own small
+cache manager. Per request (keyed by `req.uid`) it keeps a slot (a page-table row), the pages it
+holds and the tokens whose KV those pages hold.
+
+`propose(reqs, k)` compares each request's cached tokens with `req.input_ids` (the prompt and every
+accepted token): the longest common prefix is kept, the rest rolled back (pages past it return to
+the free list, a rejected draft leaves nothing behind), what is missing runs as one batched extend
+over all requests, and k - 1 batched greedy decode steps follow. The draft is greedy, so its
+proposal is deterministic (draft_probs None for the verifier) and the target's verification stays
+exact.
+
+The draft KV is a cache, never the truth: a request's tokens can always be run again. So when the
+pool or the slots run short, requests not in the current call lose theirs (least recently used
+first) instead of failing the step.
+
+Under tensor parallelism the draft runs unsharded on every rank (tp_size 1, on the rank's own
+device): it is small, each rank gets the same tokens and runs the same greedy computation, and no
+collective is needed between draft steps.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import List
+
+import torch
+
+from minisgl.attention import prepare_metadata
+from minisgl.core import Batch, Req, current_ctx, set_global_ctx
+from minisgl.engine import Engine, EngineConfig
+from minisgl.models import ModelConfig
+from minisgl.models.tokenizer import load_tokenizer
+
+
+def check_draft_matches_target(draft_path: str | Path, target_path: str | Path) -> None:
+    """Refuse a draft whose token ids mean something else than the target's: the target verifies
+    the draft's ids as its own, so a different vocabulary gives nonsense (or out-of-range ids).
+    Both configs' vocab_size must be equal and both tokenizer.json files must map every token to
+    the same id (Qwen3 0.6B..32B share one, for instance)."""
+    draft, target = ModelConfig.from_dir(draft_path), ModelConfig.from_dir(target_path)
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"draft model {draft_path} has a vocabulary of {draft.vocab_size} tokens and the "
+            f"target {target_path} one of {target.vocab_size}: a draft model must share the "
+            "target's tokenizer"
+        )
+    draft_tok, target_tok = load_tokenizer(draft_path), load_tokenizer(target_path)
+    if draft_tok is None or target_tok is None:
+        missing = draft_path if draft_tok is None else target_path
+        raise ValueError(
+            f"{missing} has no tokenizer.json: a draft model's tokenizer must be compared with the "
+            "target's before the target verifies its ids"
+        )
+    draft_vocab = draft_tok.get_vocab(with_added_tokens=True)
+    target_vocab = target_tok.get_vocab(with_added_tokens=True)
+    if draft_vocab != target_vocab:
+        differing = sorted(set(draft_vocab.items()) ^ set(target_vocab.items()), key=str)[0]
+        raise ValueError(
+            f"draft model {draft_path} and target {target_path} have different tokenizers "
+            f"({len(draft_vocab)} and {len(target_vocab)} entries; token {differing[0]!r} is id "
+            f"{draft_vocab.get(differing[0])} in the draft, {target_vocab.get(differing[0])} in "
+            "the target): a draft model must share the target's tokenizer"
+        )
+
+
+@dataclass(eq=False)
+class _Cached:
+    """What the draft keeps for one request: its page-table row, its pages (in position order)
+    and the tokens whose KV they hold (positions 0..len-1)."""
+
+    row: int
+    pages: List[int] = field(default_factory=list)
+    tokens: List[int] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Pass:
+    """One request in one draft forward, in the form `prepare_metadata` reads (the lengths before
+    the pass, like a scheduler's Req)."""
+
+    table_idx: int
+    cached_len: int
+    device_len: int
+    is_chunk = False
+
+    @property
+    def extend_len(self) -> int:
+        return self.device_len - self.cached_len
+
+
+def common_prefix_len(a: List[int], b: List[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class DraftModelDrafter:
+    """Greedy proposals from a small model with its own paged KV (the Drafter protocol of
+    minisgl/speculative/drafter.py).
+
+    `target_config`: the target engine's EngineConfig; the draft takes its device, dtype, page
+    size, number of request slots, attention backend and graph settings, and checks that the two
+    models share a tokenizer. `num_tokens`: the draft's KV pool in tokens (default: the target's
+    pool when fixed by num_page_override, else cpu_kv_tokens). `max_seq_len`: the longest request
+    the draft keeps (default: the target's max_seq_len_override, else the draft's own limit); a
+    request that outgrows it gets fewer (or no) draft tokens."""
+
+    def __init__(
+        self,
+        draft_model_path: str | Path,
+        target_config: EngineConfig,
+        *,
+        num_tokens: int | None = None,
+        max_seq_len: int | None = None,
+    ) -> None:
+        if not isinstance(target_config, EngineConfig):
+            raise TypeError(
+                "target_config must be the target's EngineConfig, got "
+                f"{type(target_config).__name__}"
+            )
+        draft = ModelConfig.from_dir(draft_model_path)
+        if draft.hybrid is not None:
+            raise ValueError(
+                f"draft model {draft_model_path} is {draft.architecture} (Gated DeltaNet layers): "
+                "its recurrent state is rewritten in place at each token, so a rejected draft "
+                "could not be rolled back to the accepted prefix; use a draft with attention "
+                "layers only"
+            )
+        check_draft_matches_target(draft_model_path, target_config.model_path)
+        page_size = target_config.page_size
+        if num_tokens is None:
+            fixed = target_config.num_page_override
+            num_tokens = fixed * page_size if fixed is not None else target_config.cpu_kv_tokens
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
+            raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
+        limit = draft.max_position_embeddings
+        if max_seq_len is None:
+            max_seq_len = target_config.max_seq_len_override
+        if max_seq_len is not None:
+            max_seq_len = min(max_seq_len, limit)  # the draft's RoPE goes no further
+        # only the engine's fields: a SchedulerConfig (what the LLM passes) carries more
+        engine_fields = {f.name: getattr(target_config, f.name) for f in fields(EngineConfig)}
+        engine_fields.update(
+            model_path=draft_model_path,
+            device=_this_rank_device(target_config.device),
+            num_page_override=-(-num_tokens // page_size),
+            max_seq_len_override=max_seq_len,
+            tp_size=1,  # unsharded on every rank: see the module's docstring
+        )
+        self.engine = _build_quietly(EngineConfig(**engine_fields))
+        self.page_size = page_size
+        self.max_seq_len = self.engine.max_seq_len
+        self.device = self.engine.device
+        self.free_pages: List[int] = list(range(self.engine.num_pages))
+        self.free_rows: List[int] = list(range(target_config.max_running_req))
+        # uid -> what is cached for it, least recently proposed for first
+        self.cached: OrderedDict[int, _Cached] = OrderedDict()
+
+    # ------------------------------------------------------------------ the protocol
+
+    @torch.inference_mode()
+    def propose(self, reqs: List[Req], k: int) -> List[List[int]]:
+        """Up to k greedy draft tokens per request (fewer only where the draft's context ends)."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"k (draft tokens per request) must be an integer >= 0, got {k!r}")
+        uids = [r.uid for r in reqs]
+        if len(set(uids)) != len(uids):
+            raise ValueError(f"propose got the same request twice: uids {uids}")
+        out: List[List[int]] = [[] for _ in reqs]
+        if k == 0:
+            return out
+        # (index in reqs, its cache entry, its tokens, how many tokens it drafts)
+        work = []
+        for i, req in enumerate(reqs):
+            tokens = req.input_ids.tolist()
+            budget = min(k, self.max_seq_len - len(tokens) + 1)  # draft j sits at len + j - 1
+            if budget > 0 and tokens:
+                work.append((i, tokens, budget))
+        if not work:
+            return out
+        uids = [reqs[i].uid for i, _, _ in work]
+        entries = self._entries(uids)
+        for entry, (_, tokens, _) in zip(entries, work):
+            # The last token runs again even when cached: its logits give the first draft.
+            self._roll_back(entry, min(common_prefix_len(entry.tokens, tokens), len(tokens) - 1))
+        self._reserve(entries, [len(t) + b - 1 for _, t, b in work], busy=set(uids))
+
+        # One extend over every request, then decode steps over those still drafting. Each step's
+        # tokens stay on the device as a [len(work)] column and feed the next step directly.
+        passes = [_Pass(e.row, len(e.tokens), len(t)) for e, (_, t, _) in zip(entries, work)]
+        ids = [x for e, (_, t, _) in zip(entries, work) for x in t[len(e.tokens) :]]
+        ids = torch.tensor(ids, dtype=torch.int32).to(self.device)
+        drafted = [self._forward(passes, ids, "prefill")]
+        live = list(range(len(work)))
+        for j in range(1, k):
+            live = [w for w in live if work[w][2] > j]
+            if not live:
+                break
+            ids = drafted[-1].index_select(0, torch.tensor(live).to(self.device))
+            passes = []
+            for w in live:
+                position = len(work[w][1]) + j - 1  # of draft j, whose KV this step writes
+                passes.append(_Pass(entries[w].row, position, position + 1))
+            drafted.append(_scatter_back(self._forward(passes, ids, "decode"), live, len(work)))
+        table = torch.stack(drafted, dim=1).tolist()  # one copy to the host for the whole call
+        for w, (i, tokens, budget) in enumerate(work):
+            out[i] = table[w][:budget]
+            # KV now held: the tokens and every draft but the last (which was never run)
+            entries[w].tokens = tokens + out[i][:-1]
+        return out
+
+    def release(self, req: Req) -> None:
+        """Free the request's pages and slot; a uid never proposed for holds nothing."""
+        entry = self.cached.pop(req.uid, None)
+        if entry is not None:
+            self._roll_back(entry, 0)
+            self.free_rows.append(entry.row)
+
+    # ------------------------------------------------------------------ sizes (tests, reports)
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self.free_pages)
+
+    @property
+    def num_pages(self) -> int:
+        return self.engine.num_pages
+
+    # ------------------------------------------------------------------ the cache
+
+    def _entries(self, uids: List[int]) -> List[_Cached]:
+        """Each uid's entry, most recently used now; a new uid takes a free row, or the row of the
+        least recently used request not in this call (whose KV is only a cache)."""
+        entries = []
+        for uid in uids:
+            entry = self.cached.get(uid)
+            if entry is None:
+                if not self.free_rows:
+                    self._drop_idle(set(uids), rows=True)
+                if not self.free_rows:
+                    raise RuntimeError(
+                        f"draft model: {len(uids)} requests in one propose but only "
+                        f"{self.engine.config.max_running_req} slots (max_running_req)"
+                    )
+                entry = self.cached[uid] = _Cached(self.free_rows.pop())
+            self.cached.move_to_end(uid)
+            entries.append(entry)
+        return entries
+
+    def _roll_back(self, entry: _Cached, keep: int) -> None:
+        """Keep the KV of the first `keep` tokens; pages past them go back to the free list."""
+        held = -(-keep // self.page_size)
+        self.free_pages.extend(entry.pages[held:])
+        del entry.pages[held:]
+        del entry.tokens[keep:]
+
+    def _drop_idle(self, busy: set, rows: bool = False, pages_needed: int = 0) -> None:
+        """Free the KV (and with `rows` the slot) of requests not in `busy`, least recently used
+        first, until a row is free or `pages_needed` pages are."""
+        for uid in list(self.cached):
+            if uid in busy:
+                continue
+            if rows and self.free_rows:
+                return
+            if not rows and len(self.free_pages) >= pages_needed:
+                return
+            entry = self.cached[uid]
+            self._roll_back(entry, 0)
+            if rows:
+                del self.cached[uid]
+                self.free_rows.append(entry.row)
+
+    def _reserve(self, entries: List[_Cached], lengths: List[int], busy: set) -> None:
+        """Pages for every position up to each request's final length in this call, written into
+        the page table in one go (the decode steps then only read locations)."""
+        p = self.page_size
+        wanted = [-(-n // p) - len(e.pages) for e, n in zip(entries, lengths)]
+        need = sum(w for w in wanted if w > 0)
+        if need > len(self.free_pages):
+            self._drop_idle(busy, pages_needed=need)
+        if need > len(self.free_pages):
+            raise RuntimeError(
+                f"draft model: out of KV pages: this propose needs {need}, {len(self.free_pages)} "
+                f"are free of {self.engine.num_pages} (raise num_tokens)"
+            )
+        rows, cols, locs = [], [], []
+        for e, n, w in zip(entries, lengths, wanted):
+            start = len(e.tokens)
+            if w > 0:
+                e.pages.extend(self.free_pages[:w])
+                del self.free_pages[:w]
+            for pos in range(start, n):
+                rows.append(e.row)
+                cols.append(pos)
+                locs.append(e.pages[pos // p] * p + pos % p)
+        if rows:
+            index = (
+                torch.tensor(rows, dtype=torch.int64).to(self.device),
+                torch.tensor(cols, dtype=torch.int64).to(self.device),
+            )
+            self.engine.page_table[index] = torch.tensor(locs, dtype=torch.int32).to(self.device)
+
+    # ------------------------------------------------------------------ one forward
+
+    def _forward(self, passes: List[_Pass], ids: torch.Tensor, phase: str) -> torch.Tensor:
+        """The greedy next token [B] (int32, on the device) after each pass's last token."""
+        rows = torch.cat([torch.full((q.extend_len,), q.table_idx) for q in passes])
+        cols = torch.cat([torch.arange(q.cached_len, q.device_len) for q in passes])
+        batch = Batch(reqs=passes, phase=phase)
+        batch.input_ids = ids
+        batch.positions = cols.to(self.device)
+        batch.out_loc = self.engine.page_table[rows.to(self.device), batch.positions].to(
+            torch.int64
+        )
+        batch.attn_metadata = prepare_metadata(batch, self.engine.page_table, self.device)
+        logits = self.engine.run_model(batch)
+        return logits.argmax(dim=-1).to(torch.int32)
+
+
+def _scatter_back(tokens: torch.Tensor, live: List[int], total: int) -> torch.Tensor:
+    """[len(live)] tokens as a [total] column (rows not drafting this step hold -1)."""
+    if len(live) == total:
+        return tokens
+    column = torch.full((total,), -1, dtype=tokens.dtype, device=tokens.device)
+    column[torch.tensor(live, dtype=torch.int64).to(tokens.device)] = tokens
+    return column
+
+
+def _this_rank_device(device: str) -> str:
+    """Under tensor parallelism "cuda" means this rank's GPU (rank_device set it current)."""
+    if device == "cuda" and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return f"cuda:{torch.cuda.current_device()}"
+    return device
+
+
+def _build_quietly(config: EngineConfig) -> Engine:
+    """The draft's Engine, leaving the process as the target's engine set it: building an engine
+    makes its context the global one and applies its thread policy (1 thread for a small model on
+    a CPU, which would slow a larger target that chose more)."""
+    context, threads = current_ctx(), torch.get_num_threads()
+    try:
+        return Engine(config)
+    finally:
+        set_global_ctx(context)
+        torch.set_num_threads(threads)
