@@ -147,8 +147,9 @@ TP_TIMEOUT = Setting(
 
 API_KEY = Setting(
     "MINISGL_API_KEY",
-    "the key `python -m minisgl serve` requires as `Authorization: Bearer KEY` on /v1/*, /tokenize, "
-    "/detokenize and the server and model info routes (`--api-key` overrides it; unset: no key)",
+    "the key `python -m minisgl serve` requires as `Authorization: Bearer KEY` on /v1/*, "
+    "/tokenize, /detokenize and the server and model info routes (`--api-key` overrides it; "
+    "unset: no key)",
 )
 
 # ---------------------------------------------------------------------- the tests' settings

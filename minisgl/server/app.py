@@ -17,8 +17,8 @@ What a request may hold, and what is refused rather than ignored, is in openai_a
 list of prompts give several choices, each a request of its own in the engine (choices.py).
 Response ids are random (`cmpl-<uuid4 hex>`), unique across restarts; the engine's uids stay
 inside. With `--api-key` (or MINISGL_API_KEY), /v1/*, /tokenize, /detokenize and the server and
-model info routes need `Authorization: Bearer <key>` (else a 401 with code "invalid_api_key"); /health, /metrics and
-/debug stay open, for probes and scrapers.
+model info routes need `Authorization: Bearer <key>` (else a 401 with code "invalid_api_key");
+/health, /metrics and /debug stay open, for probes and scrapers.
 
 Errors have the OpenAI API's body, {"error": {"message", "type", "param", "code"}}: 400 for a
 request that is wrong (bad JSON too: the OpenAI API answers 400, and its clients expect it, where
