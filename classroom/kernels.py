@@ -18,9 +18,12 @@ from typing import Iterator, List, Sequence
 import torch
 
 from .interpreter_bf16 import fix_bf16_dot
+from .interpreter_tf32 import honour_tf32_dot
 
-# on a CPU, the try-outs' bfloat16 scenes need the interpreter's tl.dot to multiply numbers
+# on a CPU, the try-outs' bfloat16 scenes need the interpreter's tl.dot to multiply numbers, and a
+# tl.dot left in TF32 must round as a GPU's does
 fix_bf16_dot()
+honour_tf32_dot()
 
 
 def _forget_compiled(module) -> None:
@@ -163,6 +166,11 @@ def largest_difference(got: torch.Tensor, want: torch.Tensor) -> float:
 # Why a kernel's output holds NaN or inf where the answer is a number: each of these makes one.
 NAN_CAUSES = "a masked location's value read, exp overflowing, or -inf minus -inf"
 
+# A float32 result off by this much, and no more, is what TF32 products give: each float32 operand
+# keeps 10 of its 23 mantissa bits, about 1e-3 relative, where full float32 products stay near 1e-6.
+TF32_SIZED = (2e-5, 5e-3)
+TF32_CAUSE = "TF32-sized: float32 caches need IEEE products, not tl.dot's TF32 default"
+
 
 def _place(index: Sequence[int], new: Sequence[int] | None) -> str:
     """Where a value of a [tokens, heads, dim] output is: its request (and new token), its head."""
@@ -183,6 +191,7 @@ def difference_note(got: torch.Tensor, want: torch.Tensor, new: Sequence[int] | 
     the requests' new tokens of a prefill (None for a decode, one token a request)."""
     if got.shape != want.shape:
         return f"shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    got_dtype = got.dtype
     got, want = got.detach().float().cpu(), want.detach().float().cpu()
     bad = ~torch.isfinite(got) & torch.isfinite(want)
     if bad.any():
@@ -194,6 +203,10 @@ def difference_note(got: torch.Tensor, want: torch.Tensor, new: Sequence[int] | 
             f"{' and '.join(kinds)} in {int(bad.sum())} of {got.numel()} values, the first at "
             f"{_place(first, new)} (possible causes: {NAN_CAUSES})"
         )
+    float32 = got_dtype == torch.float32
     diff = (got - want).abs()
     where = torch.nonzero(diff == diff.max())[0].tolist()
-    return f"largest difference {float(diff.max()):.3g}, at {_place(where, new)}"
+    note = f"largest difference {float(diff.max()):.3g}, at {_place(where, new)}"
+    if float32 and TF32_SIZED[0] < float(diff.max()) < TF32_SIZED[1]:
+        note += f" ({TF32_CAUSE})"
+    return note

@@ -98,9 +98,11 @@ def _stopped(raised: BaseException, tryout: FrameType) -> str:
     said = (str(root).strip().splitlines() or [""])[0][:200]
     what = f"{type(root).__name__}: {said}" if said else type(root).__name__
     # the deepest line of the notebook's own code (its cells share a folder) in any exception of
-    # the chain: the learner's function, or the try-out itself
+    # the chain, the error shown first (a jitted helper's line, not the try-out's launch that
+    # Triton's InterpreterError was raised at): the learner's function, or the try-out itself
     where = None
-    for e in _chain(raised):
+    shown_first = _chain(root)
+    for e in shown_first + [e for e in _chain(raised) if e not in shown_first]:
         for f, n in _frames(e.__traceback__):
             if os.path.dirname(f.f_code.co_filename) == os.path.dirname(cell):
                 where = (f, n)

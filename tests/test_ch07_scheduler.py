@@ -135,6 +135,7 @@ class IndicesCopiedOnTheSchedulerStream(LLM):
 
     def _prepare_batch(self, batch):
         fi = super()._prepare_batch(batch)
+        self._check_prepared(fi, batch)  # a field left unset is _prepare_batch's, not the wait's
         # each tensor once (batch.positions may be input_tuple[1] itself)
         tensors = list(
             {
@@ -449,6 +450,17 @@ def test_a_prompt_whose_start_is_cached_is_prefilled_from_where_the_cache_ends(p
     assert_all_returned(llm)
 
 
+def _first_difference(got: List[int], want: List[int]) -> str:
+    """Where a request's tokens first leave Hugging Face's, with both up to just past there."""
+    pos = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    what = (
+        f"token {pos} is {got[pos]}, Hugging Face gives {want[pos]}"
+        if pos < min(len(got), len(want))
+        else f"{len(got)} tokens, Hugging Face gives {len(want)}"
+    )
+    return f"{what} (got {got[: pos + 3]}, expected {want[: pos + 3]})"
+
+
 def test_each_request_is_sampled_with_its_own_settings():
     """A batch mixing greedy and sampled requests: the greedy ones still match Hugging Face, and
     the sampled one is really sampled (at temperature 5, eight argmax tokens in a row do not
@@ -466,8 +478,8 @@ def test_each_request_is_sampled_with_its_own_settings():
                 )
             else:
                 assert out[i] == ref[i], (
-                    f"greedy request {i} in a batch with a sampled one got {out[i][:4]}..., "
-                    f"Hugging Face gives {ref[i][:4]}..."
+                    f"greedy request {i}, in a batch with a sampled one: "
+                    f"{_first_difference(out[i], ref[i])}"
                 )
 
 
@@ -577,8 +589,13 @@ def test_generate_with_text_prompts():
             "text should decode token_ids"
         )
     single = llm.generate(PROMPT_TEXTS[1], greedy(6))  # one prompt, not in a list
-    assert len(single) == 1 and single[0]["token_ids"] == ref[1], (
-        "a single prompt (not in a list) gives one output"
+    assert len(single) == 1, f"a single prompt (not in a list) gives one output, got {len(single)}"
+    # the same prompt a second time: its start is now in the prefix cache, so this prefill starts
+    # at cached_len, not at position 0, in whatever slot the request got
+    got = single[0]["token_ids"]
+    assert got == ref[1], (
+        "the same prompt again, its start now in the prefix cache (its tokens are read from "
+        f"cached_len on, in its own slot's row): {_first_difference(got, ref[1])}"
     )
 
 

@@ -322,19 +322,37 @@ def test_a_frame_is_a_json_array_of_messages():
     "frame,words",
     [
         (b"\xff\xfe", "JSON"),
+        (b"\x80", "JSON"),
+        (b'["\xe2\x82', "JSON"),
+        ("[]".encode("utf-16"), "JSON"),
+        ("[]".encode("utf-32"), "JSON"),
         (b"{not json", "JSON"),
         (b'{"__msg__": "AbortMsg", "uid": 1}', "array"),
         (b'[{"__msg__": "AbortMsg", "uid": 1}, {"uid": 1}]', "not a message"),
         (b"[3]", "not a message"),
         (b'[{"__msg__": "Shutdown", "uid": 1}]', "Shutdown"),
     ],
-    ids=["not UTF-8", "not JSON", "not an array", "a dict", "a number", "unknown type"],
+    ids=[
+        "not UTF-8 (a UTF-16 mark)",
+        "not UTF-8 (a lone continuation byte)",
+        "not UTF-8 (a character cut short)",
+        "JSON in UTF-16",
+        "JSON in UTF-32",
+        "not JSON",
+        "not an array",
+        "a dict",
+        "a number",
+        "unknown type",
+    ],
 )
 def test_a_bad_frame_is_refused_naming_the_problem(frame, words):
     with pytest.raises(ValueError) as err:
         decode_batch(frame)
         pytest.fail(f"decode_batch({frame!r}) returned, expected a ValueError naming {words!r}")
-    assert words in str(err.value), f"the ValueError should name {words!r}, said {err.value}"
+    assert words in str(err.value), (
+        f"decode_batch({frame!r}) raised {type(err.value).__name__}: {err.value}; "
+        f"the ValueError should name {words!r}"
+    )
 
 
 def test_the_live_server_answers_with_this_code():

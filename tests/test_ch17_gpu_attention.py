@@ -24,6 +24,7 @@ from extras import module_needs_extra
 pytestmark = module_needs_extra("triton")  # before the imports that need it
 
 from classroom.interpreter_bf16 import fix_bf16_dot  # noqa: E402
+from classroom.interpreter_tf32 import honour_tf32_dot  # noqa: E402
 from classroom.kernels import difference_note  # noqa: E402
 from helpers import test_device  # noqa: E402
 from minisgl.attention import TorchAttentionBackend, prepare_metadata  # noqa: E402
@@ -35,6 +36,7 @@ from minisgl.kvcache import KVCache  # noqa: E402
 
 DIM = 16  # the smallest head the kernels take: one tensor-core tile
 fix_bf16_dot()  # on a CPU: the interpreter's bfloat16 tl.dot multiplies numbers, not their bits
+honour_tf32_dot()  # on a CPU: a tl.dot left in TF32 rounds its operands as a GPU does
 TOL = dict(atol=2e-5, rtol=2e-5)
 
 
@@ -189,17 +191,33 @@ def test_the_default_split_count_depends_on_the_batch_alone():
     assert num_splits(3, 2) == num_splits(4, 2)  # a batch padded to 4 for a CUDA graph splits alike
 
 
+MERGE_OVERFLOWS = (
+    "one slice gives the right attention, so the merge of the slices is what fails: "
+    "combine_splits' weights must stay finite for lse in the hundreds"
+)
+
+
+def _large_scores_rule(rule: str, splits: int, one_slice_right: bool) -> str:
+    """The rule a large-scores decode breaks: the online softmax's, unless one slice (no merge)
+    was right and more slices are not, which blames combine_splits, not the running maximum."""
+    return MERGE_OVERFLOWS if splits > 1 and one_slice_right else rule
+
+
 def test_decode_with_large_scores_rescales_by_the_running_max():
     # scores of a few hundred: exp of one overflows float32, so each block and each slice must
     # be weighted relative to a maximum; the largest scores sit in the last keys (a later block,
     # a later slice), where the running maximum changes
     scene = Scene([90, 50], 1, 2, seed=3, key_scale=4.0)
     q = scene.queries(2, 4, scale=12.0)
+    want = decode_reference(scene, q)
+    one_slice_right = False
     for splits in (1, 4):
         got = decode(scene, q, splits)
         case = _case("decode", scene, 4, 2, 1, splits) + ", scores up to a few hundred"
         rule = "the largest scores come last: rescaled to each new running maximum"
-        assert_attention(got, decode_reference(scene, q), case, rule, tol=1e-4)
+        rule = _large_scores_rule(rule, splits, one_slice_right)
+        assert_attention(got, want, case, rule, tol=1e-4)
+        one_slice_right = True
 
 
 def test_decode_with_the_largest_scores_first_keeps_the_running_max():
@@ -209,6 +227,8 @@ def test_decode_with_the_largest_scores_first_keeps_the_running_max():
     scene = Scene([90, 50], 1, 1, seed=3)
     scene.k_cache[scene.locations[0][:10]] *= 6.0
     q = scene.queries(2, 2, scale=12.0)
+    want = decode_reference(scene, q)
+    one_slice_right = False
     for splits in (1, 2):  # 2 slices: request 0's first slice is two blocks
         got = decode(scene, q, splits)
         case = _case("decode", scene, 2, 1, 1, splits) + ", scores up to a few hundred"
@@ -216,7 +236,9 @@ def test_decode_with_the_largest_scores_first_keeps_the_running_max():
             "the largest scores come first: the running maximum is the larger of the old one "
             "and the block's"
         )
-        assert_attention(got, decode_reference(scene, q), case, rule, tol=1e-4)
+        rule = _large_scores_rule(rule, splits, one_slice_right)
+        assert_attention(got, want, case, rule, tol=1e-4)
+        one_slice_right = True
 
 
 def test_decode_of_a_slice_whose_keys_outweigh_the_others():

@@ -396,3 +396,44 @@ def test_a_tryout_helper_that_raises_is_named_as_the_tryouts(tmp_path):
         "✘ a dead worker is seen: the try-out stopped on TimeoutError, raised at the try-out's "
         "line 6: raise asyncio.TimeoutError() from e",
     ]
+
+
+class InterpreterError(Exception):
+    """As Triton's interpreter names the error it re-raises a kernel's exception as."""
+
+
+def _interpret(kernel, *args):
+    # as Triton's runtime, outside the notebook's folder: the kernel's error re-raised from it
+    try:
+        return kernel(*args)
+    except Exception as e:
+        raise InterpreterError(repr(e)) from e
+
+
+def test_a_jitted_helpers_error_names_the_helpers_line_not_the_launch(tmp_path):
+    import contextlib
+    import io
+    import textwrap
+
+    from classroom.tryout import attempt, check
+
+    cell = tmp_path / "cell.py"
+    cell.write_text(
+        textwrap.dedent(
+            """\
+            def step(x):
+                return x.sum(axis=7)
+            with attempt("ch99.step"):
+                out = launch(step, 3)
+                check("the step runs", True)
+            """
+        )
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        namespace = {"attempt": attempt, "check": check, "launch": _interpret}
+        exec(compile(cell.read_text(), str(cell), "exec"), namespace)
+    assert out.getvalue().splitlines() == [
+        "✘ the step runs: the try-out stopped on AttributeError: 'int' object has no attribute "
+        "'sum', raised at your step's line 2: return x.sum(axis=7)",
+    ]

@@ -54,7 +54,8 @@ def online_softmax_step(
         (float32 caches). Called by the decode and prefill kernels, once per key block.
     Returns: (m_new, l_i, acc) describing the keys so far including this block, as if their
         softmax had been taken at once: acc / l_i is then their attention.
-    Leaves: the value cache as it was; a key not in n_ok adds nothing (its value is never read).
+    Leaves: the value cache as it was; a key not in n_ok adds nothing (its value counts as 0,
+        whatever its location holds: masked in the load, or replaced after it).
     Uses: `tl.maximum`, `tl.max`, `tl.exp`, `tl.sum`, `tl.load` with a mask, `block_dot`.
     Checked: against float64 torch attention for 1 to 70 keys (up to three blocks), GQA 1/2/8,
         pages of 1 and 4, 1 to 16 slices, scores in the hundreds with the largest in the last

@@ -55,12 +55,15 @@ def decode_batch(frame: bytes) -> List[Any]:
     Uses: `json.loads` with `object_hook=revive` (ch12), `MESSAGE_TYPES`.
     Checked: every message comes back equal through `encode_batch`, in order; each bad frame is
         refused with a ValueError whose text says which rule it breaks: "JSON" for bytes that are
-        not UTF-8 JSON, "array" for JSON that is not an array, "not a message" for an item that is
-        not one; revive's own refusals (an unknown type, SamplingParams' TypeError for a field
-        it does not know) pass through as they are.
+        not UTF-8 JSON (UTF-16 or UTF-32 JSON included: a frame is UTF-8), "array" for JSON that
+        is not an array, "not a message" for an item that is not one; revive's own refusals (an
+        unknown type, SamplingParams' TypeError for a field it does not know) pass through as
+        they are.
     """
     try:
-        items = json.loads(frame, object_hook=revive)
+        # Decoded here, not by json.loads: given bytes, it also reads UTF-16 and UTF-32, and a
+        # frame (encode_batch's output) is UTF-8 and nothing else.
+        items = json.loads(frame.decode("utf-8"), object_hook=revive)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"a message frame must be JSON: {e}") from None
     if not isinstance(items, list):

@@ -10,6 +10,9 @@ from minisgl.attention import prepare_metadata
 from minisgl.core import Batch
 from minisgl.engine import BatchSamplingArgs, ForwardInput
 
+# the batch fields the model reads, which `_prepare_batch` fills in
+PREPARED = ("positions", "out_loc", "attn_metadata")
+
 
 class BatchInputs:
     """A mixin of Scheduler (`self` is the scheduler)."""
@@ -24,11 +27,11 @@ class BatchInputs:
             positions), int64 on the device, one entry per processed token in batch order: where
             each token's id is read in the token pool. write_tuple = (rows, columns), one per
             request: its row and column device_len, where its sample goes (a chunk's:
-            `self.engine.dummy_row`, column 0). sample_args: each request's sampling settings, in
-            batch order.
+            `self.engine.dummy_row`, any column; the reference writes 0). sample_args: each
+            request's sampling settings, in batch order.
         Leaves: KV locations of the new positions allocated in the page table; `batch.positions`,
             `batch.out_loc` (the page-table entry of every processed token, int64) and
-            `batch.attn_metadata` filled in.
+            `batch.attn_metadata` filled in, both read from the page table after the allocation.
         Uses: `self.cache_manager.allocate_paged` (ch08), `self.page_table` (ch04),
             `self.engine.kit.to_device`, `self.engine.dummy_row`, `ForwardInput` (ch06),
             `prepare_metadata` (ch05), `BatchSamplingArgs.from_params` (ch06), `req.is_chunk`
@@ -72,3 +75,20 @@ class BatchInputs:
             [r.sampling_params for r in batch.reqs], self.vocab_size, self.device
         )
         return ForwardInput(batch, args, input_tuple, write_tuple)
+
+    def _check_prepared(self, forward_input: ForwardInput, batch: Batch) -> None:
+        """What `_prepare_batch` must leave, checked where the scheduler takes its result: a field
+        left unset would otherwise fail deep inside the model ("'NoneType' object has no
+        attribute 'clone'"), naming neither the field nor the function that should have set it."""
+        if not isinstance(forward_input, ForwardInput):
+            raise TypeError(
+                f"_prepare_batch returned {type(forward_input).__name__}, expected a ForwardInput "
+                "(batch, sample_args, input_tuple, write_tuple)"
+            )
+        unset = [f"batch.{name}" for name in PREPARED if getattr(batch, name, None) is None]
+        if unset:
+            raise ValueError(
+                f"_prepare_batch left {', '.join(unset)} unset (None): it fills in "
+                "batch.positions (input_tuple's positions), batch.out_loc (the page-table entry "
+                "of every processed token) and batch.attn_metadata (prepare_metadata's)"
+            )

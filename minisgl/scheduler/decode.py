@@ -21,9 +21,9 @@ class DecodeManager:
         Receives: `reqs`, the requests of the batch just launched, prefill or decode; chunks of a
             chunked prefill among them have `is_chunk` True (every other request False).
         Returns: nothing.
-        Leaves: `self.running` (uid -> request, in the order requests first joined): every request
-            that can decode is in it (a new one at the end, a known one where it was), every one
-            that cannot is out of it; chunks are left alone.
+        Leaves: `self.running` (uid -> request): every request that can decode is in it (a new
+            one at the end, in batch order), every one that cannot is out of it, including one
+            that never joined; a chunk never joins (its `can_decode` is always False).
         Uses: `req.can_decode` (ch01), `req.is_chunk` (ch10: True on a `ChunkedReq`),
             `self.running` (ch07).
         Checked: requests that can decode join in batch order, a finished one never does and leaves

@@ -110,6 +110,7 @@ class Scheduler(
         if batch is None:
             return None
         forward_input = self._prepare_batch(batch)
+        self._check_prepared(forward_input, batch)
         plan_extras(self, forward_input)  # seeds and logprobs, for requests that ask (extras.py)
         return forward_input
 
