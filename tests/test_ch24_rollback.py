@@ -65,14 +65,6 @@ def test_no_page_is_freed_while_the_prefix_cache_holds_it():
     )
 
 
-def test_a_running_request_stays_in_the_decode_manager():
-    seen = _broken(RULES[4])
-    assert not seen, (
-        "a request still running is put back through decode_manager.filter_reqs after its "
-        "rollback, so the next step decodes it. " + "; ".join(seen)
-    )
-
-
 def test_every_page_is_free_cached_or_held_after_every_step_and_all_back_at_the_end():
     problems = []
     for page_size, drafter in CASES:

@@ -307,17 +307,17 @@ class SpeculativeSteps:
             held, freed once (`self.cache_manager._free_locations` takes the row's locations of
             whole pages, `page_size` per page); every page holding an accepted token kept (with
             page_size > 1, the page of the last accepted token holds rejected positions too, and
-            stays). A request still running put back through `self.decode_manager.filter_reqs`
-            (its lengths moved by the accepted count, not by one); an ended one left out of it.
+            stays). Nothing else: the lengths were set by the handling, a running request is in
+            the decode manager since the launch (its `can_decode` held then and still holds, or
+            the handling would have ended it), and an ended one was taken out of it.
         Uses: `pages_for` (ch08), `self.cache_manager.page_size` and `._free_locations` (ch08),
-            `self.page_table` (ch04), `self._live` (ch11), `self.decode_manager.filter_reqs` (ch07).
+            `self.page_table` (ch04).
         Checked: after every verify step, page sizes 1 and 4, with a drafter the target always
             agrees with, one it never agrees with and one in between: no rejected position's page
             stays allocated, a running request keeps every page of its accepted tokens, no page is
-            freed twice (an ended request's included) or while the prefix cache holds it, a running
-            request stays in the decode manager; after every step each page is free, cached or
-            held by a running request, once; outputs equal the engine's without speculation and the
-            integrity check holds when all end.
+            freed twice (an ended request's included) or while the prefix cache holds it; after
+            every step each page is free, cached or held by a running request, once; outputs equal
+            the engine's without speculation and the integrity check holds when all end.
         """
         p = self.cache_manager.page_size
         for req, base, d in zip(reqs, plan.bases, plan.draft_lens):
@@ -325,8 +325,6 @@ class SpeculativeSteps:
             if end > start:
                 locs = self.page_table[req.table_idx, start * p : end * p].clone()
                 self.cache_manager._free_locations(locs)
-            if self._live.get(req.uid) is req:
-                self.decode_manager.filter_reqs([req])
 
     def _count(self, plan: VerifyPlan, counts: List[int]) -> None:
         s = self.spec_stats
