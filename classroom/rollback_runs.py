@@ -1,6 +1,7 @@
 """Chapter 24's runs of the engine with speculation, for the rollback's try-out and tests.
 
-`rollback_run` runs three greedy requests on the bundled model with a scripted drafter (the
+`rollback_run` runs three greedy requests on the bundled model, on a pool of 40 pages (so a page
+freed too early is soon given to another request), with a scripted drafter (the
 continuation the engine makes without speculation, every token of it wrong, or every third one
 wrong), k = 4, on the normal loop, and watches `_roll_back`: right after each call it writes
 down every rule it saw broken, and after every step it checks that each page is free, cached or
@@ -24,7 +25,7 @@ OPTIONS = dict(
     device="cpu",
     dtype=torch.float32,
     max_running_req=4,
-    num_page_override=256,
+    num_page_override=40,  # tight: a page freed too early is soon handed out and overwritten
     max_seq_len_override=128,
 )
 TEXTS = [
@@ -62,7 +63,9 @@ class ScriptedDrafter:
         drafts = []
         for req in reqs:
             have = req.input_ids.tolist()
-            seq = next(s for s in self.sequences if s[: len(have)] == have)
+            # a request whose tokens left the engine's continuation (its KV was overwritten) gets
+            # no draft: its wrong tokens are then the outputs' to show
+            seq = next((s for s in self.sequences if s[: len(have)] == have), have)
             draft = seq[len(have) : len(have) + k]
             drafts.append(
                 [

@@ -1,7 +1,8 @@
 """Chapter 24: the rollback of a verify step's rejected positions (`SpeculativeSteps._roll_back`,
 minisgl/scheduler/speculative.py), in the chapter's words.
 
-Three greedy requests run with speculation (k = 4) on the bundled model, at page sizes 1 and 4,
+Three greedy requests run with speculation (k = 4) on the bundled model, on a pool of 40 pages
+(a page freed too early is soon handed out again), at page sizes 1 and 4,
 with a scripted drafter the target always agrees with (ends fall inside accepted runs), one it
 never agrees with, and one with every third token wrong (runs accepted part-way:
 classroom/rollback_runs.py). A watcher checks the pool right after every rollback and after every
