@@ -285,16 +285,46 @@ class SpeculativeSteps:
         super()._process_last_data((sub_fi, step_out))
 
     def _roll_back(self, plan: VerifyPlan, reqs: List[Req]) -> None:
-        """Free each request's pages past its KV: those of positions the target rejected (a
-        request that ended gave back the rest with its `cache_req`)."""
+        """Give back the pages of the positions the target rejected, once the step is handled.
+
+        The verify step allocated pages for each request's last token and its whole draft, and
+        wrote KV at every one of those positions. After the accepted tokens were handled, a
+        request's KV is valid up to its `cached_len`; every page past the ones holding those tokens
+        holds only rejected positions. Left allocated, they leak (and the next step, which
+        allocates from `pages_for(cached_len)` on, would map fresh pages over them); freed from too
+        early, a page that still holds accepted KV goes to another request, which overwrites it.
+
+        Receives: `plan`, the verify step's plan: `bases[i]` (request i's `device_len` at launch:
+            its KV then ended at `bases[i] - 1`) and `draft_lens[i]` (its draft, d_i tokens), so the
+            step held the locations of positions up to `bases[i] + d_i - 1`; `reqs`, the step's
+            requests, their accepted tokens handled: `cached_len` counts the positions whose KV is
+            accepted (the request's last token aside, whose KV the next step writes). A request
+            that ended in the step is no longer in `self._live`; its `cache_req` gave the prefix
+            cache its `cached_len` tokens and freed its pages up to them, nothing past them.
+        Returns: nothing.
+        Leaves: for every request of the step, running or ended, each page of its page-table row
+            that holds only positions past its accepted KV, up to the last position the step
+            held, freed once (`self.cache_manager._free_locations` takes the row's locations of
+            whole pages, `page_size` per page); every page holding an accepted token kept (with
+            page_size > 1, the page of the last accepted token holds rejected positions too, and
+            stays). Nothing else: the lengths were set by the handling, a running request is in
+            the decode manager since the launch (its `can_decode` held then and still holds, or
+            the handling would have ended it), and an ended one was taken out of it.
+        Uses: `pages_for` (ch08), `self.cache_manager.page_size` and `._free_locations` (ch08),
+            `self.page_table` (ch04).
+        Checked: after every verify step, page sizes 1 and 4, with a drafter the target always
+            agrees with, one it never agrees with and one in between: no rejected position's page
+            stays allocated, a running request keeps every page of its accepted tokens, no page is
+            freed twice (an ended request's included) or while the prefix cache holds it; after
+            every step each page is free, cached or held by a running request, once; outputs equal
+            the engine's without speculation and the integrity check holds when all end.
+        """
         p = self.cache_manager.page_size
         for req, base, d in zip(reqs, plan.bases, plan.draft_lens):
             start, end = pages_for(req.cached_len, p), pages_for(base + d, p)
             if end > start:
                 locs = self.page_table[req.table_idx, start * p : end * p].clone()
                 self.cache_manager._free_locations(locs)
-            if self._live.get(req.uid) is req:
-                self.decode_manager.filter_reqs([req])
 
     def _count(self, plan: VerifyPlan, counts: List[int]) -> None:
         s = self.spec_stats
