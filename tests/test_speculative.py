@@ -17,6 +17,7 @@ from typing import Dict, List
 import pytest
 import torch
 
+from chi_square import contingency_p, goodness_p
 from helpers import MODEL, build_llm, greedy, prompt_ids, test_device
 from minisgl import SamplingParams
 from minisgl.core import Req
@@ -294,8 +295,6 @@ def test_sampled_tokens_follow_the_engines_distribution(filters):
     marginals: a rejection sampler that forgets the residual moves them little (rejections
     happen where the draft was unlikely), so that rule is pinned down on verify_sampled alone
     below."""
-    from scipy.stats import chi2_contingency
-
     n = 400
     prompt = _prompts()[3]
 
@@ -317,7 +316,7 @@ def test_sampled_tokens_follow_the_engines_distribution(filters):
     drafter = llm.drafter
     for position in (1, 2):
         table = _contingency([t[position] for t in plain], [t[position] for t in spec])
-        _, p_value, _, _ = chi2_contingency(table)
+        p_value = contingency_p(table)
         assert p_value > 0.00025, ("token", position, p_value, table)
         # how often the token is the one the drafter proposes there: a fixed function of the
         # prefix, so the same share with and without speculation; over-acceptance raises it
@@ -325,7 +324,7 @@ def test_sampled_tokens_follow_the_engines_distribution(filters):
             [sum(drafter.guess(t[:position]) == t[position] for t in run) for run in (plain, spec)]
         ]
         hits.append([n - hits[0][0], n - hits[0][1]])
-        _, p_value, _, _ = chi2_contingency(hits)
+        p_value = contingency_p(hits)
         assert p_value > 0.00025, ("draft hits", position, p_value, hits)
 
 
@@ -335,8 +334,6 @@ def test_verify_sampled_follows_the_target_whatever_the_draft():
     token's distribution must be p exactly (goodness of fit, alpha = 0.0005), and so must the
     second's where the first was accepted. A sampler that forgets the residual gives the drafted
     token 0.75 instead of 0.5; one that accepts too often, more."""
-    from scipy.stats import chisquare
-
     from minisgl.speculative.accept import verify_sampled
 
     n = 40_000
@@ -348,16 +345,16 @@ def test_verify_sampled_follows_the_target_whatever_the_draft():
         draft, torch.full((n,), 2), None, target, torch.Generator().manual_seed(0)
     )
     first = torch.bincount(tokens[:, 0], minlength=4).double()
-    assert chisquare(first.numpy(), _expected(p0, n)).pvalue > 0.0005, first
+    assert goodness_p(first, _expected(p0, n)) > 0.0005, first
     after = tokens[tokens[:, 0] == 0][:, 1]  # the first draft accepted: position 2 follows p1
     seen = torch.bincount(after, minlength=4).double()
-    assert chisquare(seen.numpy(), _expected(p1, len(after))).pvalue > 0.0005, seen
+    assert goodness_p(seen, _expected(p1, len(after))) > 0.0005, seen
     assert abs(float((count > 1).double().mean()) - 0.5) < 0.02
 
 
 def _expected(p: torch.Tensor, n: int):
     q = p.double()
-    return (q / q.sum() * n).numpy()
+    return q / q.sum() * n
 
 
 def _contingency(a: List[int], b: List[int]) -> List[List[int]]:
