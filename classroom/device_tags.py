@@ -13,6 +13,11 @@ step built on the host and never moved stays a plain tensor, so `host_tensors(fi
 Only the tests and try-outs that check this rule install the kit; the engine's own kit, and its
 speed everywhere else, are untouched. On a GPU the tensors' real devices tell them apart, so the
 kit is left as it is there.
+The attention metadata is not among the tensors checked, and cannot be on a CPU: `prepare_metadata`
+moves its tensors itself, with `.to(device)` for the device it is given, not through the kit, so
+they are plain tensors for the reference too; and `_prepare_batch` handing it the wrong device
+(`torch.device("cpu")` instead of `self.device`) passes the very device the engine has on a CPU.
+Only a GPU run shows that mistake (`judge.py ch07 --device cuda`).
 A try-out that runs the steps it checked calls `untagged(fi)` first: the tag would otherwise
 spread to every activation of the forward pass, and torch's dispatch for a subclass costs time on
 each operation.

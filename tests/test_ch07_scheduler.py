@@ -190,15 +190,24 @@ class RecordingIO:
         self.inner.send(msgs)
 
 
-def test_the_loop_blocks_for_messages_only_when_it_has_no_work():
-    llm = build_llm()
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole prompts", "a prompt in chunks"])
+def test_the_loop_blocks_for_messages_only_when_it_has_no_work(chunked):
+    """Between the chunks of a chunked prefill nothing is running, yet work is pending: a loop
+    that blocks while nothing runs would stall there, waiting for a message that may never come."""
+    llm = build_llm(max_extend_tokens=8) if chunked else build_llm()
     io = llm.io = RecordingIO(llm)
-    llm.generate(prompt_ids()[:2], greedy(3))
+    prompts = prompt_ids()[:1] if chunked else prompt_ids()[:2]
+    if chunked:
+        assert len(prompts[0]) > 8, f"the test needs a prompt longer than a chunk, got {prompts}"
+    llm.generate(prompts, greedy(3))
     llm.step()  # idle: a server would wait here for the next message
     wrong = [(blocking, work) for blocking, work in io.calls if blocking == work]
     assert not wrong, (
         f"{len(wrong)} of {len(io.calls)} receives: blocking={wrong[0][0]} with "
-        f"{'work' if wrong[0][1] else 'no work'} to do (block only when there is none)"
+        f"{'work' if wrong[0][1] else 'no work'} to do, in a run of "
+        f"{'one prompt prefilled in chunks of 8 tokens' if chunked else 'two whole prompts'} "
+        "(block only when there is no work: nothing running is not the same when a prompt still "
+        "waits for its next chunk)"
     )
     assert io.calls and io.calls[-1] == (True, False), "an idle step should wait for messages"
 

@@ -192,11 +192,25 @@ def test_encoding_leaves_the_message_alone():
     ), "encoding must not change the message it encodes"
 
 
+def test_encoding_leaves_the_callers_dicts_and_lists_alone():
+    ids = torch.tensor([4], dtype=torch.int32)
+    inner = {"ids": ids}
+    outer = [inner, [ids]]
+    encode_value(outer)
+    assert inner["ids"] is ids and outer[1][0] is ids and outer[0] is inner, (
+        f"encode_value([{{'ids': tensor}}, [tensor]]) changed what it was given: it is now "
+        f"{outer}; build new dicts and lists, the caller may still use its own"
+    )
+
+
 @pytest.mark.parametrize(
     "value,words",
     [
         (dataclasses.make_dataclass("Shutdown", ["uid"])(1), "Shutdown"),
+        # a class is a message only if it is the one MESSAGE_TYPES holds: not any named like it
+        (dataclasses.make_dataclass("UserMsg", ["uid"])(1), "UserMsg"),
         (torch.zeros(2, 2, dtype=torch.int32), "1-D"),
+        (torch.tensor(5, dtype=torch.int32), "1-D"),
         (torch.tensor([0.5]), "float"),
         # only int32 and int64 travel: not "anything but floats"
         (torch.tensor([1, 2], dtype=torch.int16), "int16"),
@@ -205,7 +219,9 @@ def test_encoding_leaves_the_message_alone():
     ],
     ids=[
         "not a message",
+        "a dataclass named like a message",
         "2-D tensor",
+        "0-D tensor",
         "float tensor",
         "int16 tensor",
         "uint8 tensor",
@@ -238,12 +254,23 @@ def test_revive_rebuilds_each_tagged_object():
     "obj,words",
     [
         ({"__msg__": "Shutdown", "uid": 1}, "unknown message type 'Shutdown'"),
+        # a tag with an empty or null name is still a tag: not a plain dict
+        ({"__msg__": "", "uid": 1}, "unknown message type ''"),
+        ({"__msg__": None, "uid": 1}, "unknown message type None"),
         ({"__msg__": "AbortMsg", "pid": 1}, "AbortMsg"),
         ({"__tensor__": [1], "dtype": "float16"}, "float16"),
         ({"__sampling__": {"temperature": -1}}, "temperature"),
         ({"__sampling__": {"top_p": 0}}, "top_p"),
     ],
-    ids=["unknown type", "wrong fields", "unknown dtype", "bad temperature", "bad top_p"],
+    ids=[
+        "unknown type",
+        "empty type name",
+        "null type name",
+        "wrong fields",
+        "unknown dtype",
+        "bad temperature",
+        "bad top_p",
+    ],
 )
 def test_revive_refuses_naming_the_problem(obj, words):
     with pytest.raises(ValueError) as err:
@@ -326,10 +353,16 @@ def test_a_frame_is_a_json_array_of_messages():
         (b'["\xe2\x82', "JSON"),
         ("[]".encode("utf-16"), "JSON"),
         ("[]".encode("utf-32"), "JSON"),
+        # valid JSON if read as latin-1, or with errors="replace": the UTF-8 rule alone refuses it
+        (b'[{"__msg__":"StatsReply","uid":1,"stats":{"caf\xe9":1}}]', "JSON"),
+        (b'["caf\xe9"]', "JSON"),
         (b"{not json", "JSON"),
         (b'{"__msg__": "AbortMsg", "uid": 1}', "array"),
         (b'[{"__msg__": "AbortMsg", "uid": 1}, {"uid": 1}]', "not a message"),
         (b"[3]", "not a message"),
+        # a message's fields, not messages: revive builds them, the frame check must refuse them
+        (b'[{"__sampling__": {}}]', "not a message"),
+        (b'[{"__tensor__": [1], "dtype": "int32"}]', "not a message"),
         (b'[{"__msg__": "Shutdown", "uid": 1}]', "Shutdown"),
     ],
     ids=[
@@ -338,10 +371,14 @@ def test_a_frame_is_a_json_array_of_messages():
         "not UTF-8 (a character cut short)",
         "JSON in UTF-16",
         "JSON in UTF-32",
+        "a latin-1 byte inside a message's string",
+        "a latin-1 byte inside a string",
         "not JSON",
         "not an array",
         "a dict",
         "a number",
+        "sampling params alone",
+        "a tensor alone",
         "unknown type",
     ],
 )

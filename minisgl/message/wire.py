@@ -55,10 +55,11 @@ def decode_batch(frame: bytes) -> List[Any]:
     Uses: `json.loads` with `object_hook=revive` (ch12), `MESSAGE_TYPES`.
     Checked: every message comes back equal through `encode_batch`, in order; each bad frame is
         refused with a ValueError whose text says which rule it breaks: "JSON" for bytes that are
-        not UTF-8 JSON (UTF-16 or UTF-32 JSON included: a frame is UTF-8), "array" for JSON that
-        is not an array, "not a message" for an item that is not one; revive's own refusals (an
-        unknown type, SamplingParams' TypeError for a field it does not know) pass through as
-        they are.
+        not UTF-8 JSON (UTF-16 or UTF-32 JSON included, and a byte that is not UTF-8 inside a
+        JSON string: a frame is UTF-8), "array" for JSON that is not an array, "not a message"
+        for an item that is not one (an instance of a class in MESSAGE_TYPES: a bare
+        SamplingParams or tensor is not); revive's own refusals (an unknown type, SamplingParams'
+        TypeError for a field it does not know) pass through as they are.
     """
     try:
         # Decoded here, not by json.loads: given bytes, it also reads UTF-16 and UTF-32, and a
@@ -68,7 +69,9 @@ def decode_batch(frame: bytes) -> List[Any]:
         raise ValueError(f"a message frame must be JSON: {e}") from None
     if not isinstance(items, list):
         raise ValueError(f"a message frame must be a JSON array, got {type(items).__name__}")
-    bad = next((m for m in items if type(m).__name__ not in MESSAGE_TYPES), None)
+    # A message is an instance of a class in MESSAGE_TYPES, that class itself: a SamplingParams or a
+    # tensor is a message's field, and the receiving loop dispatches on the message's class.
+    bad = next((m for m in items if MESSAGE_TYPES.get(type(m).__name__) is not type(m)), None)
     if bad is not None:
         raise ValueError(f"a message frame holds {bad!r}, which is not a message")
     return items
@@ -83,15 +86,16 @@ def encode_value(value: Any) -> Any:
         name>`; a tensor as `{"__tensor__": [ids], "dtype": "int32"}`; SamplingParams as
         `{"__sampling__": {fields}}`; lists, tuples and dicts element by element; anything else
         as it is.
-    Leaves: `value` unchanged.
+    Leaves: `value` unchanged, and every dict or list inside it (the caller's).
     Uses: `dataclasses.fields` (a message's fields, each encoded by this function in turn),
         `dataclasses.asdict` (only for SamplingParams, whose fields are plain values: on a message
         it would turn the nested SamplingParams into an untagged dict and its tensors into
         tensors), `MESSAGE_TYPES`, `TENSOR_DTYPES`.
     Checked: every message type comes back equal through `decode_batch` (tensors with their dtype,
-        sampling parameters as SamplingParams); a dataclass that is not a message is refused with
-        a TypeError naming its class, a tensor that is not 1-D with one saying "1-D", one of
-        another dtype (float32, int16, uint8, bool) with one naming its dtype.
+        sampling parameters as SamplingParams); a dataclass that is not a message (its class is
+        not the one MESSAGE_TYPES holds under its name) is refused with a TypeError naming its
+        class, a tensor that is not 1-D (0-D included) with one saying "1-D", one of another
+        dtype (float32, int16, uint8, bool) with one naming its dtype.
     """
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).removeprefix("torch.")
@@ -104,8 +108,8 @@ def encode_value(value: Any) -> Any:
         return {"__sampling__": dataclasses.asdict(value)}
     if dataclasses.is_dataclass(value):
         name = type(value).__name__
-        if name not in MESSAGE_TYPES:
-            raise TypeError(f"{name} is not a message type")
+        if MESSAGE_TYPES.get(name) is not type(value):  # the class itself, not one named like it
+            raise TypeError(f"{name} (from {type(value).__module__}) is not a message type")
         fields = {f.name: encode_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return {"__msg__": name, **fields}
     if isinstance(value, (list, tuple)):
@@ -128,7 +132,8 @@ def revive(obj: Dict[str, Any]) -> Any:
     Leaves: `obj` unchanged (json.loads's, or a caller's that may keep it).
     Uses: `MESSAGE_TYPES`, `TENSOR_DTYPES`, `SamplingParams` (ch01).
     Checked: every message comes back equal; each refusal is a ValueError that names what is
-        wrong: `unknown message type 'Shutdown'` (the name in quotes, as repr writes it), the class
+        wrong: `unknown message type 'Shutdown'` (the name in quotes, as repr writes it; an empty
+        name too: `unknown message type ''`), the class
         name for a message with the wrong fields, the dtype's name for a tensor of an unknown
         dtype; SamplingParams' own errors go through as they are (a ValueError naming the
         field, a TypeError for a field it does not know).
