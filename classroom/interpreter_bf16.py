@@ -13,9 +13,9 @@ as it fails to compile on a GPU.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from .interpreter_dot import wrap_interpreter_dot
 
 
 def _widened(data: np.ndarray) -> np.ndarray:
@@ -23,32 +23,16 @@ def _widened(data: np.ndarray) -> np.ndarray:
     return (data.astype(np.uint32) << 16).view(np.float32)
 
 
+def _widen_bf16(a, b, input_precision, tl, interpreter):
+    return tuple(
+        interpreter.TensorHandle(_widened(x.data), tl.float32)
+        if x.dtype.scalar == tl.bfloat16
+        else x
+        for x in (a, b)
+    )
+
+
 def fix_bf16_dot() -> bool:
     """Patch the interpreter's dot once; whether it is (now) patched. A no-op when kernels are
     compiled (no TRITON_INTERPRET=1) or triton is not installed."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return False
-    try:
-        import triton.language as tl
-        from triton.runtime import interpreter
-    except ImportError:
-        return False
-    builder = interpreter.InterpreterBuilder
-    if getattr(builder.create_dot, "_bf16_fixed", False):
-        return True
-    original = builder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if tl.bfloat16 in (a.dtype.scalar, b.dtype.scalar):
-            widen = [
-                interpreter.TensorHandle(_widened(x.data), tl.float32)
-                if x.dtype.scalar == tl.bfloat16
-                else x
-                for x in (a, b)
-            ]
-            a, b = widen
-        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
-
-    create_dot._bf16_fixed = True
-    builder.create_dot = create_dot
-    return True
+    return wrap_interpreter_dot("bf16", _widen_bf16)

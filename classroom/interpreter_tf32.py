@@ -11,9 +11,9 @@ cvt.rna.tf32.f32 does) when TF32 was asked for, so the CPU sees what the GPU com
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from .interpreter_dot import wrap_interpreter_dot
 
 HALF_DROPPED = np.uint32(1 << 12)  # half of the 13 mantissa bits TF32 drops
 KEPT = np.uint32(0xFFFFE000)  # sign, exponent and the top 10 mantissa bits
@@ -27,29 +27,15 @@ def tf32_rounded(data: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(data), rounded, data)
 
 
+def _round_tf32(a, b, input_precision, tl, interpreter):
+    tf32 = getattr(input_precision, "name", str(input_precision)) == "TF32"
+    # a GPU uses TF32 only when both operands are float32 (bfloat16 has its own tensor cores)
+    if tf32 and a.dtype.scalar == tl.float32 and b.dtype.scalar == tl.float32:
+        return tuple(interpreter.TensorHandle(tf32_rounded(x.data), tl.float32) for x in (a, b))
+    return a, b
+
+
 def honour_tf32_dot() -> bool:
     """Patch the interpreter's dot once; whether it is (now) patched. A no-op when kernels are
     compiled (no TRITON_INTERPRET=1) or triton is not installed."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return False
-    try:
-        import triton.language as tl
-        from triton.runtime import interpreter
-    except ImportError:
-        return False
-    builder = interpreter.InterpreterBuilder
-    if getattr(builder.create_dot, "_tf32_honoured", False):
-        return True
-    original = builder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        tf32 = getattr(input_precision, "name", str(input_precision)) == "TF32"
-        # a GPU uses TF32 only when both operands are float32 (bfloat16 has its own tensor cores)
-        if tf32 and a.dtype.scalar == tl.float32 and b.dtype.scalar == tl.float32:
-            a, b = (interpreter.TensorHandle(tf32_rounded(x.data), tl.float32) for x in (a, b))
-        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
-
-    create_dot._tf32_honoured = True
-    create_dot._bf16_fixed = getattr(original, "_bf16_fixed", False)
-    builder.create_dot = create_dot
-    return True
+    return wrap_interpreter_dot("tf32", _round_tf32)
