@@ -282,7 +282,12 @@ def test_a_tiny_qwen3_5_gives_transformers_tokens_in_chunks_with_reused_slots():
     prompts = [ids[:5], ids[5:18], ids]
     ckpt = hybrid_checkpoint("qwen3_5")
     want = hf_greedy(prompts, 4, model=ckpt)
-    llm = build_llm(ckpt, cache_type="naive", page_size=2, max_extend_tokens=3, max_running_req=2)
+    # fused_kernels off: on a GPU the engine's Triton recurrence would stand in for the learner's
+    # delta_rule_chunked and causal_conv1d_step
+    llm = build_llm(
+        ckpt, cache_type="naive", page_size=2, max_extend_tokens=3, max_running_req=2,
+        fused_kernels=False,
+    )  # fmt: skip
     try:
         outputs = llm.generate(prompts, greedy(4))
     finally:

@@ -1,6 +1,7 @@
-"""The Gated DeltaNet decode step in Triton (minisgl/kernel/triton_delta_rule.py) against the torch
-path it replaces on a GPU: causal_conv1d_step, then the gates, the normalization and one step of
-delta_rule_recurrent (minisgl/kernel/delta_rule.py, minisgl/models/gated_deltanet.py).
+"""The Gated DeltaNet kernels in Triton (minisgl/kernel/triton_delta_rule.py) against the torch
+path they replace on a GPU: the fused recurrence over a prompt (delta_rule_chunked's place), and
+the decode step (causal_conv1d_step, then the gates, the normalization and one step of
+delta_rule_recurrent) (minisgl/kernel/delta_rule.py, minisgl/models/gated_deltanet.py).
 
 On the CPU in Triton's interpreter (TRITON_INTERPRET=1, set by conftest), compiled with
 `--device cuda`. Each case reads and writes a pool of more rows than requests, at rows out of
@@ -149,11 +150,14 @@ def test_shapes_that_do_not_fit_are_refused_naming_them():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fused", [True, False], ids=["triton-decode", "torch-decode"])
+@pytest.mark.parametrize("chunk", [None, 5], ids=["whole-prompts", "chunks-of-5"])
+@pytest.mark.parametrize("fused", [True, False], ids=["triton", "torch"])
 @pytest.mark.parametrize("name", ["qwen3_5", "qwen3_next-moe"])
-def test_a_hybrid_engine_on_the_gpu_gives_transformers_tokens_with_cuda_graphs(name, fused):
+def test_a_hybrid_engine_on_the_gpu_gives_transformers_tokens_with_cuda_graphs(name, fused, chunk):
     # Decode steps replay CUDA graphs, with the Triton step captured (fused) or the torch path;
-    # two slots for four requests, so rows are reused and the batch's rows are not 0, 1, ...
+    # prefill runs the fused recurrence (fused) or the chunked torch form, over whole prompts or
+    # chunks of 5 tokens (the state carried from chunk to chunk); two slots for four requests, so
+    # rows are reused and the batch's rows are not 0, 1, ...
     from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy
     from hybrid_checkpoints import hybrid_checkpoint
     from test_hybrid import NEW_TOKENS, prompts
@@ -164,12 +168,13 @@ def test_a_hybrid_engine_on_the_gpu_gives_transformers_tokens_with_cuda_graphs(n
     llm = build_llm(
         ckpt, cache_type="naive", fused_kernels=fused, attention_backend="triton",
         use_cuda_graph=True, max_running_req=2,
+        **({"max_extend_tokens": chunk} if chunk else {}),
     )  # fmt: skip
     assert (llm.engine.ctx.fused_kernels is not None) == fused
     got = [o["token_ids"] for o in llm.generate(prompts(), greedy(NEW_TOKENS))]
     assert llm.engine.graph_runner.replays > 0, "no decode step ran from a graph"
     want = hf_greedy(prompts(), NEW_TOKENS, model=ckpt)
-    assert_tokens_equal(got, want, f"{name} on the GPU, Triton decode step {fused}")
+    assert_tokens_equal(got, want, f"{name} on the GPU, Triton kernels {fused}, chunks {chunk}")
     llm.shutdown()
 
 
