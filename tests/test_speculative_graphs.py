@@ -56,12 +56,22 @@ def _graph_llm(drafter, k: int, **options):
 
 
 class _Calls:
-    """The batches an engine's run_model was given, with whether each replayed a graph."""
+    """The batches an engine's run_model was given, with whether each replayed a graph, and how
+    many steps its graph runner's replay_next ran (a draft's steps that advance the last one)."""
 
     def __init__(self, engine) -> None:
         self.engine, self.run = engine, engine.run_model
         self.calls: List[tuple] = []  # (batch, replayed)
+        self.nexts = 0
         engine.run_model = self
+        runner = engine.graph_runner
+        replay_next = runner.replay_next
+
+        def counted(*args):
+            self.nexts += 1
+            return replay_next(*args)
+
+        runner.replay_next = counted
 
     def __call__(self, batch):
         before = self.engine.graph_runner.replays
@@ -103,7 +113,10 @@ def test_verify_and_draft_steps_replay_from_graphs_with_the_plain_engines_tokens
         catch_ups = [r for b, r in draft.calls if b.is_decode and _rows_per_request(b) > 1]
         steps = [r for b, r in draft.calls if b.is_decode and _rows_per_request(b) == 1]
         assert catch_ups and all(catch_ups), "the draft's catch-up did not replay a graph"
-        assert steps and all(steps), "a draft decode step did not replay a graph"
+        assert all(steps), "a draft decode step did not replay a graph"
+        assert draft.nexts > 0, "no draft step advanced the one before it (replay_next)"
+        replays = llm.drafter.engine.graph_runner.replays
+        assert replays == sum(r for _, r in draft.calls) + draft.nexts
 
 
 def test_speculation_sizes_the_graphs_for_k_plus_one_rows_per_request():
@@ -157,9 +170,18 @@ def test_the_draft_models_catch_up_from_a_graph_proposes_its_greedy_continuation
         ]
 
     first = drafter.propose(reqs(prompts), k)
+    assert first == hf_greedy(prompts, k)
+    assert calls.nexts == k - 2, "steps 2..k-1 advance step 1 (replay_next)"
+    done = len(calls.calls)
     # every draft accepted, then the target's own token: the draft runs its last draft (never
     # run) and that token, two rows per request
     follow = [p + d + [d[0]] for p, d in zip(prompts, first)]
     assert drafter.propose(reqs(follow), k) == hf_greedy(follow, k)
-    catch_up = calls.calls[k]  # the second propose's first forward
+    catch_up = calls.calls[done]  # the second propose's first forward
     assert _rows_per_request(catch_up[0]) == 2 and catch_up[1], "catch-up not replayed"
+    # two drafts accepted, then another token: a catch-up of one token each, which the steps
+    # after it advance
+    nexts = calls.nexts
+    again = [f + d[:2] + [d[2] + 1] for f, d in zip(follow, hf_greedy(follow, k))]
+    assert drafter.propose(reqs(again), k) == hf_greedy(again, k)
+    assert calls.nexts - nexts == k - 1, "steps 1..k-1 advance the one-token catch-up"
