@@ -147,10 +147,10 @@ def launch_verify(engine: Engine, fi: VerifyInput) -> VerifyOutput:
     rows = torch.tensor([r.table_idx for r in batch.reqs], dtype=torch.int64)
     bases = torch.tensor(plan.bases, dtype=torch.int64)
 
-    rows_dev = engine.kit.to_device(rows)
-    bases_dev = engine.kit.to_device(bases)
-
     def work() -> None:
+        # copied here, on the engine stream: the engine stream waited for the scheduler's before
+        # this launch, not for anything the scheduler's stream does after it
+        rows_dev, bases_dev = engine.kit.to_device(rows), engine.kit.to_device(bases)
         # the tokens of the decode rows, in their order: each request's last token and its draft
         plan.rows.input_ids = engine.token_pool[fi.input_tuple]
         logits = engine.run_model(plan.rows)
