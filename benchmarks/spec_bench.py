@@ -14,8 +14,9 @@ target forward (verify or plain decode steps it rode in; 1.0 is plain decoding).
 Speed (CPU): batch-1 tokens/s of one long greedy request with and without speculation, on both
 workloads; the outputs are checked equal.
 
-GPU: one verify step of k+1 tokens per request against one plain decode step (a CUDA graph where
-the engine uses one), at batch sizes 1..64: their ratio is the number of tokens a verify must
+GPU: one verify step of k+1 tokens per request against one plain decode step (both replay a CUDA
+graph: a verify step runs as decode rows, one per token, minisgl/engine/decode_rows.py), at batch
+sizes 1..64: their ratio is the number of tokens a verify must
 yield per request to pay. Speculation pays where the drafts' acceptance beats that ratio: at
 small batch a step is bound by reading the weights, which k+1 tokens share, so the ratio stays
 near 1; at large batch the step is bound by compute and the ratio grows towards k+1.
@@ -169,12 +170,13 @@ def gpu(steps: int, batches: list, ks: list) -> None:
             max_running_req=max(batches),
             cuda_graph_max_bs=max(batches),
             speculative="lookup",
+            num_speculative_tokens=max(ks),  # graphs of up to max(batches) * (max(ks) + 1) rows
             overlap_scheduling=False,
         )
         print(f"\n== GPU {torch.cuda.get_device_name()}: Qwen3-0.6B's shape, dummy bf16 weights")
         print(
-            "one step's time in ms, the normal loop (a plain decode step replays a CUDA graph, a "
-            "verify step runs eagerly);\nratio = verify / decode: the tokens per request a verify "
+            "one step's time in ms, the normal loop (a plain decode step and a verify step each "
+            "replay a CUDA graph);\nratio = verify / decode: the tokens per request a verify "
             "must give to pay"
         )
         head = " ".join(f"{'k=' + str(k):>15}" for k in ks)

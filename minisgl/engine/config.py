@@ -38,6 +38,11 @@ class EngineConfig:
     cuda_graph_max_bs: int = (
         64  # largest decode batch replayed from a graph; larger ones run eagerly
     )
+    # decode rows per request the graphs must hold: a verify step of speculative decoding runs
+    # k + 1 rows per request (minisgl/engine/decode_rows.py), so SchedulerConfig raises it to
+    # 1 + num_speculative_tokens when speculation is on; graphs hold up to
+    # min(cuda_graph_max_bs, max_running_req) * cuda_graph_rows_per_req rows
+    cuda_graph_rows_per_req: int = 1
     # tensor-parallel ranks (processes, one GPU each on CUDA); >1 only through LLM(tp_size=N) or
     # serve --tp-size N, which start the ranks and their group (minisgl/llm/parallel.py)
     tp_size: int = 1
@@ -53,6 +58,7 @@ class EngineConfig:
             "max_running_req",
             "page_size",
             "cuda_graph_max_bs",
+            "cuda_graph_rows_per_req",
             "cpu_kv_tokens",
             "num_page_override",
             "max_seq_len_override",
@@ -83,6 +89,10 @@ class EngineConfig:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         if self.cuda_graph_max_bs < 1:
             raise ValueError("cuda_graph_max_bs must be >= 1")
+        if self.cuda_graph_rows_per_req < 1:
+            raise ValueError(
+                f"cuda_graph_rows_per_req must be >= 1, got {self.cuda_graph_rows_per_req}"
+            )
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

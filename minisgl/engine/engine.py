@@ -198,7 +198,10 @@ class Engine:
 
         scratch_loc = self.num_pages * self.page_size  # first location of the scratch page
         self.page_table[self.dummy_row, 0] = scratch_loc
-        max_bs = min(self.config.cuda_graph_max_bs, self.config.max_running_req)
+        # in decode rows: a verify step of speculative decoding runs k + 1 per request
+        # (decode_rows.py), and must fit a graph as a plain decode step does
+        max_reqs = min(self.config.cuda_graph_max_bs, self.config.max_running_req)
+        max_bs = max_reqs * self.config.cuda_graph_rows_per_req
         with torch.inference_mode():
             return GraphRunner(
                 self.model,

@@ -209,3 +209,29 @@ class GraphRunner:
         graph.replay()
         self.replays += 1
         return logits[:bs]
+
+    @torch.inference_mode()
+    def replay_next(self, input_ids: torch.Tensor, bs: int, padded: int) -> torch.Tensor:
+        """The decode batch `replay` ran last, one token further: its logits.
+
+        A draft model's greedy steps run the same requests again and again, each one position
+        further, its input the token the step before chose. Rebuilding the batch on the host
+        (metadata, copies) costs more host time than the replay; here the static buffers advance
+        on the device instead: positions and key lengths + 1, each row's KV location read from
+        the page table at its new position, the input ids copied in. The padding slots keep their
+        dummy values.
+
+        Receives: `input_ids` [bs] on the device; `bs` and `padded`, the size of the batch the
+            last `replay` (or `replay_next`) of this runner ran and the graph it ran. Nothing else
+            may have replayed since, and every row's next position must be allocated in the page
+            table.
+        Returns: the batch's logits [bs, vocab], a view of the graph's output.
+        """
+        self.input_ids[:bs].copy_(input_ids)
+        self.positions[:bs].add_(1)
+        self.seqlens[:bs].add_(1)
+        self.out_loc[:bs].copy_(self._page_table[self.rows[:bs], self.positions[:bs]])
+        graph, logits = self.graphs[padded]
+        graph.replay()
+        self.replays += 1
+        return logits[:bs]

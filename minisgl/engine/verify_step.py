@@ -1,12 +1,14 @@
 """The verify step of speculative decoding: one forward scores every request's last token and its
 draft, then each request keeps the longest run the target agrees with, plus one token of its own.
 
-The batch is an extend over each request's cached prefix (a prefill over the paged cache, as a
-prompt that hit the prefix cache runs), with phase "verify": not "decode" (one token per request,
-the CUDA graphs' shape) and not "prefill" (whose LM head keeps each request's last row and whose
-prompt is cached), so the attention takes its extend path and the LM head turns every row into
-logits. Request i processes its last token and its d_i draft tokens; position j
-of it predicts the token after draft j-1. The logits are gathered into [B, k+1, V] (positions past
+The scheduler's batch has phase "verify" (its accounting: one request, several tokens), but the
+model runs it as a decode step of one row per token (decode_rows.py): request i's last token and
+its d_i draft tokens are d_i + 1 rows, row j at position base_i - 1 + j with base_i + j keys, so
+row j sees the KV of rows 0..j of its request and predicts the token after draft j - 1. A decode
+step is what the CUDA graphs replay (a batch of T rows runs the graph of the smallest captured
+size >= T, padded with dummy rows; the engine captures sizes up to max_running_req * (k + 1) when
+speculation is on), and each row is scored by the decode attention kernel, as a plain decode step
+scores that position. The logits, one row per token, are gathered into [B, k+1, V] (positions past
 d_i repeat the last one: padding that verification never reads), then:
 
 * greedy rows: `verify_greedy` on the argmax;
@@ -31,6 +33,7 @@ from typing import List, Tuple
 
 import torch
 
+from minisgl.core import Batch
 from minisgl.speculative.accept import verify_greedy, verify_sampled
 from minisgl.utils import Event
 
@@ -52,6 +55,8 @@ class VerifyPlan:
     logprob_k: int = 0  # the most alternatives any of them asks for
     mask_rows: torch.Tensor | None = None  # [C] int64 host: flat (i * (k+1) + j) rows masked
     bitmask: torch.Tensor | None = None  # [C, W] int32 host
+    # what the model runs: one decode row per scored token, request after request (decode_rows.py)
+    rows: Batch | None = None
 
 
 @dataclass
@@ -71,15 +76,14 @@ class VerifyOutput:
     top_ids: torch.Tensor | None = None  # [B, k+1, K]
 
 
-def _gather_positions(logits: torch.Tensor, draft_lens: List[int], k: int) -> torch.Tensor:
-    """[B, k+1, V] from the extend's logits [T, V]: request i's positions 0..d_i, the last one
+def _gather_positions(engine: Engine, logits: torch.Tensor, draft_lens: List[int], k: int):
+    """[B, k+1, V] from the rows' logits [T, V]: request i's positions 0..d_i, the last one
     repeated past d_i."""
     index, start = [], 0
     for d in draft_lens:
         index.append([start + min(j, d) for j in range(k + 1)])
         start += d + 1
-    idx = torch.tensor(index, dtype=torch.int64).to(logits.device)
-    return logits[idx]
+    return logits[engine.kit.to_device(torch.tensor(index, dtype=torch.int64))]
 
 
 def verify(engine: Engine, fi: VerifyInput, logits: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -87,14 +91,14 @@ def verify(engine: Engine, fi: VerifyInput, logits: torch.Tensor) -> Tuple[torch
     where a grammar applies), from the verify step's logits."""
     plan, args = fi.plan, fi.sample_args
     k = plan.k
-    per_pos = _gather_positions(logits, plan.draft_lens, k).float()
+    per_pos = _gather_positions(engine, logits, plan.draft_lens, k).float()
     b, _, vocab = per_pos.shape
     if plan.bitmask is not None:
         from minisgl.structured.bitmask import apply_bitmask_
 
         flat = per_pos.view(b * (k + 1), vocab)
         apply_bitmask_(flat, plan.mask_rows.to(flat.device), plan.bitmask.to(flat.device))
-    draft_len = torch.tensor(plan.draft_lens, dtype=torch.int64).to(per_pos.device)
+    draft_len = engine.kit.to_device(torch.tensor(plan.draft_lens, dtype=torch.int64))
     tokens, count = verify_greedy(plan.draft, draft_len, per_pos.argmax(dim=-1))
     if args.temperatures is None:
         return tokens, count, per_pos
@@ -122,7 +126,7 @@ def verify(engine: Engine, fi: VerifyInput, logits: torch.Tensor) -> Tuple[torch
         # as wide as these rows' longest draft: a seeded row's draws (k uniforms, then one
         # token) must not depend on how far its neighbours drafted
         w = max(plan.draft_lens[i] for i in rows)
-        r = torch.tensor(rows, dtype=torch.int64).to(per_pos.device)
+        r = engine.kit.to_device(torch.tensor(rows, dtype=torch.int64))
         t, c = verify_sampled(plan.draft[r, :w], draft_len[r], None, probs[r, : w + 1], generator)
         tokens[r] = torch.nn.functional.pad(t, (0, k - w), value=-1)
         count[r] = c
@@ -144,19 +148,26 @@ def launch_verify(engine: Engine, fi: VerifyInput) -> VerifyOutput:
     bases = torch.tensor(plan.bases, dtype=torch.int64)
 
     def work() -> None:
-        batch.input_ids = engine.token_pool[fi.input_tuple]
-        logits = engine.run_model(batch)
+        # copied here, on the engine stream: the engine stream waited for the scheduler's before
+        # this launch, not for anything the scheduler's stream does after it
+        rows_dev, bases_dev = engine.kit.to_device(rows), engine.kit.to_device(bases)
+        # the tokens of the decode rows, in their order: each request's last token and its draft
+        plan.rows.input_ids = engine.token_pool[fi.input_tuple]
+        logits = engine.run_model(plan.rows)
         tokens, count, per_pos = verify(engine, fi, logits)
         # every accepted token into the token pool at its position (the next step reads the last)
         dev = tokens.device
-        cols = bases.to(dev).unsqueeze(1) + torch.arange(k + 1, device=dev).unsqueeze(0)
+        cols = bases_dev.unsqueeze(1) + torch.arange(k + 1, device=dev).unsqueeze(0)
         keep = tokens >= 0
-        row_idx = rows.to(dev).unsqueeze(1).expand(-1, k + 1)
-        engine.token_pool[row_idx[keep], cols[keep]] = tokens[keep].to(torch.int32)
+        row_idx = rows_dev.unsqueeze(1).expand(-1, k + 1)
+        # past the count (-1) the write goes to the scratch row: no boolean mask, whose indexing
+        # would wait for the device
+        row_idx = torch.where(keep, row_idx, engine.dummy_row)
+        engine.token_pool[row_idx, torch.where(keep, cols, 0)] = tokens.clamp_min(0).to(torch.int32)
         out.tokens_cpu.copy_(tokens, non_blocking=True)
         out.count_cpu.copy_(count, non_blocking=True)
         if plan.logprob_rows:
-            lr = torch.tensor(plan.logprob_rows, dtype=torch.int64).to(dev)
+            lr = engine.kit.to_device(torch.tensor(plan.logprob_rows, dtype=torch.int64))
             lsm = torch.log_softmax(per_pos[lr], dim=-1)  # [G, k+1, V], after the grammar's mask
             chosen = tokens[lr].clamp_min(0).unsqueeze(2)
             lp = torch.zeros((bs, k + 1), dtype=torch.float32, device=dev)

@@ -81,3 +81,5 @@ class SchedulerConfig(EngineConfig):
             raise ValueError(
                 f"draft_model is given but speculative is {kind!r}: pass speculative='draft'"
             )
+        if kind is not None:  # a verify step is k + 1 decode rows per request (decode_rows.py)
+            self.cuda_graph_rows_per_req = max(self.cuda_graph_rows_per_req, k + 1)

@@ -9,7 +9,8 @@ all. A request without a draft rides along with one position, as in a plain deco
 hooks in where a batch is prepared (`_prepare_batch`) and where a step that does not end in the
 engine's one-token draw is launched (`_needs_mask` and `_launch_forward_only`, as a constrained
 step is), so the chapters' `_schedule_next_batch` and `_forward` run it unchanged. Its batch has
-phase "verify" (minisgl/engine/verify_step.py says why).
+phase "verify"; the model runs it as a decode step of one row per token, which the CUDA graphs
+replay (minisgl/engine/verify_step.py says why).
 
 Handling. Request i accepted count_i tokens. They are handled as count_i plain steps, one token
 each, through the whole chain of handlings (the grammar's matchers, stops and logprobs of
@@ -43,6 +44,7 @@ import torch
 
 from minisgl.core import Batch, Req
 from minisgl.engine import BatchSamplingArgs, ForwardInput, ForwardOutput
+from minisgl.engine.decode_rows import decode_rows
 from minisgl.engine.request_sampling import LogprobPlan, StepLogprobs
 from minisgl.engine.verify_step import VerifyInput, VerifyPlan, launch_verify, seed_of
 
@@ -170,11 +172,12 @@ class SpeculativeSteps:
             kit.to_device(torch.tensor(rows, dtype=torch.int64)),
             kit.to_device(torch.tensor(cols, dtype=torch.int64)),
         ] = kit.to_device(torch.tensor(vals, dtype=torch.int32))
-        # an extend of each request's last token and its draft over its cached prefix, built by
-        # the extend path once device_len counts the draft. Phase "verify": neither a decode (one
-        # token each, CUDA graphs) nor a prefill (logits of each request's last row only, a prompt
-        # to cache): the LM head turns every row into logits
+        # each request's last token and its draft, as an extend over its cached prefix: the
+        # extend path allocates their pages and says where their ids are read, once device_len
+        # counts the draft. Phase "verify": neither a decode (one token each) nor a prefill (a
+        # prompt to cache). The model runs it as decode rows, one per token (decode_rows.py)
         batch.phase = "verify"
+        spans = [(r.table_idx, r.cached_len, b + d) for r, b, d in zip(reqs, bases, lens)]
         for r, d in zip(reqs, lens):
             r.device_len += d
         try:
@@ -186,6 +189,7 @@ class SpeculativeSteps:
         for i, d in enumerate(drafts):
             padded[i, : len(d)] = torch.tensor(d, dtype=torch.int64)
         plan = VerifyPlan(k=k, draft_lens=lens, bases=bases, draft=kit.to_device(padded))
+        plan.rows = decode_rows(spans, self.page_table, self.device)
         plan.seeds = [
             (i, seed_of(r.sampling_params.seed, b))
             for i, (r, b) in enumerate(zip(reqs, bases))

@@ -35,6 +35,7 @@ import torch
 from minisgl.attention import prepare_metadata
 from minisgl.core import Batch, Req, current_ctx, set_global_ctx
 from minisgl.engine import Engine, EngineConfig
+from minisgl.engine.decode_rows import decode_rows
 from minisgl.models import ModelConfig
 from minisgl.models.tokenizer import load_tokenizer
 
@@ -198,19 +199,31 @@ class DraftModelDrafter:
         # tokens stay on the device as a [len(work)] column and feed the next step directly.
         passes = [_Pass(e.row, len(e.tokens), len(t)) for e, (_, t, _) in zip(entries, work)]
         ids = [x for e, (_, t, _) in zip(entries, work) for x in t[len(e.tokens) :]]
-        ids = torch.tensor(ids, dtype=torch.int32).to(self.device)
-        drafted = [self._forward(passes, ids, "prefill")]
+        ids = self._to_device(torch.tensor(ids, dtype=torch.int32))
+        # (rows, graph size) of the last step when a graph ran it with one row per request (a
+        # catch-up of one token each, as after a rejection, or a decode step): the next step
+        # advances it
+        first, replayed = self._forward(passes, ids)
+        drafted = [first]
         live = list(range(len(work)))
         for j in range(1, k):
-            live = [w for w in live if work[w][2] > j]
-            if not live:
+            still = [w for w in live if work[w][2] > j]
+            if not still:
                 break
-            ids = drafted[-1].index_select(0, torch.tensor(live).to(self.device))
-            passes = []
-            for w in live:
-                position = len(work[w][1]) + j - 1  # of draft j, whose KV this step writes
-                passes.append(_Pass(entries[w].row, position, position + 1))
-            drafted.append(_scatter_back(self._forward(passes, ids, "decode"), live, len(work)))
+            ids = drafted[-1]
+            if len(still) < len(work):
+                ids = ids.index_select(0, self._to_device(torch.tensor(still)))
+            if replayed is not None and still == live:  # the same rows, one position further
+                logits = self.engine.graph_runner.replay_next(ids, *replayed)
+                tokens = logits.argmax(dim=-1).to(torch.int32)
+            else:
+                passes = []
+                for w in still:
+                    position = len(work[w][1]) + j - 1  # of draft j, whose KV this step writes
+                    passes.append(_Pass(entries[w].row, position, position + 1))
+                tokens, replayed = self._forward(passes, ids)
+            live = still
+            drafted.append(_scatter_back(tokens, live, len(work)))
         table = torch.stack(drafted, dim=1).tolist()  # one copy to the host for the whole call
         for w, (i, tokens, budget) in enumerate(work):
             out[i] = table[w][:budget]
@@ -304,26 +317,56 @@ class DraftModelDrafter:
                 locs.append(e.pages[pos // p] * p + pos % p)
         if rows:
             index = (
-                torch.tensor(rows, dtype=torch.int64).to(self.device),
-                torch.tensor(cols, dtype=torch.int64).to(self.device),
+                self._to_device(torch.tensor(rows, dtype=torch.int64)),
+                self._to_device(torch.tensor(cols, dtype=torch.int64)),
             )
-            self.engine.page_table[index] = torch.tensor(locs, dtype=torch.int32).to(self.device)
+            self.engine.page_table[index] = self._to_device(torch.tensor(locs, dtype=torch.int32))
 
     # ------------------------------------------------------------------ one forward
 
-    def _forward(self, passes: List[_Pass], ids: torch.Tensor, phase: str) -> torch.Tensor:
-        """The greedy next token [B] (int32, on the device) after each pass's last token."""
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        # page-locked and non-blocking on a GPU: a plain .to(device) waits for the device, and the
+        # host would then prepare each draft step only once the previous one has finished
+        return self.engine.kit.to_device(t)
+
+    def _forward(self, passes: List[_Pass], ids: torch.Tensor):
+        """(the greedy next token [B] int32 on the device after each pass's last token, and
+        (B, graph size) when a graph ran one row per pass, which `replay_next` may advance; else
+        None).
+
+        A pass of one token is a decode row. A pass of several (the catch-up on the tokens
+        accepted since the last propose, or a whole prompt) runs as decode rows too, one per token,
+        whenever a CUDA graph holds them all (decode_rows.py), so the graph replays it; else as an
+        extend (phase "prefill", whose LM head keeps each pass's last row)."""
+        runner = self.engine.graph_runner
+        if all(q.extend_len == 1 for q in passes) or (
+            runner is not None and sum(q.extend_len for q in passes) <= runner.max_bs
+        ):
+            batch = decode_rows(
+                [(q.table_idx, q.cached_len, q.device_len) for q in passes],
+                self.engine.page_table,
+                self.device,
+            )
+            batch.input_ids = ids
+            size = runner.graph_size(batch) if runner is not None else None
+            logits = self.engine.run_model(batch)
+            if len(batch.reqs) > len(passes):  # each pass's last row
+                ends = torch.tensor([q.extend_len for q in passes]).cumsum(0) - 1
+                logits = logits[self._to_device(ends)]
+                size = None
+            tokens = logits.argmax(dim=-1).to(torch.int32)
+            return tokens, None if size is None else (batch.size, size)
         rows = torch.cat([torch.full((q.extend_len,), q.table_idx) for q in passes])
         cols = torch.cat([torch.arange(q.cached_len, q.device_len) for q in passes])
-        batch = Batch(reqs=passes, phase=phase)
+        batch = Batch(reqs=passes, phase="prefill")
         batch.input_ids = ids
-        batch.positions = cols.to(self.device)
-        batch.out_loc = self.engine.page_table[rows.to(self.device), batch.positions].to(
+        batch.positions = self._to_device(cols)
+        batch.out_loc = self.engine.page_table[self._to_device(rows), batch.positions].to(
             torch.int64
         )
         batch.attn_metadata = prepare_metadata(batch, self.engine.page_table, self.device)
         logits = self.engine.run_model(batch)
-        return logits.argmax(dim=-1).to(torch.int32)
+        return logits.argmax(dim=-1).to(torch.int32), None
 
 
 def _scatter_back(tokens: torch.Tensor, live: List[int], total: int) -> torch.Tensor:
@@ -331,7 +374,10 @@ def _scatter_back(tokens: torch.Tensor, live: List[int], total: int) -> torch.Te
     if len(live) == total:
         return tokens
     column = torch.full((total,), -1, dtype=tokens.dtype, device=tokens.device)
-    column[torch.tensor(live, dtype=torch.int64).to(tokens.device)] = tokens
+    index = torch.tensor(live, dtype=torch.int64)
+    if tokens.device.type == "cuda":  # page-locked: a plain copy would wait for the device
+        index = index.pin_memory()
+    column[index.to(tokens.device, non_blocking=True)] = tokens
     return column
 
 
