@@ -58,10 +58,11 @@ def greedy(n: int) -> SamplingParams:
 
 
 DEVICE = ["cpu"]  # --device
+DTYPE: dict = {}  # --dtype: {} keeps the engine's default for the device
 
 
 def build(**options) -> LLM:
-    return LLM(BUNDLED_MODEL, device=DEVICE[0], **options)
+    return LLM(BUNDLED_MODEL, device=DEVICE[0], **DTYPE, **options)
 
 
 def acceptance(spec: dict, new_tokens: int) -> None:
@@ -99,7 +100,10 @@ def tokens_per_second(spec: dict, new_tokens: int, repeat: int) -> None:
         "normal": dict(overlap_scheduling=False),
         "spec k=4": dict(num_speculative_tokens=4, **spec),
     }
-    print(f"\n== batch-1 tokens/s on {DEVICE[0]} ({new_tokens} new tokens, best of {repeat})")
+    dtype = DTYPE.get("dtype", "the engine's default dtype")
+    print(
+        f"\n== batch-1 tokens/s on {DEVICE[0]}, {dtype} ({new_tokens} new tokens, best of {repeat})"
+    )
     print(f"{'workload':12} " + " ".join(f"{n:>9}" for n in setups) + "  spec/overlap  same")
     for name, prompts in loads.items():
         prompt = prompts[0]
@@ -202,8 +206,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="GPU: timed steps per figure")
     ap.add_argument("--batches", default="1,2,4,8,16,32,64")
     ap.add_argument("--ks", default="1,2,3,4,5,6,7,8")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    ap.add_argument("--speed-only", action="store_true", help="the tokens/s table alone")
     args = ap.parse_args()
     DEVICE[0] = args.device
+    if args.dtype:
+        DTYPE["dtype"] = getattr(torch, args.dtype)
     now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"spec_bench {now}, torch {torch.__version__}")
     if args.gpu:
@@ -220,7 +228,8 @@ def main() -> None:
         spec = dict(speculative="lookup")
         print("drafter: prompt lookup (max_ngram 3, min_ngram 1)")
     print(f"threads: {torch.get_num_threads()}")
-    acceptance(spec, args.new_tokens)
+    if not args.speed_only:
+        acceptance(spec, args.new_tokens)
     tokens_per_second(spec, args.speed_tokens, args.repeat)
 
 
