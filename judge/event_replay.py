@@ -1,6 +1,12 @@
 """Reading one pytest process's events (protocol.py) into the run's result: `replay` folds them
 in and, after a process that did not finish, reports the test it was in (a crash, a hang,
-pytest-timeout ending the process) or why the run stopped."""
+pytest-timeout ending the process) or why the run stopped.
+
+Events are evidence only from a process that ended as pytest ends: its `Finished` written, no
+test left open, and an exit status of pytest's own (0 tests passed, 1 some failed, 2 interrupted,
+5 none collected) seen by the judge. The learner's code runs in that process, so it can end the
+process, or the fork server that is its parent and reports its exit status, and then finish its
+test as if nothing happened: results from such a process are void, each saying why."""
 
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ from .run_results import RunOptions, RunResult, TestResult
 
 # What pytest-timeout's thread method prints before it ends the process with os._exit(1).
 _PYTEST_TIMEOUT_EXIT = re.compile(r"\+{3,} Timeout \+{3,}\s*$")
+# How pytest itself ends: all passed, some failed, interrupted (a collection error), none collected.
+PYTEST_EXIT_STATUSES = (0, 1, 2, 5)
 
 
 def replay(
@@ -38,15 +46,38 @@ def replay(
     """Fold one process's events into `result`; after a process that did not finish, report the test
     it was in. Returns True when no further attempt is needed."""
     first = len(result.tests)
-    started, finished = _fold(events, done, result)
-    if finished:
+    started, finished, fatal = _fold(events, done, result)
+    if fatal:
+        return True
+    ended_as_pytest = returncode in PYTEST_EXIT_STATUSES or killed  # killed: on time, below
+    if finished and started is None and ended_as_pytest:
+        return True  # (killed on time after its last test: exiting slowly, every test reported)
+    lost = returncode is None and not killed
+    if lost or (finished and not ended_as_pytest):
+        # Its end is the learner's code's doing (nothing else runs in that process): a test that
+        # reported passing may be the one that did it, going on as if nothing had happened.
+        _void(result.tests[first:], returncode)
+    if finished and started is None:
         return True
     return _unfinished(events, started, first, returncode, killed, options, done, result)
 
 
-def _fold(events: List[Event], done: List[str], result: RunResult) -> Tuple[str | None, bool]:
-    """Fold the events into `result`: (the test started and not reported, the process finished
-    or must not be restarted)."""
+def _void(tests: List[TestResult], returncode: int | None) -> None:
+    """The passes a process reported before it ended otherwise than pytest ends (its parent, the
+    fork server, killed, so no exit status came back; a signal; another status) are no evidence:
+    whatever ended it ran in that process alongside the tests."""
+    why = (
+        f"reported passing, but its test process did not end as pytest ends "
+        f"({exit_reason(returncode)}), so the result cannot be trusted"
+    )
+    for t in tests:
+        if t.ok:  # a failure stays one
+            t.outcome, t.message = "crashed", why
+
+
+def _fold(events: List[Event], done: List[str], result: RunResult) -> Tuple[str | None, bool, bool]:
+    """Fold the events into `result`: (the test started and not reported, the process wrote
+    `Finished`, it ended on a `Fatal` problem and must not be restarted)."""
     started: str | None = None
     finished = False
     for ev in events:
@@ -80,8 +111,8 @@ def _fold(events: List[Event], done: List[str], result: RunResult) -> Tuple[str 
             finished = True
         elif isinstance(ev, Fatal):
             result.general.append(ev.message)
-            return started, True
-    return started, finished
+            return started, True, True
+    return started, finished, False
 
 
 def _unfinished(
@@ -95,7 +126,11 @@ def _unfinished(
     result: RunResult,
 ) -> bool:
     """A process that did not finish: report the test it was in, else why the run stopped."""
-    if not killed:
+    # A crash may be another exercise's doing (memory it corrupted earlier): rerun_alone judges
+    # the exercises of the tests this process ran again without it. A killed fork server is no
+    # corruption: the code running when it died is the likeliest killer, and nothing excuses it.
+    lost = returncode is None and not killed
+    if not killed and not lost:
         for t in result.tests[first:]:
             t.process_died = True
     if killed:
@@ -115,10 +150,15 @@ def _unfinished(
         else:
             outcome, message = ("timeout" if killed else "crashed"), why + " during this test"
         result.tests.append(
-            TestResult(started, outcome, message=message, process_died=outcome == "crashed")
+            TestResult(
+                started, outcome, message=message, process_died=outcome == "crashed" and not lost
+            )
         )
         done.append(started)
-        return killed  # after a kill, the time is up; after a crash, go on with the rest
+        # after a kill on time, the time is up; after a crash, go on with the rest; after the
+        # fork server was killed, stop: a fresh process's parent would be the judge itself (the
+        # learner's kernel, for judge.check), the next target of the code that killed it
+        return killed or lost
     if not any(isinstance(ev, Swapped) for ev in events):
         why += " while loading your code"
     result.general.append(why + _output_hint(result.output_tail, events))
