@@ -2,11 +2,11 @@
 in and, after a process that did not finish, reports the test it was in (a crash, a hang,
 pytest-timeout ending the process) or why the run stopped.
 
-Events are evidence only from a process that ended as pytest ends: its `Finished` written, no
-test left open, and an exit status of pytest's own (0 tests passed, 1 some failed, 2 interrupted,
-5 none collected) seen by the judge. The learner's code runs in that process, so it can end the
-process, or the fork server that is its parent and reports its exit status, and then finish its
-test as if nothing happened: results from such a process are void, each saying why."""
+Events are evidence only from a process that wrote `Finished` with no test left open, and whose
+end the judge saw (its exit status came back; whatever it is, after the last test it changes no
+result: a crash in the interpreter's teardown is not the learner's). The learner's code runs in that
+process and can kill the fork server that is its parent and reports its end, then finish its test as
+if nothing had happened: every pass of a process whose end went unreported is void, saying why."""
 
 from __future__ import annotations
 
@@ -31,8 +31,6 @@ from .run_results import RunOptions, RunResult, TestResult
 
 # What pytest-timeout's thread method prints before it ends the process with os._exit(1).
 _PYTEST_TIMEOUT_EXIT = re.compile(r"\+{3,} Timeout \+{3,}\s*$")
-# How pytest itself ends: all passed, some failed, interrupted (a collection error), none collected.
-PYTEST_EXIT_STATUSES = (0, 1, 2, 5)
 
 
 def replay(
@@ -46,38 +44,32 @@ def replay(
     """Fold one process's events into `result`; after a process that did not finish, report the test
     it was in. Returns True when no further attempt is needed."""
     first = len(result.tests)
-    started, finished, fatal = _fold(events, done, result)
-    if fatal:
-        return True
-    ended_as_pytest = returncode in PYTEST_EXIT_STATUSES or killed  # killed: on time, below
-    if finished and started is None and ended_as_pytest:
-        return True  # (killed on time after its last test: exiting slowly, every test reported)
+    started, finished = _fold(events, done, result)
+    # no exit status, and not killed on time: its parent, the fork server, was killed
     lost = returncode is None and not killed
-    if lost or (finished and not ended_as_pytest):
-        # Its end is the learner's code's doing (nothing else runs in that process): a test that
-        # reported passing may be the one that did it, going on as if nothing had happened.
-        _void(result.tests[first:], returncode)
+    if lost:
+        # only the tests and the learner's code run in that process: a test that reported
+        # passing may be the one that killed it, going on as if nothing had happened
+        _void(result.tests[first:])
     if finished and started is None:
         return True
     return _unfinished(events, started, first, returncode, killed, options, done, result)
 
 
-def _void(tests: List[TestResult], returncode: int | None) -> None:
-    """The passes a process reported before it ended otherwise than pytest ends (its parent, the
-    fork server, killed, so no exit status came back; a signal; another status) are no evidence:
-    whatever ended it ran in that process alongside the tests."""
+def _void(tests: List[TestResult]) -> None:
+    """The passes a process reported before its fork server was killed are no evidence."""
     why = (
-        f"reported passing, but its test process did not end as pytest ends "
-        f"({exit_reason(returncode)}), so the result cannot be trusted"
+        f"reported passing, but the test process's end went unreported ({exit_reason(None)}), "
+        "so the result cannot be trusted"
     )
     for t in tests:
         if t.ok:  # a failure stays one
             t.outcome, t.message = "crashed", why
 
 
-def _fold(events: List[Event], done: List[str], result: RunResult) -> Tuple[str | None, bool, bool]:
-    """Fold the events into `result`: (the test started and not reported, the process wrote
-    `Finished`, it ended on a `Fatal` problem and must not be restarted)."""
+def _fold(events: List[Event], done: List[str], result: RunResult) -> Tuple[str | None, bool]:
+    """Fold the events into `result`: (the test started and not reported, the process finished
+    or must not be restarted)."""
     started: str | None = None
     finished = False
     for ev in events:
@@ -111,8 +103,8 @@ def _fold(events: List[Event], done: List[str], result: RunResult) -> Tuple[str 
             finished = True
         elif isinstance(ev, Fatal):
             result.general.append(ev.message)
-            return started, True, True
-    return started, finished, False
+            return started, True
+    return started, finished
 
 
 def _unfinished(
