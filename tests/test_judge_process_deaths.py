@@ -82,6 +82,26 @@ def test_killing_the_judges_fork_server_never_passes(project, capsys, monkeypatc
         assert "fork server" in said and "was killed" in said, (attempt, said)
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
+def test_no_blame_rerun_after_the_fork_server_was_killed(project, capsys, monkeypatch, tmp_path):
+    """`is_big` kills the fork server and computes right; its one test is shared with a wrong
+    `starting_at`, so the blame reruns would judge it alone, in a process started afresh whose
+    parent is the judge, where the kill does nothing (done once here; in the grader's sandbox,
+    before the judge stopped being the namespace's init, dropped by the kernel): "passing on its
+    own". After a killed fork server no exercise is rerun."""
+    monkeypatch.setenv("MINISGL_JUDGE_JOBS", "1")
+    killer = KILLS_THE_FORK_SERVER.format(marker=str(tmp_path / "killed"))
+    killer = killer.replace("def double(x):", "def is_big(self):").replace(RIGHT, "")
+    wrong_starting_at = "def starting_at(cls, n):\n    c = cls()\n    c.n = n + 1\n    return c\n"
+    source = SOLUTION.split("def is_big", 1)[0] + killer + "    return self.n > 10\n\n"
+    path = project.write("mine.py", source + wrong_starting_at)
+    code = main(["ch42", "--file", str(path), "--json"])
+    ex = {e["name"]: e for e in json.loads(capsys.readouterr().out)["exercises"]}
+    assert (tmp_path / "killed").exists()
+    assert code == 1 and ex["starting_at"]["status"] == "failing"
+    assert ex["is_big"]["status"] == "failing", ex["is_big"]
+
+
 def test_os_exit_0_in_the_middle_of_a_test_never_passes(project, capsys):
     code, v, ex, tests = judged(project, capsys, EXITS_0_IN_A_TEST)
     assert code == 1 and ex["double"]["status"] == "failing"
