@@ -146,6 +146,10 @@ def test_what_a_sandboxed_judge_left_means(tmp_path):
     killed = run.interpret(sub, Outcome(-9, "", "Traceback...\nboom\n", 3.0, False))
     assert killed.outcome == run.CRASHED
     assert killed.reason == "the judge died without a verdict (killed by SIGKILL): boom"
+    # the sandbox's shell, the judge's parent, reports a signal as 128 + its number
+    segv = run.interpret(sub, Outcome(139, "", "", 3.0, False))
+    assert segv.reason == "the judge died without a verdict (killed by SIGSEGV)"
+    assert "(exit status 3)" in run.interpret(sub, Outcome(3, "", "", 3.0, False)).reason
     bad = run.interpret(
         sub, Outcome(2, '{"passed": false, "error": "corrupt notebook"}', "", 1, False)
     )

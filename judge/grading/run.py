@@ -158,10 +158,13 @@ def _last_json(stdout: str) -> Optional[dict]:
 
 def _death(outcome: Outcome) -> str:
     code = outcome.returncode
-    if code is not None and code < 0:
-        how = f"killed by {signal.Signals(-code).name}"
-    elif code == 137:
-        how = "killed by SIGKILL"
+    # The sandbox's shell, the judge's parent, exits 128 + N when the judge died of signal N.
+    number = -code if code is not None and code < 0 else (code or 0) - 128
+    if 0 < number < signal.NSIG:
+        try:
+            how = f"killed by {signal.Signals(number).name}"
+        except ValueError:
+            how = f"killed by signal {number}"
     else:
         how = f"exit status {code}"
     last = [line for line in outcome.stderr.strip().splitlines() if line.strip()]
