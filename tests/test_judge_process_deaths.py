@@ -13,7 +13,7 @@ server: a restarted test process's parent is this pytest process, which must sur
 from __future__ import annotations
 
 import json
-import signal
+import sys
 
 import pytest
 
@@ -48,6 +48,9 @@ SYS_EXIT_0_WHILE_LOADING = "import sys\n\ndef double(x, _=sys.exit(0)):\n" + RIG
 OS_EXIT_0_WHILE_LOADING = "import os\n\ndef double(x, _=os._exit(0)):\n" + RIGHT
 
 
+LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the killer reads /proc")
+
+
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
@@ -62,7 +65,7 @@ def judged(project, capsys, double: str) -> tuple:
     return code, v, {e["name"]: e for e in v["exercises"]}, {t["test"]: t for t in v["tests"]}
 
 
-@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
+@LINUX
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_killing_the_judges_fork_server_never_passes(project, capsys, monkeypatch, tmp_path, jobs):
     """The kill lands on the fork server, the test process's parent: the test that did it goes on
@@ -82,7 +85,7 @@ def test_killing_the_judges_fork_server_never_passes(project, capsys, monkeypatc
         assert "fork server" in said and "was killed" in said, (attempt, said)
 
 
-@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
+@LINUX
 def test_no_blame_rerun_after_the_fork_server_was_killed(project, capsys, monkeypatch, tmp_path):
     """`is_big` kills the fork server and computes right; its one test is shared with a wrong
     `starting_at`, so the blame reruns would judge it alone, in a process started afresh whose
