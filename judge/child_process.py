@@ -56,9 +56,19 @@ def file_tail(path: Path) -> str:
     )
 
 
+# Why a test process's exit status never came back: the fork server that started it, its parent,
+# reaps it and reports the status; only the tests and the learner's code run in that process, so
+# they killed it (judge/grading/run.py reads these words in a judge's verdict).
+SUPERVISOR_LOST = (
+    "unknown status: the judge's fork server, this test process's parent, was killed while it "
+    "ran; only the tests and the learner's code run in the test processes"
+)
+
+
 def exit_reason(code: int | None) -> str:
+    """How a test process ended, for a message; None: its end was never reported."""
     if code is None:
-        return "unknown status"
+        return SUPERVISOR_LOST
     if code < 0:
         try:
             name = signal.Signals(-code).name

@@ -1,6 +1,12 @@
 """Reading one pytest process's events (protocol.py) into the run's result: `replay` folds them
 in and, after a process that did not finish, reports the test it was in (a crash, a hang,
-pytest-timeout ending the process) or why the run stopped."""
+pytest-timeout ending the process) or why the run stopped.
+
+Events are evidence only from a process that wrote `Finished` with no test left open, and whose
+end the judge saw (its exit status came back; whatever it is, after the last test it changes no
+result: a crash in the interpreter's teardown is not the learner's). The learner's code runs in that
+process and can kill the fork server that is its parent and reports its end, then finish its test as
+if nothing had happened: every pass of a process whose end went unreported is void, saying why."""
 
 from __future__ import annotations
 
@@ -39,9 +45,26 @@ def replay(
     it was in. Returns True when no further attempt is needed."""
     first = len(result.tests)
     started, finished = _fold(events, done, result)
-    if finished:
+    # no exit status, and not killed on time: its parent, the fork server, was killed
+    lost = returncode is None and not killed
+    if lost:
+        # only the tests and the learner's code run in that process: a test that reported
+        # passing may be the one that killed it, going on as if nothing had happened
+        _void(result.tests[first:])
+    if finished and started is None:
         return True
     return _unfinished(events, started, first, returncode, killed, options, done, result)
+
+
+def _void(tests: List[TestResult]) -> None:
+    """The passes a process reported before its fork server was killed are no evidence."""
+    why = (
+        f"reported passing, but the test process's end went unreported ({exit_reason(None)}), "
+        "so the result cannot be trusted"
+    )
+    for t in tests:
+        if t.ok:  # a failure stays one
+            t.outcome, t.message = "crashed", why
 
 
 def _fold(events: List[Event], done: List[str], result: RunResult) -> Tuple[str | None, bool]:
@@ -95,7 +118,11 @@ def _unfinished(
     result: RunResult,
 ) -> bool:
     """A process that did not finish: report the test it was in, else why the run stopped."""
-    if not killed:
+    # A crash may be another exercise's doing (memory it corrupted earlier): rerun_alone judges
+    # the exercises of the tests this process ran again without it. A killed fork server is no
+    # corruption: the code running when it died is the likeliest killer, and nothing excuses it.
+    lost = returncode is None and not killed
+    if not killed and not lost:
         for t in result.tests[first:]:
             t.process_died = True
     if killed:
@@ -115,10 +142,15 @@ def _unfinished(
         else:
             outcome, message = ("timeout" if killed else "crashed"), why + " during this test"
         result.tests.append(
-            TestResult(started, outcome, message=message, process_died=outcome == "crashed")
+            TestResult(
+                started, outcome, message=message, process_died=outcome == "crashed" and not lost
+            )
         )
         done.append(started)
-        return killed  # after a kill, the time is up; after a crash, go on with the rest
+        # after a kill on time, the time is up; after a crash, go on with the rest; after the
+        # fork server was killed, stop: a fresh process's parent would be the judge itself (the
+        # learner's kernel, for judge.check), the next target of the code that killed it
+        return killed or lost
     if not any(isinstance(ev, Swapped) for ev in events):
         why += " while loading your code"
     result.general.append(why + _output_hint(result.output_tail, events))

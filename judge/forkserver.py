@@ -26,6 +26,8 @@ import sys
 import threading
 from typing import Dict, List, Tuple
 
+from .parent_death import die_with_parent
+
 BASE = [
     "pytest",
     "pytest_timeout",
@@ -244,8 +246,10 @@ def serve(device: str, preload: List[str]) -> None:
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             request = json.loads(line)
+            server = os.getpid()
             pid = os.fork()
             if pid == 0:
+                die_with_parent(server)  # before the child runs anything of the learner's
                 _child(request)
             children[pid] = request.get("id")
             _answer({"id": request.get("id"), "pid": pid})

@@ -107,7 +107,11 @@ def judge(
         for c in chapters:
             for ex in c.exercises:
                 verdict.exercises.append(_exercise_verdict(ex, codes.get(c.key), run, filtered))
-        if mode == "learner" and len(chapters) == 1:
+        # No blame reruns once the learner's code has killed the fork server: a rerun's process
+        # would be started afresh, its parent the judge (the learner's kernel, for judge.check),
+        # the next target of the code that killed the server.
+        server_killed = server is not None and not server.ready
+        if mode == "learner" and len(chapters) == 1 and not server_killed:
             _blame(verdict, units, chapters[0], options, deadline=start + options.time_limit)
     finally:
         if server is not None:

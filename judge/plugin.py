@@ -56,6 +56,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if not path or _judge is not None:
         return
     _judge = _Judge(path)
+    from .parent_death import die_with_parent
+
+    die_with_parent()  # a fresh process (a forked one asked already): before the learner's code
     if _judge.spec.device == "cuda" and not _cuda_available():
         _judge.write(
             Fatal("--device cuda, but there is no usable CUDA GPU here (use --device cpu, or auto)")
@@ -82,6 +85,7 @@ def _cuda_available() -> bool:
         return False
 
 
+@pytest.hookimpl(trylast=True)  # after -k and conftest deselect: the order is what will run
 def pytest_collection_modifyitems(session, config, items) -> None:
     if _judge is None:
         return

@@ -87,6 +87,15 @@ def _merge(shares: List[RunResult]) -> RunResult:
         merged.general += [g for g in s.general if g not in merged.general]
         merged.collected += s.collected
         merged.over_budget.update(s.over_budget)
+    # Every test of the collection must have a result: a share whose process died before it
+    # reported its collection left its tests unaccounted for, and a verdict on the others alone
+    # would read as complete (every exercise passing on the tests that did report).
+    reported = {t.test for t in merged.tests}
+    silent = [g for s in shares if not s.collected for g in s.general]
+    why = "; ".join(silent) or "the test process of its share stopped before reporting it"
+    merged.tests += [
+        TestResult(t, "error", message=f"not run: {why}") for t in order if t not in reported
+    ]
     last = len(order)  # a test only a share knows of (reported, never collected) goes last
     merged.tests.sort(key=lambda t: rank.get(t.test, last))
     merged.collected.sort(key=lambda t: rank.get(t, last))

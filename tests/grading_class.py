@@ -75,7 +75,34 @@ HOSTILE: Dict[str, str] = {
         os.kill(os.getppid(), signal.SIGKILL)
         """
     ),
+    # the judge itself (its test process's parent's parent)
+    "kills_its_grandparent": _complete_one(
+        """
+        import os, signal
+        with open(f"/proc/{os.getppid()}/stat") as f:
+            grandparent = int(f.read().rsplit(")", 1)[1].split()[1])
+        if grandparent > 1:
+            os.kill(grandparent, signal.SIGKILL)
+        """
+    ),
+    # its own test process, in the middle of a test, with the status of a success
+    "exits_in_a_test": _complete_one(
+        """
+        import os
+        os._exit(0)
+        """
+    ),
+    # every file its test process has open: pytest's output, the judge's results file
+    "closes_its_files": _complete_one(
+        """
+        import os
+        os.closerange(1, 4096)
+        """
+    ),
 }
+# the test process while the judge loads the notebook's code, before any test (a default value is
+# computed when its `def` runs), with the status of a success
+EXITS_WHILE_LOADING = "import os\n\ndef complete_one(self, _=os._exit(0)):\n" + RIGHT
 
 
 ENDLESS = _complete_one("while True:\n    pass\n")  # the judge's time budget stops it
@@ -158,7 +185,14 @@ def write_class(
          FAILING_ONE),
         ("kills_its_parent", notebook({"complete_one": HOSTILE["kills_its_parent"]}),
          "crashed|judged", NOT_PASSING_ONE),
+        ("exits_while_loading", notebook({"complete_one": EXITS_WHILE_LOADING}),
+         "crashed|judged", dict.fromkeys(stub, "not passing")),
     ]  # fmt: skip
+    # Each ends a process of the judge's chain. Which verdict comes depends on what the kill hit
+    # and when (a judge that died gives none): any, as long as complete_one earns nothing.
+    for name in ("kills_its_grandparent", "exits_in_a_test", "closes_its_files"):
+        cases.append((name, notebook({"complete_one": HOSTILE[name]}), "crashed|judged",
+                      NOT_PASSING_ONE))  # fmt: skip
     for name in ("allocation_loop", "huge_file", "writes_the_judge"):
         cases.append((name, notebook({"complete_one": HOSTILE[name]}), "judged", FAILING_ONE))
     if port is not None:

@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 
 from extras import needs_extra
+from judge.child_process import SUPERVISOR_LOST
 from judge.grading import export, report, run
 from judge.grading.discover import SubmissionError, discover
 from judge.grading.isolate import Containment, Limits, Outcome
@@ -145,6 +146,10 @@ def test_what_a_sandboxed_judge_left_means(tmp_path):
     killed = run.interpret(sub, Outcome(-9, "", "Traceback...\nboom\n", 3.0, False))
     assert killed.outcome == run.CRASHED
     assert killed.reason == "the judge died without a verdict (killed by SIGKILL): boom"
+    # the sandbox's shell, the judge's parent, reports a signal as 128 + its number
+    segv = run.interpret(sub, Outcome(139, "", "", 3.0, False))
+    assert segv.reason == "the judge died without a verdict (killed by SIGSEGV)"
+    assert "(exit status 3)" in run.interpret(sub, Outcome(3, "", "", 3.0, False)).reason
     bad = run.interpret(
         sub, Outcome(2, '{"passed": false, "error": "corrupt notebook"}', "", 1, False)
     )
@@ -164,7 +169,7 @@ def test_what_a_sandboxed_judge_left_means(tmp_path):
     # ended with no status (its fork server killed), complete_one (the culprit) "passing".
     data = json.loads(_judge_json(dict.fromkeys(ALL, "passing") | {"is_greedy": "failing"}))
     data["tests"][3]["message"] = (
-        "the test process ended abruptly (unknown status) during this test"
+        f"the test process ended abruptly ({SUPERVISOR_LOST}) during this test"
     )
     lost = run.interpret(sub, Outcome(1, json.dumps(data), "", 5, False))
     assert lost.outcome == run.CRASHED and "fork server was killed" in lost.reason

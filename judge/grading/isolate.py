@@ -177,7 +177,13 @@ fi
 mkdir -m 0777 /tmp/work /tmp/home
 cat > /tmp/work/submission.ipynb
 cd /tmp/work
-exec setpriv --no-new-privs --inh-caps=-all --bounding-set=-all "$@" < /dev/null
+# Not exec'd: this shell stays the namespace's first process, its init, and the judge is its
+# child. The kernel drops every signal sent to an init from inside its namespace, so a judge that
+# were init would survive a submission's kill (of its test process's parent or grandparent) and
+# judge on as if it had not happened; as init's child it dies of it, without a verdict.
+status=0
+setpriv --no-new-privs --inh-caps=-all --bounding-set=-all "$@" < /dev/null || status=$?
+exit "$status"
 """
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..child_process import SUPERVISOR_LOST
 from ..registry import load_registry
 from .discover import Submission
 from .isolate import REPO, Containment, Limits, Outcome, Sandbox
@@ -27,7 +28,7 @@ from .isolate import REPO, Containment, Limits, Outcome, Sandbox
 JUDGED, REJECTED, CRASHED, TIMED_OUT = "judged", "rejected", "crashed", "timed out"
 NOT_JUDGED = "not judged"  # an exercise's status when its submission gave no verdict
 PASSING = "passing"
-LOST = "ended abruptly (unknown status)"  # judge/child_process.py's words for an unreported end
+LOST = SUPERVISOR_LOST  # the judge's words for a test process whose parent, its fork server, died
 
 
 @dataclass
@@ -122,15 +123,17 @@ def interpret(sub: Submission, outcome: Outcome) -> Verdict:
     general = [g if isinstance(g, str) else json.dumps(g) for g in data.get("general", [])]
     result, reason = JUDGED, None
     counts = data.get("counts", {})
-    # "unknown status": the test process's end was never reported, because the fork server that
-    # reports it was gone: killed, and only the learner's code runs there to kill it. The judge
-    # may then blame any exercise whose test was running (is_greedy, once), or none.
+    # The fork server that reports a test process's end was killed, and only the tests and the
+    # submission's code run in its test processes. The judge voids every pass of a process it
+    # lost so (no exercise passes on them), but cannot tell whose test did it: the shares run
+    # at once, and each loses its process then.
     lost = [t["test"] for t in tests.values() if LOST in (t.get("message") or "")]
     if lost:
+        during = [t for t in lost if tests[t]["message"].endswith("during this test")] or lost
         result = CRASHED
         reason = (
-            f"the judge lost its test process during {lost[0].split('::')[-1]} (its end went "
-            "unreported: the judge's fork server was killed)"
+            "the judge's fork server was killed by the submission's code while its test "
+            f"processes ran (one in {during[0].split('::')[-1]}): their results are void"
         )
     elif general and not data.get("passed") and (counts.get("crashed") or counts.get("error")):
         # Tests did not run and the judge names no exercise but the run itself ("the test process
@@ -155,10 +158,13 @@ def _last_json(stdout: str) -> Optional[dict]:
 
 def _death(outcome: Outcome) -> str:
     code = outcome.returncode
-    if code is not None and code < 0:
-        how = f"killed by {signal.Signals(-code).name}"
-    elif code == 137:
-        how = "killed by SIGKILL"
+    # The sandbox's shell, the judge's parent, exits 128 + N when the judge died of signal N.
+    number = -code if code is not None and code < 0 else (code or 0) - 128
+    if 0 < number < signal.NSIG:
+        try:
+            how = f"killed by {signal.Signals(number).name}"
+        except ValueError:
+            how = f"killed by signal {number}"
     else:
         how = f"exit status {code}"
     last = [line for line in outcome.stderr.strip().splitlines() if line.strip()]
