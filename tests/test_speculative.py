@@ -518,11 +518,13 @@ def test_tensor_parallel_speculation_gives_the_same_tokens():
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True
     prompts = _prompts()
     sampled = SamplingParams(temperature=0.9, max_tokens=12, ignore_eos=True, seed=5)
-    single = build_llm(speculative="lookup", num_speculative_tokens=3)
+    # the one-process engine on the ranks' device: a seeded sample on the CPU and on a GPU draws
+    # from different generators (with one GPU the ranks run on the CPU)
+    device = rank_device(2)
+    single = build_llm(device=device, speculative="lookup", num_speculative_tokens=3)
     want = single.generate(prompts, greedy(20)) + single.generate(prompts[:1], sampled)
-    llm = build_llm(
-        tp_size=2, device=rank_device(2), speculative="lookup", num_speculative_tokens=3
-    )
+    single.shutdown()
+    llm = build_llm(tp_size=2, device=device, speculative="lookup", num_speculative_tokens=3)
     try:
         got = llm.generate(prompts, greedy(20)) + llm.generate(prompts[:1], sampled)
         assert [o["token_ids"] for o in got[:-1]] == _reference()
