@@ -153,6 +153,7 @@ def _watch(llm, run: RollbackRun, plan, reqs) -> None:
 
 
 def _check_every_step(llm, run: RollbackRun) -> None:
+    llm.stream.synchronize()  # the pools are written on the scheduler's stream (async on a GPU)
     cm, p = llm.cache_manager, llm.cache_manager.page_size
     owners: List[int] = _free_list(cm).tolist()
     owners += torch.unique(cm.prefix_cache.all_indices().to(torch.int64) // p).tolist()
