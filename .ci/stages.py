@@ -26,12 +26,6 @@ SITE_PAGES = (
 
 STAGES = [
     Stage(
-        "selfcheck",
-        "python3 judge.py --selfcheck --workers {cores}",
-        "judge self-check: reference green, each stub red on exactly its tests, variants caught",
-        cores=None,
-    ),
-    Stage(
         "mutants",
         "python3 -m tools.mutants --sample 5 --check --workers {cores}",
         "mutation testing, a sample: five mutants of every exercise must each fail a test "
@@ -39,9 +33,17 @@ STAGES = [
         cores=None,
     ),
     Stage(
+        "selfcheck",
+        "python3 judge.py --selfcheck --workers {cores}",
+        "judge self-check: reference green, each stub red on exactly its tests, variants caught",
+        cores=None,
+    ),
+    Stage(
         "needs_extra",
-        "python3 -m pytest -q -m needs_extra",
+        "python3 -m pytest -q -m needs_extra -n {cores}",
         "the tests that need an extra the README's set-up leaves out (pytest -m needs_extra)",
+        # schemathesis's one long test beside the rest: two processes keep it off the critical path
+        cores=2,
     ),
     Stage(
         "nbval",
