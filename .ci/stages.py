@@ -6,8 +6,10 @@ machine's cores allow, each stage's log kept in build/ci/, and fails if any stag
     python3 .ci/stages.py --only lint check     # some of them
     python3 .ci/stages.py --cores 2             # as on a 2-core machine
 
-`cores=None` is a stage that spreads its work over what it is granted (`{cores}` in its command);
-1 is one that keeps one core busy (one pytest process, one notebook kernel at a time).
+`cores=None` is a stage that spreads its work over the machine (`{cores}` in its command): one such
+stage at a time, with the others beside it in half the cores (tools/stages.py says why); 1 is one
+that keeps about one core busy (a pytest process, a notebook kernel at a time). Within each lane
+the plan's order is the order they start: the longest first.
 """
 
 from __future__ import annotations
@@ -39,19 +41,20 @@ STAGES = [
         cores=None,
     ),
     Stage(
-        "needs_extra",
-        "python3 -m pytest -q -m needs_extra -n {cores}",
-        "the tests that need an extra the README's set-up leaves out (pytest -m needs_extra)",
-        # schemathesis's one long test beside the rest: two processes keep it off the critical path
-        cores=2,
-    ),
-    Stage(
         "nbval",
         # its own progress file: the learner check's kernels record theirs at the same time
         "MINISGL_JUDGE_PROGRESS=build/ci/nbval_progress.json MINISGL_PROGRESS=off "
         "OMP_NUM_THREADS=1 python3 -m pytest -q -p nbval --nbval-lax --nbval-current-env "
         "solutions/",
         "the solution notebooks run top to bottom (nbval; tagged cells give the committed output)",
+    ),
+    Stage(
+        "needs_extra",
+        "python3 -m pytest -q -m needs_extra -n 2",
+        "the tests that need an extra the README's set-up leaves out (pytest -m needs_extra)",
+        # two test processes, so that schemathesis's one long test runs beside the rest; together
+        # they keep about one core busy (176 CPU s in 263 s on a busy 2-core machine: that test
+        # mostly waits on its live server), so one core is what it holds back from the others
     ),
     Stage(
         "learner",

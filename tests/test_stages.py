@@ -13,19 +13,38 @@ def run(stages, cores, tmp_path):
     return runner.run(), runner.results
 
 
-def test_one_core_stages_run_side_by_side_and_a_stage_waits_for_its_cores(tmp_path):
-    # a and b each hold one core, so both run at once on two; c wants both, so it waits for them
+def test_one_spreading_stage_at_a_time_with_one_core_stages_beside_it_in_half_the_cores(tmp_path):
+    # on 4 cores: the side lane is 2 cores, so a and b run at once and c waits for one of them;
+    # wide spreads over all 4 beside them, and wide2 waits for wide
     stages = [
         Stage("a", "sleep 1.5"),
         Stage("b", "sleep 1.5"),
-        Stage("c", "echo cores={cores}", cores=None),
+        Stage("c", "true"),
+        Stage("wide", "sleep 1.5; echo cores={cores}", cores=None),
+        Stage("wide2", "true", cores=None),
     ]
+    code, results = run(stages, 4, tmp_path)
+    assert code == 0
+    start = {name: r[1] for name, r in results.items()}
+    assert max(start["a"], start["b"], start["wide"]) < 1.0, f"not started together: {start}"
+    assert start["c"] >= 1.4, f"c started before a or b gave its core back: {start}"
+    assert start["wide2"] >= 1.4, f"two spreading stages ran at once: {start}"
+    assert (tmp_path / "wide.log").read_text().splitlines()[-1] == "cores=4"
+
+
+def test_on_two_cores_one_stage_runs_beside_the_spreading_one(tmp_path):
+    stages = [Stage("a", "sleep 1.5"), Stage("b", "true"), Stage("wide", "sleep 1.5", cores=None)]
     code, results = run(stages, 2, tmp_path)
     assert code == 0
     start = {name: r[1] for name, r in results.items()}
-    assert abs(start["a"] - start["b"]) < 1.0, f"a and b did not start together: {start}"
-    assert start["c"] >= start["a"] + 1.4, f"c started before a and b gave its cores back: {start}"
-    assert (tmp_path / "c.log").read_text().splitlines()[-1] == "cores=2"
+    assert start["wide"] < 1.0 and start["b"] >= 1.4, start
+
+
+def test_once_no_spreading_stage_is_left_the_others_use_every_core(tmp_path):
+    stages = [Stage("a", "sleep 1.5"), Stage("b", "sleep 1.5"), Stage("c", "sleep 1.5")]
+    code, results = run(stages, 3, tmp_path)
+    start = {name: r[1] for name, r in results.items()}
+    assert code == 0 and max(start.values()) < 1.0, start
 
 
 def test_a_stage_waits_for_the_stages_it_names(tmp_path):

@@ -1,16 +1,23 @@
 """Run a plan of shell stages at once where the machine's cores allow (CI's `.ci/stages.py`).
 
-Each stage is a shell command with the stages it must wait for and the cores it keeps busy. A stage
-starts as soon as the stages it waits for have passed and its cores are free, so stages that keep
-one core busy (a notebook kernel, a serial pytest) run side by side instead of one after another,
-and one that spreads its work (`--workers {cores}`) gets the cores it was granted. Standard
-library only.
+Each stage is a shell command with the stages it must wait for and the cores it keeps busy; it
+starts as soon as the stages it waits for have passed and there is room for it, in two lanes:
+
+- a stage that spreads its work over the machine (`cores=None`, `--workers {cores}` in its
+  command) is granted every core, one such stage at a time;
+- stages that keep a core or two busy (one pytest process, one notebook kernel) run beside it,
+  sharing half the cores (at least one) among themselves.
+
+The machine is thus asked for up to one and a half times its cores: a spreading stage does not
+keep every core busy all the time (start-up, its last few jobs, waits on its servers), nor does a
+one-core stage its core (the CPU seconds in the table at the end tell by how much), and the side
+lane fills those gaps instead of waiting for them. Standard library only.
 
 - Each stage's output goes to its own log (`build/ci/NAME.log`), printed whole, not interleaved,
-  when the stage ends; a failed one is printed first thing, so a red CI shows why at once.
+  when the stage ends.
 - The log says when each stage starts and ends and how long CI has run (the stamps), a line every
   few minutes names what is still running, and a table at the end gives each stage's start, wall
-  time and cores: where the minutes go.
+  time, cores and CPU seconds: where the minutes go.
 - A failed stage fails the run (exit 1); the stages that wait for it are not run, the others are.
 """
 
@@ -44,7 +51,7 @@ class Stage:
     command: str  # bash; `{cores}` is replaced by the cores this stage was granted
     what: str = ""  # one line for the log: what the stage proves
     after: Sequence[str] = ()  # stages that must pass first
-    cores: Optional[int] = 1  # cores it keeps busy; None: all the machine has
+    cores: Optional[int] = 1  # cores it keeps busy; None: it spreads over all the machine has
 
 
 @dataclass
@@ -99,8 +106,21 @@ class Runner:
     def granted(self, stage: Stage) -> int:
         return self.cores if stage.cores is None else min(stage.cores, self.cores)
 
-    def free_cores(self) -> int:
-        return self.cores - sum(r.cores for r in self.running.values())
+    def side_lane(self) -> int:
+        """The cores the stages that do not spread share beside the one that does: half, or all
+        once no spreading stage is left to run."""
+        spreading = [s for s in self.waiting if s.cores is None] + [
+            r for r in self.running.values() if r.stage.cores is None
+        ]
+        return max(1, self.cores // 2) if spreading else self.cores
+
+    def fits(self, stage: Stage, cores: int) -> bool:
+        if not self.running:
+            return True  # whatever it asks for, a stage alone runs
+        if stage.cores is None:
+            return all(r.stage.cores is not None for r in self.running.values())
+        beside = sum(r.cores for r in self.running.values() if r.stage.cores is not None)
+        return beside + cores <= self.side_lane()
 
     def ready(self, stage: Stage) -> Optional[bool]:
         """True: may start; False: wait; None: never (a stage it waits for did not pass)."""
@@ -119,9 +139,8 @@ class Runner:
                 self.stamp(f"{stage.name}: not run, it waits for {', '.join(blocked)}")
                 continue
             cores = self.granted(stage)
-            # plan order, but a later stage that fits now goes first (nothing idles); a stage
-            # wanting more than is free starts anyway when nothing else runs
-            if ready and (cores <= self.free_cores() or not self.running):
+            # plan order, but a later stage that fits now goes first: nothing idles
+            if ready and self.fits(stage, cores):
                 self.waiting.remove(stage)
                 self.launch(stage, cores)
 
