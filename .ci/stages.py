@@ -42,8 +42,7 @@ STAGES = [
     ),
     Stage(
         "nbval",
-        # its own progress file: the learner check's kernels record theirs at the same time
-        "MINISGL_JUDGE_PROGRESS=build/ci/nbval_progress.json MINISGL_PROGRESS=off "
+        "MINISGL_JUDGE_PROGRESS=build/notebook_progress.json MINISGL_PROGRESS=off "
         "OMP_NUM_THREADS=1 python3 -m pytest -q -p nbval --nbval-lax --nbval-current-env "
         "solutions/",
         "the solution notebooks run top to bottom (nbval; tagged cells give the committed output)",
