@@ -9,7 +9,8 @@ machine's cores allow, each stage's log kept in build/ci/, and fails if any stag
 `cores=None` is a stage that spreads its work over the machine (`{cores}` in its command): one such
 stage at a time, with the others beside it in half the cores (tools/stages.py says why); 1 is one
 that keeps about one core busy (a pytest process, a notebook kernel at a time). Within each lane
-the plan's order is the order they start: the longest first.
+the plan's order is the order they start: mutants first (the learner check waits for it), then
+the longest.
 """
 
 from __future__ import annotations
