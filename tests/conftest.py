@@ -38,6 +38,36 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# What one test process may hold at its peak: itself (torch, the bundled model, ~0.5 GB) and what a
+# test starts beside it (a live server's three processes, two tensor-parallel ranks).
+GB_PER_WORKER = 2.0
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: what `-n auto` means here
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """One test process per core, as many as the memory available holds (GB_PER_WORKER each), and
+    one on a GPU: its memory is one pool that every process's engine would size itself from."""
+    if config.getoption("--device") != "cpu":
+        return 1
+    workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    available = _available_gb()
+    if available is not None:
+        workers = min(workers, int(available // GB_PER_WORKER))
+    return max(1, workers or 1)
+
+
+def _available_gb() -> float | None:
+    """Memory available to new processes (Linux's MemAvailable), None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20  # kB
+    except OSError:
+        pass
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
     if env.TEST_DEVICE.read() != "cuda":
         skip = pytest.mark.skip(reason="needs --device cuda")

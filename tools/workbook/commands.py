@@ -324,7 +324,13 @@ def timings(ids: Iterable[str] = ()) -> int:
 
 def learner(ids: Iterable[str] = ()) -> int:
     """Each learner notebook as a learner meets it, its try-outs held to the judge on the way
-    (learner_run.py): no error to the end, ✔ with only the exercise written, ✘ with each variant."""
+    (learner_run.py): no error to the end, ✔ with only the exercise written, ✘ with each variant.
+    `--jobs N` among the ids: N chapters at a time, each in its own process (by_chapter.py)."""
+    ids, jobs = _jobs_option(list(ids))
+    if jobs > 1 and len(chapters(ids)) > 1:
+        from . import by_chapter
+
+        return by_chapter.run("learner", chapters(ids), jobs, solution_path)
     from .learner_run import run_chapter
 
     failed = False
@@ -346,6 +352,19 @@ def learner(ids: Iterable[str] = ()) -> int:
     return 1 if failed else 0
 
 
+def _jobs_option(args: List[str]) -> tuple:
+    """(the chapter ids, N) from `[chNN ...] [--jobs N]`; N is 1 without the option."""
+    if "--jobs" not in args:
+        return args, 1
+    at = args.index("--jobs")
+    value = args[at + 1] if at + 1 < len(args) else ""
+    if not value.isdigit() or int(value) < 1:
+        raise SystemExit(
+            f"--jobs needs a number of chapters to run at a time (1 or more), got {value!r}"
+        )
+    return args[:at] + args[at + 2 :], int(value)
+
+
 def main(argv: List[str]) -> int:
     usage = (
         "usage: python -m tools.workbook COMMAND [chNN ...]\n"
@@ -360,7 +379,7 @@ def main(argv: List[str]) -> int:
         "  learner   run the learner notebooks as a learner meets them (stubs; no error to the "
         "end), each checking try-out ✔ with only its exercise written and ✘ with each "
         "known-wrong variant of judge/variants/ and 90 % of the judge's killed mutants of the "
-        "last `python -m tools.mutants --sample 5`\n"
+        "last `python -m tools.mutants --sample 5`; `--jobs N`: N chapters at a time\n"
         "  timings   the execution time recorded in each solution notebook"
     )
     if not argv or argv[0] in ("-h", "--help"):
