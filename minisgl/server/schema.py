@@ -41,10 +41,23 @@ def errors(*statuses: int) -> Dict[int | str, Dict[str, Any]]:
 
 # the routes that read a JSON body; every one may be refused before its body is read
 BODY_ERRORS = errors(400, 401, 404, 413, 500, 503)
+# One server-sent event, as a client parses it (OpenAPI 3.0/3.1 tools such as schemathesis read a
+# text/event-stream schema as the schema of each event, not of the whole body): its data is a JSON
+# chunk of the completion, or "[DONE]" last.
+SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "data": {"type": "string", "description": "a JSON chunk of the answer, or [DONE] last"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+}
 STREAMED = {  # a completion with "stream": true answers server-sent events
     200: {
         "description": "the completion: JSON, or with stream: true server-sent events",
-        "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"application/json": {}, "text/event-stream": {"schema": SSE_EVENT}},
     }
 }
 METRICS_TEXT = {
