@@ -109,6 +109,17 @@ def interpret(sub: Submission, outcome: Outcome) -> Verdict:
     if data is None or "exercises" not in data:
         return without(CRASHED, _death(outcome))
     tests = {t["test"]: t for t in data.get("tests", [])}
+    exercises = _exercise_results(data, tests)
+    general = [g if isinstance(g, str) else json.dumps(g) for g in data.get("general", [])]
+    reason = _why_the_run_is_void(data, tests, general)
+    return Verdict(
+        sub.student, sub.chapter, str(sub.path), sub.sha256, CRASHED if reason else JUDGED,
+        reason, exercises, general, round(outcome.wall_s, 2),
+    )  # fmt: skip
+
+
+def _exercise_results(data: dict, tests: Dict[str, dict]) -> List[ExerciseResult]:
+    """Each exercise's status and counts, with the messages of its failed tests."""
     exercises = []
     for ex in data["exercises"]:
         failures = [ex["problem"]] if ex.get("problem") else []
@@ -120,8 +131,11 @@ def interpret(sub: Submission, outcome: Outcome) -> Verdict:
         exercises.append(
             ExerciseResult(ex["id"], ex["name"], ex["status"], ex["passed"], ex["total"], failures)
         )
-    general = [g if isinstance(g, str) else json.dumps(g) for g in data.get("general", [])]
-    result, reason = JUDGED, None
+    return exercises
+
+
+def _why_the_run_is_void(data: dict, tests: Dict[str, dict], general: List[str]) -> str | None:
+    """Why no exercise's status of this run can be trusted (the verdict is CRASHED), or None."""
     counts = data.get("counts", {})
     # The fork server that reports a test process's end was killed, and only the tests and the
     # submission's code run in its test processes. The judge voids every pass of a process it
@@ -130,22 +144,17 @@ def interpret(sub: Submission, outcome: Outcome) -> Verdict:
     lost = [t["test"] for t in tests.values() if LOST in (t.get("message") or "")]
     if lost:
         during = [t for t in lost if tests[t]["message"].endswith("during this test")] or lost
-        result = CRASHED
-        reason = (
+        return (
             "the judge's fork server was killed by the submission's code while its test "
             f"processes ran (one in {during[0].split('::')[-1]}): their results are void"
         )
-    elif general and not data.get("passed") and (counts.get("crashed") or counts.get("error")):
+    if general and not data.get("passed") and (counts.get("crashed") or counts.get("error")):
         # Tests did not run and the judge names no exercise but the run itself ("the test process
         # ended abruptly"): the learner's code ended it from outside any test's reach (killed the
         # judge's fork server, say). Then no exercise's status can be trusted, "passing" or not.
         # (A crash inside a test is the exercise's: the judge blames it, and says nothing here.)
-        result = CRASHED
-        reason = "the judge's run did not finish: " + "; ".join(general or ["a test process died"])
-    return Verdict(
-        sub.student, sub.chapter, str(sub.path), sub.sha256, result, reason, exercises, general,
-        round(outcome.wall_s, 2),
-    )  # fmt: skip
+        return "the judge's run did not finish: " + "; ".join(general or ["a test process died"])
+    return None
 
 
 def _last_json(stdout: str) -> Optional[dict]:
