@@ -58,7 +58,7 @@ def test_requests_join_and_leave_the_running_batch():
     llm.run_until_idle()
 
     # A new prompt is prefilled before the running requests decode again; then it decodes with them.
-    assert launches(log) == [
+    want = [
         ("prefill", [a, b]),
         ("decode", [a, b]),
         ("prefill", [c]),
@@ -66,7 +66,12 @@ def test_requests_join_and_leave_the_running_batch():
         ("decode", [a, c]),
         ("decode", [a, c]),
         ("decode", [a]),
-    ], "the batches' composition over time is not what continuous batching gives"
+    ]
+    got = launches(log)
+    assert got == want, (
+        "the batches' composition over time is not what continuous batching gives: launched "
+        f"(phase, uids) {got}, expected {want} (a arrives wanting 6 tokens, b 2, c 4 after step 2)"
+    )
 
     ref = hf_greedy([p[0], p[1], p[3]], 6)
     got = [llm.results[u].token_ids for u in (a, b, c)]
@@ -210,6 +215,23 @@ def test_the_loop_blocks_for_messages_only_when_it_has_no_work(chunked):
         "waits for its next chunk)"
     )
     assert io.calls and io.calls[-1] == (True, False), "an idle step should wait for messages"
+
+
+def test_a_message_the_scheduler_cannot_process_stops_the_step_with_its_error():
+    """`_process_one_msg` raises TypeError on an object that is no message: a loop that swallows it
+    would run on as if the sender's bug (a server handing the scheduler the wrong object) had never
+    happened, and the request that object stood for would wait forever."""
+    llm = build_llm()
+    uid = llm.add_request(prompt_ids()[0], greedy(2))
+    stray = ("not", "a", "message")
+    llm._queue.put(stray)
+    what = (
+        f"a turn of normal_loop whose messages include {stray!r} (the TypeError "
+        "_process_one_msg raises for it must reach the caller, not be skipped)"
+    )
+    with refuses(TypeError, what, match="unknown message"):
+        llm.step()
+    assert uid in llm.results, "the request queued before the stray object should still be known"
 
 
 @pytest.mark.parametrize("ending", ["finishes", "is aborted"])
@@ -417,6 +439,74 @@ def test_prepare_batch_moves_the_tensors_it_builds_to_the_device():
 
 
 @torch.inference_mode()
+def test_prepare_batch_leaves_the_requests_lengths_to_the_launch():
+    """The lengths advance when the step is launched (`_forward`, `complete_one`), not while it is
+    prepared: the launch event's extend_lens, the prompt logprobs' slice and the prefix cache all
+    read cached_len and device_len after `_prepare_batch` has returned."""
+    llm = build_llm()
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
+    for phase in ("prefill", "decode"):
+        before = [(r.cached_len, r.device_len) for r in reqs]
+        llm._prepare_batch(Batch(reqs, phase))
+        after = [(r.cached_len, r.device_len) for r in reqs]
+        assert after == before, (
+            f"{phase} step: (cached_len, device_len) per request went from {before} to {after} "
+            "inside _prepare_batch; they are the launch's to advance"
+        )
+        for r in reqs:
+            r.complete_one()  # what launching the step does: the next one is a decode
+
+    # Through the whole loop: each launch logs how many tokens each request processed, and a
+    # request asking for its prompt's logprobs gets one per prompt token after the first.
+    llm = build_llm()
+    log = llm.events.record()
+    p = prompt_ids()[:2]
+    out = llm.generate(p, SamplingParams(max_tokens=2, ignore_eos=True, prompt_logprobs=True))
+    lens = launches_with_lens(log)
+    assert lens == [[len(q) for q in p], [1, 1]], (
+        f"tokens processed per request, per launch: {lens}, expected "
+        f"{[[len(q) for q in p], [1, 1]]} (the prompts, then one token each)"
+    )
+    got = [len(o.get("prompt_logprobs") or []) for o in out]
+    assert got == [len(q) for q in p], (
+        f"prompt logprobs per request: {got} entries, expected {[len(q) for q in p]} (one per "
+        "prompt token, the first None)"
+    )
+
+
+@torch.inference_mode()
+def test_prepare_batch_builds_the_sampling_arguments_for_the_engines_device():
+    """On a GPU, sampling arguments built for the host meet the device's logits in the sampler and
+    the step fails. On a CPU both are "cpu", so the test gives the scheduler a device that differs
+    from a bare `torch.device("cpu")` only by its index (cpu:0, the same memory) and records the
+    device `from_params` is asked for."""
+    llm = build_llm()
+    on_cpu = llm.device.type == "cpu"
+    if on_cpu:
+        llm.device = llm.engine.device = torch.device("cpu", 0)
+    asked = []
+    original = BatchSamplingArgs.from_params.__func__
+
+    def recording(cls, params, vocab_size, device):
+        asked.append(torch.device(device))
+        return original(cls, params, vocab_size, device)
+
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
+    reqs[1].sampling_params = SamplingParams(temperature=0.7, max_tokens=4)
+    BatchSamplingArgs.from_params = classmethod(recording)
+    try:
+        llm._prepare_batch(Batch(reqs, "prefill"))
+    finally:
+        BatchSamplingArgs.from_params = classmethod(original)
+    assert asked, "the sampling arguments should come from BatchSamplingArgs.from_params"
+    wrong = [d for d in asked if (d != llm.device if on_cpu else d.type != llm.device.type)]
+    assert not wrong, (
+        f"sampling arguments built for device {wrong[0]}, the scheduler's is self.device "
+        f"({llm.device}): on a GPU the sampler would meet host tensors"
+    )
+
+
+@torch.inference_mode()
 def test_prepare_batch_sends_a_chunks_sample_to_the_scratch_row():
     llm = build_llm()
     ids = prompt_ids()[3]
@@ -431,7 +521,9 @@ def test_prepare_batch_sends_a_chunks_sample_to_the_scratch_row():
         f"a 3-token chunk processes positions [0, 1, 2], got {fi.input_tuple[1].tolist()}"
     )
     assert fi.write_tuple[0].tolist() == [llm.engine.dummy_row], (
-        "a chunk's sample goes to the scratch row"
+        f"a chunk's sample goes to the scratch row (self.engine.dummy_row = "
+        f"{llm.engine.dummy_row}): write_tuple rows {fi.write_tuple[0].tolist()}, the chunk's "
+        f"slot is {chunk.table_idx}"
     )
     _run(llm, fi)
     assert llm.token_pool[whole.table_idx, : len(ids)].tolist() == ids, (
