@@ -11,7 +11,13 @@ from typing import List, Tuple
 import pytest
 import torch
 
-from classroom.device_tags import host_tensors, tag_device_copies
+from classroom.device_tags import (
+    distinct_scheduler_device,
+    host_tensors,
+    sampling_devices,
+    tag_device_copies,
+    wrong_devices,
+)
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch, Req
@@ -481,25 +487,13 @@ def test_prepare_batch_builds_the_sampling_arguments_for_the_engines_device():
     from a bare `torch.device("cpu")` only by its index (cpu:0, the same memory) and records the
     device `from_params` is asked for."""
     llm = build_llm()
-    on_cpu = llm.device.type == "cpu"
-    if on_cpu:
-        llm.device = llm.engine.device = torch.device("cpu", 0)
-    asked = []
-    original = BatchSamplingArgs.from_params.__func__
-
-    def recording(cls, params, vocab_size, device):
-        asked.append(torch.device(device))
-        return original(cls, params, vocab_size, device)
-
+    distinct_scheduler_device(llm)
     reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
     reqs[1].sampling_params = SamplingParams(temperature=0.7, max_tokens=4)
-    BatchSamplingArgs.from_params = classmethod(recording)
-    try:
+    with sampling_devices() as asked:
         llm._prepare_batch(Batch(reqs, "prefill"))
-    finally:
-        BatchSamplingArgs.from_params = classmethod(original)
     assert asked, "the sampling arguments should come from BatchSamplingArgs.from_params"
-    wrong = [d for d in asked if (d != llm.device if on_cpu else d.type != llm.device.type)]
+    wrong = wrong_devices(asked, llm.device)
     assert not wrong, (
         f"sampling arguments built for device {wrong[0]}, the scheduler's is self.device "
         f"({llm.device}): on a GPU the sampler would meet host tensors"
