@@ -518,7 +518,13 @@ def test_the_loop_blocks_for_messages_only_when_it_has_no_work(chunked):
         f"{'work' if wrong[0][1] else 'no work'} to do, in a run of "
         f"{'one prompt prefilled in chunks of 8 tokens' if chunked else 'two whole prompts'} "
         "(block only when there is no work: nothing running is not the same when a prompt still "
-        "waits for its next chunk)"
+        "waits for its next chunk"
+        + (
+            "; and one receive a turn, its blocking decided before it: a poll and then a "
+            "blocking receive are two)"
+            if not wrong[0][0]
+            else ")"
+        )
     )
     assert io.calls and io.calls[-1] == (True, False), "an idle step should wait for messages"
 
