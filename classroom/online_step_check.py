@@ -11,11 +11,15 @@ dtype, checked by the interpreter as it runs and by a GPU as it compiles.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
 
 import minisgl.kernel.triton_blocks as blocks  # the step as it is now (a learner's, once swapped)
+
+from .kernels import _forget_compiled
 
 KEPT_FLOAT32 = "online_softmax_step returned"
 
@@ -50,6 +54,8 @@ def _one_online_step(V, LOC, OUT, stride_vl):
 def running_state_dtype_problem(device: torch.device | str = "cpu") -> str:
     """ "" when the step, given a float32 state and bfloat16 values, returns its state in float32;
     else which of m_i, l_i, acc it returned in another dtype."""
+    # compiled on a GPU for the step it called last time: compile again for the one there now
+    _forget_compiled(sys.modules[__name__])
     v = torch.randn(16, 16, device=device).bfloat16()
     loc = torch.arange(16, device=device)
     out = torch.empty(16, 16, device=device)
