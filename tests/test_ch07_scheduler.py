@@ -322,6 +322,11 @@ def test_filter_reqs_keeps_decodable_requests_and_drops_finished_ones():
     chunk = ChunkedReq(torch.arange(3, dtype=torch.int32), 5, 0, 4, 3, greedy(4))
     chunk.complete_one()
     dm.filter_reqs([chunk])
+    assert {0, 2} <= set(dm.running), (
+        f"after filter_reqs([a chunk]) running is {list(dm.running)}, expected uids 0 and 2 still "
+        "there: filter_reqs changes only the requests of the batch it is given (a running set "
+        "rebuilt from the batch loses every request outside it)"
+    )
     assert list(dm.running) == [0, 2], (
         f"a chunked prefill is not decoding yet: running is {list(dm.running)}"
     )
