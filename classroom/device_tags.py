@@ -13,11 +13,14 @@ step built on the host and never moved stays a plain tensor, so `host_tensors(fi
 Only the tests and try-outs that check this rule install the kit; the engine's own kit, and its
 speed everywhere else, are untouched. On a GPU the tensors' real devices tell them apart, so the
 kit is left as it is there.
-The attention metadata is not among the tensors checked, and cannot be on a CPU: `prepare_metadata`
-moves its tensors itself, with `.to(device)` for the device it is given, not through the kit, so
-they are plain tensors for the reference too; and `_prepare_batch` handing it the wrong device
-(`torch.device("cpu")` instead of `self.device`) passes the very device the engine has on a CPU.
-Only a GPU run shows that mistake (`judge.py ch07 --device cuda`).
+The attention metadata and the sampling arguments are not among the tensors checked:
+`prepare_metadata` and `BatchSamplingArgs.from_params` move their tensors themselves, with
+`.to(device)` for the device they are given, not through the kit. What can go wrong there is the
+device handed to them: `torch.device("cpu")` instead of `self.device` is the very device the
+engine has on a CPU. `distinct_scheduler_device(llm)` gives the scheduler `cpu:0` instead, the
+same memory under a name that differs from a bare "cpu", and `sampling_devices()` records the
+device each `from_params` call is asked for, so a CPU sees that mistake for the sampling
+arguments; on a GPU the real devices differ (`judge.py ch07 --device cuda`).
 A try-out that runs the steps it checked calls `untagged(fi)` first: the tag would otherwise
 spread to every activation of the forward pass, and torch's dispatch for a subclass costs time on
 each operation.
@@ -26,11 +29,12 @@ each operation.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
+from contextlib import contextmanager
+from typing import Dict, Iterator, List
 
 import torch
 
-from minisgl.engine import Engine, ForwardInput
+from minisgl.engine import BatchSamplingArgs, Engine, ForwardInput
 from minisgl.utils.streams import DeviceKit
 
 
@@ -98,3 +102,37 @@ def untagged(fi: ForwardInput) -> ForwardInput:
         for f in dataclasses.fields(meta):
             setattr(meta, f.name, _plain(getattr(meta, f.name)))
     return fi
+
+
+def distinct_scheduler_device(llm) -> None:
+    """On a CPU, the scheduler's `self.device` becomes `cpu:0` (and the engine's device with it):
+    the same memory, but unequal to a bare `torch.device("cpu")`, so a step built for "cpu"
+    rather than for `self.device` can be told apart. On a GPU nothing changes."""
+    if llm.device.type == "cpu":
+        llm.device = llm.engine.device = torch.device("cpu", 0)
+
+
+def wrong_devices(asked: List[torch.device], device: torch.device) -> List[torch.device]:
+    """The devices in `asked` that are not `device` (on a GPU: not of its type, "cuda" and
+    "cuda:0" being one)."""
+    if device.type == "cpu":
+        return [d for d in asked if d != device]
+    return [d for d in asked if d.type != device.type]
+
+
+@contextmanager
+def sampling_devices() -> Iterator[List[torch.device]]:
+    """Within the block, the device each `BatchSamplingArgs.from_params` call is asked for is
+    appended to the list this yields."""
+    asked: List[torch.device] = []
+    original = BatchSamplingArgs.__dict__["from_params"]
+
+    def recording(cls, params, vocab_size, device):
+        asked.append(torch.device(device))
+        return original.__func__(cls, params, vocab_size, device)
+
+    BatchSamplingArgs.from_params = classmethod(recording)
+    try:
+        yield asked
+    finally:
+        BatchSamplingArgs.from_params = original

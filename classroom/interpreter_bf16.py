@@ -9,9 +9,20 @@ bfloat16 is the top half of a float32), multiplied and accumulated in float32, a
 cores do. With it the kernels' tests run with bfloat16 caches on a CPU, which is where a kernel
 that mixes float32 probabilities with bfloat16 values fails ("Both operands must be same dtype"),
 as it fails to compile on a GPU.
+
+Its reductions have the same fault: `tl.sum`, `tl.max`, `tl.min` (and `tl.cumsum`) of a bfloat16
+tile run numpy on the bits, so a sum of 32 numbers near 0.5 comes out near -6e17, and the maximum
+of a tile holding negative numbers is its most negative one (a set sign bit is a large uint16).
+`fix_bf16_reductions` widens such a tile to float32 first, reduces it there and rounds the result
+to bfloat16 (to nearest, ties to even), so a kernel that sums a bfloat16 tile is judged on its
+maths. A GPU adds in a tree of bfloat16 steps, rounding at each: its sum can differ from this one
+by a few units in bfloat16's last place (0.4 % each), well inside the 2e-2 the bfloat16 tests
+allow; a maximum or minimum is one of the tile's values, exact either way.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -36,3 +47,58 @@ def fix_bf16_dot() -> bool:
     """Patch the interpreter's dot once; whether it is (now) patched. A no-op when kernels are
     compiled (no TRITON_INTERPRET=1) or triton is not installed."""
     return wrap_interpreter_dot("bf16", _widen_bf16)
+
+
+def _narrowed(data: np.ndarray) -> np.ndarray:
+    """float32 values as bfloat16 bits (uint16), rounded to nearest, ties to even; NaN stays NaN."""
+    bits = np.asarray(data, dtype=np.float32).view(np.uint32)
+    rounded = (bits + ((bits >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)) >> 16
+    return np.where(np.isnan(data), np.uint32(0x7FC0), rounded).astype(np.uint16)
+
+
+def fix_bf16_reductions() -> bool:
+    """Patch the interpreter's reductions and scans of bfloat16 tiles once; whether they are (now)
+    patched. A no-op when kernels are compiled (no TRITON_INTERPRET=1) or triton is not
+    installed."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    reduce_ops, scan_ops = interpreter.ReduceOps, interpreter.ScanOps
+    if getattr(reduce_ops, "_bf16_fixed", False):
+        return True
+
+    def narrow(r):
+        """A float32 result as a bfloat16 tile (an index, from argmax, stays int32)."""
+        if r.dtype.scalar != tl.float32:
+            return r
+        kind = r.type.with_element_ty(tl.bfloat16) if r.type.is_block() else tl.bfloat16
+        handle = interpreter.TensorHandle(_narrowed(r.handle.data), tl.bfloat16)
+        return tl.core.tensor(handle, kind)
+
+    def in_float32(method):
+        """`method` on a bfloat16 tile computes on its float32 values, as a tile of bits."""
+
+        def fixed(self, input, *args, **kwargs):
+            if input.dtype.scalar != tl.bfloat16:
+                return method(self, input, *args, **kwargs)
+            wide = tl.core.tensor(
+                interpreter.TensorHandle(_widened(input.handle.data), tl.float32),
+                input.type.with_element_ty(tl.float32) if input.type.is_block() else tl.float32,
+            )
+            out = method(self, wide, *args, **kwargs)
+            if isinstance(out, (list, tuple)):
+                return type(out)(narrow(r) for r in out)
+            return narrow(out)
+
+        return fixed
+
+    reduce_ops.sum = in_float32(reduce_ops.sum)
+    reduce_ops.min_max = in_float32(reduce_ops.min_max)
+    scan_ops.cumsum = in_float32(scan_ops.cumsum)
+    scan_ops.cumprod = in_float32(scan_ops.cumprod)
+    reduce_ops._bf16_fixed = True
+    return True

@@ -17,12 +17,13 @@ from typing import Iterator, List, Sequence
 
 import torch
 
-from .interpreter_bf16 import fix_bf16_dot
+from .interpreter_bf16 import fix_bf16_dot, fix_bf16_reductions
 from .interpreter_tf32 import honour_tf32_dot
 
 # on a CPU, the try-outs' bfloat16 scenes need the interpreter's tl.dot to multiply numbers, and a
 # tl.dot left in TF32 must round as a GPU's does
 fix_bf16_dot()
+fix_bf16_reductions()
 honour_tf32_dot()
 
 
@@ -157,6 +158,33 @@ class PagedScene:
         return torch.tensor(cu, dtype=torch.int32, device=self.k_cache.device)
 
 
+def merge_of_two_slices(lse0: float, lse1: float, device: torch.device | str = "cpu") -> float:
+    """The decode kernel's merge (`_combine_kernel`, so `combine_splits` as it is now) of two
+    slices whose outputs are all 1s and all 3s, with log-sum-exps lse0 and lse1: one value of its
+    output, 1 * w0 + 3 * w1 with w = softmax([lse0, lse1]) when the merge is right."""
+    from minisgl.kernel import triton_decode
+    from minisgl.kernel.triton_launch import launch
+
+    dim = 16  # the smallest head the kernels take
+    o = torch.stack([torch.ones(dim), torch.full((dim,), 3.0)])[None, None].to(device)
+    lse = torch.tensor([[[lse0, lse1]]], device=device)
+    out = torch.empty(1, 1, dim, device=device)
+    launch(
+        triton_decode._combine_kernel,
+        (1, 1),
+        o,
+        lse,
+        out,
+        *o.stride()[:3],
+        *lse.stride()[:2],
+        *out.stride()[:2],
+        NUM_SPLITS=2,
+        HEAD_DIM=dim,
+        num_warps=4,
+    )
+    return float(out[0, 0, 0])
+
+
 def largest_difference(got: torch.Tensor, want: torch.Tensor) -> float:
     """The largest absolute difference, inf where one holds NaN and the other does not."""
     diff = (got.float() - want.float()).abs()
@@ -164,7 +192,10 @@ def largest_difference(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 # Why a kernel's output holds NaN or inf where the answer is a number: each of these makes one.
-NAN_CAUSES = "a masked location's value read, exp overflowing, or -inf minus -inf"
+NAN_CAUSES = (
+    "a masked location's value read, exp overflowing, -inf minus -inf, or the running state "
+    "(m_i, l_i, acc) not kept in float32"
+)
 
 # A float32 result off by this much, and no more, is what TF32 products give: each float32 operand
 # keeps 10 of its 23 mantissa bits, about 1e-3 relative, where full float32 products stay near 1e-6.

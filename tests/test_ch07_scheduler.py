@@ -11,7 +11,13 @@ from typing import List, Tuple
 import pytest
 import torch
 
-from classroom.device_tags import host_tensors, tag_device_copies
+from classroom.device_tags import (
+    distinct_scheduler_device,
+    host_tensors,
+    sampling_devices,
+    tag_device_copies,
+    wrong_devices,
+)
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch, Req
@@ -43,6 +49,311 @@ def assert_all_returned(llm) -> None:
     llm.cache_manager.check_integrity()
 
 
+# ---------------------------------------------------------------- _prepare_batch
+
+
+def _admit(llm, uid: int, ids: List[int], max_tokens: int) -> Req:
+    """What the prefill manager does for a new request with nothing cached: a slot, its prompt in
+    the
+    token pool, and a Req that has computed nothing yet."""
+    idx = llm.table_manager.allocate(uid)
+    prompt = torch.tensor(ids, dtype=torch.int32)
+    llm.token_pool[idx, : len(ids)] = prompt.to(llm.token_pool.device)
+    return Req(prompt, idx, 0, max_tokens, uid, greedy(max_tokens), CacheHandle(0))
+
+
+def assert_int64_indices(fi) -> None:
+    """The chapter's contract: input_tuple and out_loc are int64 (a GPU kernel computes byte
+    offsets from out_loc; in int32 they overflow in a large KV pool)."""
+    named = {
+        "input_tuple rows": fi.input_tuple[0],
+        "input_tuple positions": fi.input_tuple[1],
+        "batch.out_loc": fi.batch.out_loc,
+    }
+    wrong = {name: str(t.dtype) for name, t in named.items() if t.dtype != torch.int64}
+    assert not wrong, f"index tensors should be int64: {wrong}"
+
+
+def assert_same(got, want: List[int], rule: str) -> None:
+    """`got` (a tensor or list) equals `want`; else the rule, where they first differ, and both."""
+    got = got.tolist() if isinstance(got, torch.Tensor) else got
+    if got == want:
+        return
+    at = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+    raise AssertionError(
+        f"{rule}: {len(got)} entries, expected {len(want)}; first difference at entry {at}: "
+        f"expected {want[at : at + 4]}..., got {got[at : at + 4]}... (expected {want[:12]}, got "
+        f"{got[:12]}, first 12 shown)"
+    )
+
+
+def _run(llm, forward_input) -> List[int]:
+    llm.engine.stream.wait_stream(llm.stream)
+    out = llm.engine.forward_batch(forward_input)
+    out.copy_done.synchronize()
+    return out.next_tokens_cpu.tolist()
+
+
+@torch.inference_mode()
+def test_prepare_batch_builds_prefill_and_decode_indices():
+    llm = build_llm()
+    p = prompt_ids()[:2]
+    llm.table_manager.allocate()  # slot 0 is taken: a request's slot is not its place in the batch
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(p)]
+    rows_of = [r.table_idx for r in reqs]
+    lens = [len(ids) for ids in p]
+    free_before = llm.cache_manager.num_free_pages
+
+    # Prefill: every prompt token of every request, in batch order.
+    batch = Batch(reqs, "prefill")
+    fi = llm._prepare_batch(batch)
+    want_rows = [row for row, n in zip(rows_of, lens) for _ in range(n)]
+    want_cols = [j for n in lens for j in range(n)]
+    assert fi.batch is batch, "the ForwardInput should carry the batch it was given"
+    assert_int64_indices(fi)
+    assert_same(fi.input_tuple[0], want_rows, "input_tuple rows: each token's request slot")
+    assert_same(fi.input_tuple[1], want_cols, "input_tuple columns: each token's position")
+    assert_same(batch.positions, want_cols, "batch.positions: each processed token's position")
+    assert_same(
+        fi.write_tuple[0], rows_of, "write_tuple rows: each sample goes to its request's row"
+    )
+    assert_same(
+        fi.write_tuple[1], lens, "write_tuple columns: each sample goes right after the prompt"
+    )
+    out_loc = batch.out_loc.tolist()
+    assert_same(
+        batch.out_loc,
+        llm.page_table[fi.input_tuple].tolist(),
+        "out_loc: the page-table entry of every token (at input_tuple's row and position), read "
+        "after allocate_paged wrote it (Locations first)",
+    )
+    assert len(set(out_loc)) == sum(lens), (
+        f"two tokens were given the same KV location: {len(set(out_loc))} distinct in out_loc "
+        f"for {sum(lens)} tokens"
+    )
+    took = free_before - llm.cache_manager.num_free_pages
+    assert took == sum(lens), (
+        f"prefill should take one page per token (page size 1): {sum(lens)}, it took {took}"
+    )
+    assert batch.attn_metadata is not None, "the batch needs its attention metadata"
+    meta_rows = batch.attn_metadata.page_table
+    for i, (row, n) in enumerate(zip(rows_of, lens)):
+        got, want = meta_rows[i, :n].tolist(), llm.page_table[row, :n].tolist()
+        assert got == want, (
+            f"Locations first: the attention metadata's key locations of request {i} are "
+            f"{got[:8]}..., the page table holds {want[:8]}... once allocate_paged has run: "
+            "prepare_metadata copies the rows as they are when it is called"
+        )
+
+    ref = hf_greedy(p, 2)
+    first = _run(llm, fi)
+    assert first == [r[0] for r in ref], (
+        f"prefill sampled {first}, Hugging Face gives {[r[0] for r in ref]}"
+    )
+    for row, n, tok in zip(rows_of, lens, first):  # where the decode step will read it
+        assert int(llm.token_pool[row, n]) == tok, (
+            f"the sample is not in the token pool at (row {row}, column {n})"
+        )
+
+    # Decode: one token per request, the one just sampled, at the next position.
+    batch = Batch(reqs, "decode")
+    fi = llm._prepare_batch(batch)
+    assert_int64_indices(fi)
+    assert fi.input_tuple[0].tolist() == rows_of, (
+        "decode input_tuple rows: one per request, its slot"
+    )
+    assert fi.input_tuple[1].tolist() == lens, (
+        f"decode input_tuple columns: {fi.input_tuple[1].tolist()}, expected {lens} (where the "
+        "prefill wrote them)"
+    )
+    assert batch.positions.tolist() == lens, (
+        f"decode positions: {batch.positions.tolist()}, expected {lens}"
+    )
+    assert fi.write_tuple[0].tolist() == rows_of, "decode write_tuple rows: each request's slot"
+    assert fi.write_tuple[1].tolist() == [n + 1 for n in lens], (
+        f"decode write_tuple columns: {fi.write_tuple[1].tolist()}, expected "
+        f"{[n + 1 for n in lens]} (device_len)"
+    )
+    new_loc = batch.out_loc.tolist()
+    assert new_loc == [int(llm.page_table[row, n]) for row, n in zip(rows_of, lens)], (
+        "decode out_loc: the page-table entry of each request's new position"
+    )
+    assert not set(new_loc) & set(out_loc), "a decode token overwrote a prompt token's KV"
+    assert llm.cache_manager.num_free_pages == free_before - sum(lens) - len(reqs), (
+        "a decode step should take one page per request"
+    )
+    second = _run(llm, fi)
+    assert second == [r[1] for r in ref], (
+        f"decode sampled {second}, Hugging Face gives {[r[1] for r in ref]}"
+    )
+
+
+@torch.inference_mode()
+def test_prepare_batch_moves_the_tensors_it_builds_to_the_device():
+    # On a CPU, kit.to_device returns its argument, so a step built without it runs; on a GPU its
+    # index tensors would stay in host memory. The tagging kit (classroom/device_tags.py) marks
+    # what went through to_device, and torch keeps the mark through indexing and conversions.
+    llm = build_llm()
+    tag_device_copies(llm.engine)
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
+    for phase in ("prefill", "decode"):
+        fi = llm._prepare_batch(Batch(reqs, phase))
+        left = host_tensors(fi, llm.engine.device)
+        assert not left, (
+            f"{phase} step: {', '.join(left)} built on the host and never copied to the device "
+            "with self.engine.kit.to_device(...): on a CPU that call changes nothing, on a GPU the "
+            "step's kernels would be handed host memory"
+        )
+        for r in reqs:
+            r.complete_one()  # what launching the step does: the next one is a decode
+
+
+@torch.inference_mode()
+def test_prepare_batch_leaves_the_requests_lengths_to_the_launch():
+    """The lengths advance when the step is launched (`_forward`, `complete_one`), not while it is
+    prepared: the launch event's extend_lens, the prompt logprobs' slice and the prefix cache all
+    read cached_len and device_len after `_prepare_batch` has returned."""
+    llm = build_llm()
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
+    for phase in ("prefill", "decode"):
+        before = [(r.cached_len, r.device_len) for r in reqs]
+        llm._prepare_batch(Batch(reqs, phase))
+        after = [(r.cached_len, r.device_len) for r in reqs]
+        assert after == before, (
+            f"{phase} step: (cached_len, device_len) per request went from {before} to {after} "
+            "inside _prepare_batch; they are the launch's to advance"
+        )
+        for r in reqs:
+            r.complete_one()  # what launching the step does: the next one is a decode
+
+
+@torch.inference_mode()
+def test_prepare_batch_builds_the_sampling_arguments_for_the_engines_device():
+    """On a GPU, sampling arguments built for the host meet the device's logits in the sampler and
+    the step fails. On a CPU both are "cpu", so the test gives the scheduler a device that differs
+    from a bare `torch.device("cpu")` only by its index (cpu:0, the same memory) and records the
+    device `from_params` is asked for."""
+    llm = build_llm()
+    distinct_scheduler_device(llm)
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
+    reqs[1].sampling_params = SamplingParams(temperature=0.7, max_tokens=4)
+    with sampling_devices() as asked:
+        llm._prepare_batch(Batch(reqs, "prefill"))
+    assert asked, "the sampling arguments should come from BatchSamplingArgs.from_params"
+    wrong = wrong_devices(asked, llm.device)
+    assert not wrong, (
+        f"sampling arguments built for device {wrong[0]}, the scheduler's is self.device "
+        f"({llm.device}): on a GPU the sampler would meet host tensors"
+    )
+
+
+@torch.inference_mode()
+def test_prepare_batch_sends_a_chunks_sample_to_the_scratch_row():
+    llm = build_llm()
+    ids = prompt_ids()[3]
+    whole = _admit(llm, 0, ids, 4)
+    # The first 3 prompt tokens as a chunk: its sample is junk and must not land in the prompt's
+    # row.
+    chunk = ChunkedReq(
+        whole.input_ids[:3], whole.table_idx, 0, 4, 0, whole.sampling_params, CacheHandle(0)
+    )
+    fi = llm._prepare_batch(Batch([chunk], "prefill"))
+    assert fi.input_tuple[1].tolist() == [0, 1, 2], (
+        f"a 3-token chunk processes positions [0, 1, 2], got {fi.input_tuple[1].tolist()}"
+    )
+    assert fi.write_tuple[0].tolist() == [llm.engine.dummy_row], (
+        f"a chunk's sample goes to the scratch row (self.engine.dummy_row = "
+        f"{llm.engine.dummy_row}): write_tuple rows {fi.write_tuple[0].tolist()}, the chunk's "
+        f"slot is {chunk.table_idx}"
+    )
+    _run(llm, fi)
+    assert llm.token_pool[whole.table_idx, : len(ids)].tolist() == ids, (
+        "the chunk's sample overwrote the prompt"
+    )
+
+
+@torch.inference_mode()
+def test_prepare_batch_gives_each_request_its_sampling_arguments_in_batch_order():
+    llm = build_llm()
+    p = prompt_ids()[:3]
+    params = [
+        greedy(4),
+        SamplingParams(temperature=0.7, top_k=5, max_tokens=4),
+        SamplingParams(temperature=1.3, top_p=0.9, max_tokens=4),
+    ]
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(p)]
+    for r, sp in zip(reqs, params):
+        r.sampling_params = sp
+    got = llm._prepare_batch(Batch(reqs, "prefill")).sample_args
+    want = BatchSamplingArgs.from_params(params, llm.vocab_size, llm.device)
+    for field in ("temperatures", "top_k", "top_p"):
+        g, w = getattr(got, field), getattr(want, field)
+        shown = None if g is None else [round(x, 3) for x in g.tolist()]
+        assert g is not None and g.tolist() == w.tolist(), (
+            f"sampling arguments, {field}: {shown}, expected "
+            f"{[round(x, 3) for x in w.tolist()]} (one per request)"
+        )
+
+
+# ---------------------------------------------------------------- DecodeManager.filter_reqs
+
+
+def _req_after(uid: int, prompt_len: int, max_tokens: int, steps: int) -> Req:
+    # slots are not uids: the decode set is keyed by uid (slot 7 - uid, so they never coincide)
+    req = Req(
+        torch.arange(prompt_len, dtype=torch.int32), 7 - uid, 0, max_tokens, uid, greedy(max_tokens)
+    )
+    for _ in range(steps):
+        req.complete_one()
+    return req
+
+
+def test_filter_reqs_keeps_decodable_requests_and_drops_finished_ones():
+    dm = DecodeManager()
+    going = _req_after(0, 5, 3, steps=1)  # prefilled, 2 tokens to go
+    one_token = _req_after(1, 4, 1, steps=1)  # prefilled, and that was its only token
+    short = _req_after(2, 6, 2, steps=1)
+    dm.filter_reqs([going, one_token, short])
+    assert list(dm.running) == [0, 2], (
+        "running should hold uids [0, 2] (can decode, in batch order; uid 1 is finished), got "
+        f"{list(dm.running)}"
+    )
+
+    chunk = ChunkedReq(torch.arange(3, dtype=torch.int32), 5, 0, 4, 3, greedy(4))
+    chunk.complete_one()
+    dm.filter_reqs([chunk])
+    assert {0, 2} <= set(dm.running), (
+        f"after filter_reqs([a chunk]) running is {list(dm.running)}, expected uids 0 and 2 still "
+        "there: filter_reqs changes only the requests of the batch it is given (a running set "
+        "rebuilt from the batch loses every request outside it)"
+    )
+    assert list(dm.running) == [0, 2], (
+        f"a chunked prefill is not decoding yet: running is {list(dm.running)}"
+    )
+
+    going.complete_one()
+    short.complete_one()  # short reaches its max_tokens on this step
+    dm.filter_reqs([going, short])
+    assert list(dm.running) == [0], (
+        "a request that reached max_tokens must leave the decode set: running is "
+        f"{list(dm.running)}, expected [0]"
+    )
+    assert dm.running[0] is going, "running[uid] should be the request itself"
+    batch = dm.schedule_next_batch()
+    assert batch is not None and batch.reqs == [going] and batch.is_decode, (
+        "the next decode batch should hold exactly the request still running"
+    )
+
+    going.complete_one()
+    dm.filter_reqs([going])
+    assert not dm.running, (
+        f"every request reached max_tokens, but running still holds {list(dm.running)}"
+    )
+    assert dm.schedule_next_batch() is None, (
+        "no request can decode: there should be no decode batch"
+    )
+
+
 # ---------------------------------------------------------------- continuous batching
 
 
@@ -58,7 +369,7 @@ def test_requests_join_and_leave_the_running_batch():
     llm.run_until_idle()
 
     # A new prompt is prefilled before the running requests decode again; then it decodes with them.
-    assert launches(log) == [
+    want = [
         ("prefill", [a, b]),
         ("decode", [a, b]),
         ("prefill", [c]),
@@ -66,7 +377,12 @@ def test_requests_join_and_leave_the_running_batch():
         ("decode", [a, c]),
         ("decode", [a, c]),
         ("decode", [a]),
-    ], "the batches' composition over time is not what continuous batching gives"
+    ]
+    got = launches(log)
+    assert got == want, (
+        "the batches' composition over time is not what continuous batching gives: launched "
+        f"(phase, uids) {got}, expected {want} (a arrives wanting 6 tokens, b 2, c 4 after step 2)"
+    )
 
     ref = hf_greedy([p[0], p[1], p[3]], 6)
     got = [llm.results[u].token_ids for u in (a, b, c)]
@@ -207,9 +523,32 @@ def test_the_loop_blocks_for_messages_only_when_it_has_no_work(chunked):
         f"{'work' if wrong[0][1] else 'no work'} to do, in a run of "
         f"{'one prompt prefilled in chunks of 8 tokens' if chunked else 'two whole prompts'} "
         "(block only when there is no work: nothing running is not the same when a prompt still "
-        "waits for its next chunk)"
+        "waits for its next chunk"
+        + (
+            "; and one receive a turn, its blocking decided before it: a poll and then a "
+            "blocking receive are two)"
+            if not wrong[0][0]
+            else ")"
+        )
     )
     assert io.calls and io.calls[-1] == (True, False), "an idle step should wait for messages"
+
+
+def test_a_message_the_scheduler_cannot_process_stops_the_step_with_its_error():
+    """`_process_one_msg` raises TypeError on an object that is no message: a loop that swallows it
+    would run on as if the sender's bug (a server handing the scheduler the wrong object) had never
+    happened, and the request that object stood for would wait forever."""
+    llm = build_llm()
+    uid = llm.add_request(prompt_ids()[0], greedy(2))
+    stray = ("not", "a", "message")
+    llm._queue.put(stray)
+    what = (
+        f"a turn of normal_loop whose messages include {stray!r} (the TypeError "
+        "_process_one_msg raises for it must reach the caller, not be skipped)"
+    )
+    with refuses(TypeError, what, match="unknown message"):
+        llm.step()
+    assert uid in llm.results, "the request queued before the stray object should still be known"
 
 
 @pytest.mark.parametrize("ending", ["finishes", "is aborted"])
@@ -266,176 +605,22 @@ def test_a_request_that_samples_end_of_text_stops_while_the_others_go_on():
     assert_all_returned(llm)
 
 
-# ---------------------------------------------------------------- _prepare_batch
-
-
-def _admit(llm, uid: int, ids: List[int], max_tokens: int) -> Req:
-    """What the prefill manager does for a new request with nothing cached: a slot, its prompt in
-    the
-    token pool, and a Req that has computed nothing yet."""
-    idx = llm.table_manager.allocate(uid)
-    prompt = torch.tensor(ids, dtype=torch.int32)
-    llm.token_pool[idx, : len(ids)] = prompt.to(llm.token_pool.device)
-    return Req(prompt, idx, 0, max_tokens, uid, greedy(max_tokens), CacheHandle(0))
-
-
-def assert_int64_indices(fi) -> None:
-    """The chapter's contract: input_tuple and out_loc are int64 (a GPU kernel computes byte
-    offsets from out_loc; in int32 they overflow in a large KV pool)."""
-    named = {
-        "input_tuple rows": fi.input_tuple[0],
-        "input_tuple positions": fi.input_tuple[1],
-        "batch.out_loc": fi.batch.out_loc,
-    }
-    wrong = {name: str(t.dtype) for name, t in named.items() if t.dtype != torch.int64}
-    assert not wrong, f"index tensors should be int64: {wrong}"
-
-
-def assert_same(got, want: List[int], rule: str) -> None:
-    """`got` (a tensor or list) equals `want`; else the rule, where they first differ, and both."""
-    got = got.tolist() if isinstance(got, torch.Tensor) else got
-    if got == want:
-        return
-    at = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
-    raise AssertionError(
-        f"{rule}: {len(got)} entries, expected {len(want)}; first difference at entry {at}: "
-        f"expected {want[at : at + 4]}..., got {got[at : at + 4]}... (expected {want[:12]}, got "
-        f"{got[:12]}, first 12 shown)"
-    )
-
-
-def _run(llm, forward_input) -> List[int]:
-    llm.engine.stream.wait_stream(llm.stream)
-    out = llm.engine.forward_batch(forward_input)
-    out.copy_done.synchronize()
-    return out.next_tokens_cpu.tolist()
-
-
-@torch.inference_mode()
-def test_prepare_batch_builds_prefill_and_decode_indices():
+def test_each_launch_logs_the_tokens_it_processed_and_prompt_logprobs_arrive():
+    """What reads the lengths after a step is prepared: the launch event's extend_lens, and the
+    slice of prompt logprobs a request asked for."""
     llm = build_llm()
+    log = llm.events.record()
     p = prompt_ids()[:2]
-    llm.table_manager.allocate()  # slot 0 is taken: a request's slot is not its place in the batch
-    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(p)]
-    rows_of = [r.table_idx for r in reqs]
-    lens = [len(ids) for ids in p]
-    free_before = llm.cache_manager.num_free_pages
-
-    # Prefill: every prompt token of every request, in batch order.
-    batch = Batch(reqs, "prefill")
-    fi = llm._prepare_batch(batch)
-    want_rows = [row for row, n in zip(rows_of, lens) for _ in range(n)]
-    want_cols = [j for n in lens for j in range(n)]
-    assert fi.batch is batch, "the ForwardInput should carry the batch it was given"
-    assert_int64_indices(fi)
-    assert_same(fi.input_tuple[0], want_rows, "input_tuple rows: each token's request slot")
-    assert_same(fi.input_tuple[1], want_cols, "input_tuple columns: each token's position")
-    assert_same(batch.positions, want_cols, "batch.positions: each processed token's position")
-    assert_same(
-        fi.write_tuple[0], rows_of, "write_tuple rows: each sample goes to its request's row"
+    out = llm.generate(p, SamplingParams(max_tokens=2, ignore_eos=True, prompt_logprobs=True))
+    lens = launches_with_lens(log)
+    assert lens == [[len(q) for q in p], [1, 1]], (
+        f"tokens processed per request, per launch: {lens}, expected "
+        f"{[[len(q) for q in p], [1, 1]]} (the prompts, then one token each)"
     )
-    assert_same(
-        fi.write_tuple[1], lens, "write_tuple columns: each sample goes right after the prompt"
-    )
-    out_loc = batch.out_loc.tolist()
-    assert_same(
-        batch.out_loc,
-        llm.page_table[fi.input_tuple].tolist(),
-        "out_loc: the page-table entry of every token (at input_tuple's row and position)",
-    )
-    assert len(set(out_loc)) == sum(lens), (
-        f"two tokens were given the same KV location: {len(set(out_loc))} distinct in out_loc "
-        f"for {sum(lens)} tokens"
-    )
-    took = free_before - llm.cache_manager.num_free_pages
-    assert took == sum(lens), (
-        f"prefill should take one page per token (page size 1): {sum(lens)}, it took {took}"
-    )
-    assert batch.attn_metadata is not None, "the batch needs its attention metadata"
-
-    ref = hf_greedy(p, 2)
-    first = _run(llm, fi)
-    assert first == [r[0] for r in ref], (
-        f"prefill sampled {first}, Hugging Face gives {[r[0] for r in ref]}"
-    )
-    for row, n, tok in zip(rows_of, lens, first):  # where the decode step will read it
-        assert int(llm.token_pool[row, n]) == tok, (
-            f"the sample is not in the token pool at (row {row}, column {n})"
-        )
-
-    # Decode: one token per request, the one just sampled, at the next position.
-    batch = Batch(reqs, "decode")
-    fi = llm._prepare_batch(batch)
-    assert_int64_indices(fi)
-    assert fi.input_tuple[0].tolist() == rows_of, (
-        "decode input_tuple rows: one per request, its slot"
-    )
-    assert fi.input_tuple[1].tolist() == lens, (
-        f"decode input_tuple columns: {fi.input_tuple[1].tolist()}, expected {lens} (where the "
-        "prefill wrote them)"
-    )
-    assert batch.positions.tolist() == lens, (
-        f"decode positions: {batch.positions.tolist()}, expected {lens}"
-    )
-    assert fi.write_tuple[0].tolist() == rows_of, "decode write_tuple rows: each request's slot"
-    assert fi.write_tuple[1].tolist() == [n + 1 for n in lens], (
-        f"decode write_tuple columns: {fi.write_tuple[1].tolist()}, expected "
-        f"{[n + 1 for n in lens]} (device_len)"
-    )
-    new_loc = batch.out_loc.tolist()
-    assert new_loc == [int(llm.page_table[row, n]) for row, n in zip(rows_of, lens)], (
-        "decode out_loc: the page-table entry of each request's new position"
-    )
-    assert not set(new_loc) & set(out_loc), "a decode token overwrote a prompt token's KV"
-    assert llm.cache_manager.num_free_pages == free_before - sum(lens) - len(reqs), (
-        "a decode step should take one page per request"
-    )
-    second = _run(llm, fi)
-    assert second == [r[1] for r in ref], (
-        f"decode sampled {second}, Hugging Face gives {[r[1] for r in ref]}"
-    )
-
-
-@torch.inference_mode()
-def test_prepare_batch_moves_the_tensors_it_builds_to_the_device():
-    # On a CPU, kit.to_device returns its argument, so a step built without it runs; on a GPU its
-    # index tensors would stay in host memory. The tagging kit (classroom/device_tags.py) marks
-    # what went through to_device, and torch keeps the mark through indexing and conversions.
-    llm = build_llm()
-    tag_device_copies(llm.engine)
-    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
-    for phase in ("prefill", "decode"):
-        fi = llm._prepare_batch(Batch(reqs, phase))
-        left = host_tensors(fi, llm.engine.device)
-        assert not left, (
-            f"{phase} step: {', '.join(left)} built on the host and never copied to the device "
-            "with self.engine.kit.to_device(...): on a CPU that call changes nothing, on a GPU the "
-            "step's kernels would be handed host memory"
-        )
-        for r in reqs:
-            r.complete_one()  # what launching the step does: the next one is a decode
-
-
-@torch.inference_mode()
-def test_prepare_batch_sends_a_chunks_sample_to_the_scratch_row():
-    llm = build_llm()
-    ids = prompt_ids()[3]
-    whole = _admit(llm, 0, ids, 4)
-    # The first 3 prompt tokens as a chunk: its sample is junk and must not land in the prompt's
-    # row.
-    chunk = ChunkedReq(
-        whole.input_ids[:3], whole.table_idx, 0, 4, 0, whole.sampling_params, CacheHandle(0)
-    )
-    fi = llm._prepare_batch(Batch([chunk], "prefill"))
-    assert fi.input_tuple[1].tolist() == [0, 1, 2], (
-        f"a 3-token chunk processes positions [0, 1, 2], got {fi.input_tuple[1].tolist()}"
-    )
-    assert fi.write_tuple[0].tolist() == [llm.engine.dummy_row], (
-        "a chunk's sample goes to the scratch row"
-    )
-    _run(llm, fi)
-    assert llm.token_pool[whole.table_idx, : len(ids)].tolist() == ids, (
-        "the chunk's sample overwrote the prompt"
+    got = [len(o.get("prompt_logprobs") or []) for o in out]
+    assert got == [len(q) for q in p], (
+        f"prompt logprobs per request: {got} entries, expected {[len(q) for q in p]} (one per "
+        "prompt token, the first None)"
     )
 
 
@@ -490,83 +675,6 @@ def test_each_request_is_sampled_with_its_own_settings():
                     f"greedy request {i}, in a batch with a sampled one: "
                     f"{_first_difference(out[i], ref[i])}"
                 )
-
-
-@torch.inference_mode()
-def test_prepare_batch_gives_each_request_its_sampling_arguments_in_batch_order():
-    llm = build_llm()
-    p = prompt_ids()[:3]
-    params = [
-        greedy(4),
-        SamplingParams(temperature=0.7, top_k=5, max_tokens=4),
-        SamplingParams(temperature=1.3, top_p=0.9, max_tokens=4),
-    ]
-    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(p)]
-    for r, sp in zip(reqs, params):
-        r.sampling_params = sp
-    got = llm._prepare_batch(Batch(reqs, "prefill")).sample_args
-    want = BatchSamplingArgs.from_params(params, llm.vocab_size, llm.device)
-    for field in ("temperatures", "top_k", "top_p"):
-        g, w = getattr(got, field), getattr(want, field)
-        shown = None if g is None else [round(x, 3) for x in g.tolist()]
-        assert g is not None and g.tolist() == w.tolist(), (
-            f"sampling arguments, {field}: {shown}, expected "
-            f"{[round(x, 3) for x in w.tolist()]} (one per request)"
-        )
-
-
-# ---------------------------------------------------------------- DecodeManager.filter_reqs
-
-
-def _req_after(uid: int, prompt_len: int, max_tokens: int, steps: int) -> Req:
-    # slots are not uids: the decode set is keyed by uid (slot 7 - uid, so they never coincide)
-    req = Req(
-        torch.arange(prompt_len, dtype=torch.int32), 7 - uid, 0, max_tokens, uid, greedy(max_tokens)
-    )
-    for _ in range(steps):
-        req.complete_one()
-    return req
-
-
-def test_filter_reqs_keeps_decodable_requests_and_drops_finished_ones():
-    dm = DecodeManager()
-    going = _req_after(0, 5, 3, steps=1)  # prefilled, 2 tokens to go
-    one_token = _req_after(1, 4, 1, steps=1)  # prefilled, and that was its only token
-    short = _req_after(2, 6, 2, steps=1)
-    dm.filter_reqs([going, one_token, short])
-    assert list(dm.running) == [0, 2], (
-        "running should hold uids [0, 2] (can decode, in batch order; uid 1 is finished), got "
-        f"{list(dm.running)}"
-    )
-
-    chunk = ChunkedReq(torch.arange(3, dtype=torch.int32), 5, 0, 4, 3, greedy(4))
-    chunk.complete_one()
-    dm.filter_reqs([chunk])
-    assert list(dm.running) == [0, 2], (
-        f"a chunked prefill is not decoding yet: running is {list(dm.running)}"
-    )
-
-    going.complete_one()
-    short.complete_one()  # short reaches its max_tokens on this step
-    dm.filter_reqs([going, short])
-    assert list(dm.running) == [0], (
-        "a request that reached max_tokens must leave the decode set: running is "
-        f"{list(dm.running)}, expected [0]"
-    )
-    assert dm.running[0] is going, "running[uid] should be the request itself"
-    batch = dm.schedule_next_batch()
-    assert batch is not None and batch.reqs == [going] and batch.is_decode, (
-        "the next decode batch should hold exactly the request still running"
-    )
-
-    going.complete_one()
-    dm.filter_reqs([going])
-    assert not dm.running, (
-        f"every request reached max_tokens, but running still holds {list(dm.running)}"
-    )
-    assert dm.schedule_next_batch() is None, (
-        "no request can decode: there should be no decode batch"
-    )
 
 
 # ---------------------------------------------------------------- LLM.generate

@@ -50,6 +50,11 @@ MESSAGES = [
 ]
 
 
+class TracedAbortMsg(AbortMsg):
+    """A subclass of a message: the receiver looks its name up in MESSAGE_TYPES and refuses it, so
+    the sender must refuse it first."""
+
+
 def same(a, b) -> bool:
     """Messages equal field by field, tensors by value and dtype."""
     if type(a) is not type(b):
@@ -149,6 +154,7 @@ def test_lists_tuples_and_dicts_are_encoded_item_by_item():
         DetokenizeMsg(uid=1, next_token=2, finished=False),
         {"ids": torch.tensor([4], dtype=torch.int32)},
         (1, 2),
+        (torch.tensor([3], dtype=torch.int64), AbortMsg(uid=2)),
     ]
     got = encode_value(value)
     want = [
@@ -162,9 +168,14 @@ def test_lists_tuples_and_dicts_are_encoded_item_by_item():
         },
         {"ids": {"__tensor__": [4], "dtype": "int32"}},
         [1, 2],
+        [{"__tensor__": [3], "dtype": "int64"}, {"__msg__": "AbortMsg", "uid": 2}],
     ]
+    at = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), None)
     assert got == want and isinstance(got[2], list), (
-        f"expected {want} (the tuple as a list), got {got}"
+        f"encode_value({value!r}): item {at} should encode as {want[at]!r}, got {got[at]!r} "
+        "(a tuple becomes a list of its items, each encoded in turn)"
+        if at is not None
+        else f"expected {want} (each tuple as a list of its encoded items), got {got}"
     )
 
 
@@ -209,6 +220,8 @@ def test_encoding_leaves_the_callers_dicts_and_lists_alone():
         (dataclasses.make_dataclass("Shutdown", ["uid"])(1), "Shutdown"),
         # a class is a message only if it is the one MESSAGE_TYPES holds: not any named like it
         (dataclasses.make_dataclass("UserMsg", ["uid"])(1), "UserMsg"),
+        # nor a subclass of one: the receiver finds no class of that name
+        (TracedAbortMsg(uid=1), "TracedAbortMsg"),
         (torch.zeros(2, 2, dtype=torch.int32), "1-D"),
         (torch.tensor(5, dtype=torch.int32), "1-D"),
         (torch.tensor([0.5]), "float"),
@@ -220,6 +233,7 @@ def test_encoding_leaves_the_callers_dicts_and_lists_alone():
     ids=[
         "not a message",
         "a dataclass named like a message",
+        "a subclass of a message",
         "2-D tensor",
         "0-D tensor",
         "float tensor",
@@ -257,6 +271,9 @@ def test_revive_rebuilds_each_tagged_object():
         # a tag with an empty or null name is still a tag: not a plain dict
         ({"__msg__": "", "uid": 1}, "unknown message type ''"),
         ({"__msg__": None, "uid": 1}, "unknown message type None"),
+        # only MESSAGE_TYPES' names: not whatever minisgl.message happens to import
+        ({"__msg__": "SamplingParams", "top_k": 5}, "unknown message type 'SamplingParams'"),
+        ({"__msg__": "BackendMsg", "uid": 1}, "unknown message type 'BackendMsg'"),
         ({"__msg__": "AbortMsg", "pid": 1}, "AbortMsg"),
         ({"__tensor__": [1], "dtype": "float16"}, "float16"),
         ({"__sampling__": {"temperature": -1}}, "temperature"),
@@ -266,6 +283,8 @@ def test_revive_rebuilds_each_tagged_object():
         "unknown type",
         "empty type name",
         "null type name",
+        "a class of minisgl.message outside MESSAGE_TYPES",
+        "a base class of the messages",
         "wrong fields",
         "unknown dtype",
         "bad temperature",
@@ -314,8 +333,22 @@ def test_revive_lets_sampling_params_errors_through_as_they_are(fields):
 
 @pytest.mark.parametrize(
     "obj",
-    [{"__msg__": "Shutdown", "uid": 1}, {"__sampling__": {"min_p": 0.1}}],
-    ids=["unknown type", "unknown sampling field"],
+    [
+        {"__msg__": "Shutdown", "uid": 1},
+        {"__sampling__": {"min_p": 0.1}},
+        {"__msg__": "AbortMsg", "pid": 1},
+        {"__tensor__": [1], "dtype": "float16"},
+        {"__sampling__": {"temperature": -1}},
+        {"__sampling__": {"top_p": 0}},
+    ],
+    ids=[
+        "unknown type",
+        "unknown sampling field",
+        "wrong fields",
+        "unknown dtype",
+        "bad temperature",
+        "bad top_p",
+    ],
 )
 def test_a_frame_passes_revives_refusal_through_unchanged(obj):
     want = raised(lambda: revive(dict(obj)), f"revive({obj})")
@@ -358,6 +391,9 @@ def test_a_frame_is_a_json_array_of_messages():
         (b'["caf\xe9"]', "JSON"),
         (b"{not json", "JSON"),
         (b'{"__msg__": "AbortMsg", "uid": 1}', "array"),
+        (b'{"uid": 1}', "array"),
+        # a frame is UTF-8 as encode_batch writes it, which puts no byte-order mark first
+        (b'\xef\xbb\xbf[{"__msg__": "AbortMsg", "uid": 1}]', "JSON"),
         (b'[{"__msg__": "AbortMsg", "uid": 1}, {"uid": 1}]', "not a message"),
         (b"[3]", "not a message"),
         # a message's fields, not messages: revive builds them, the frame check must refuse them
@@ -375,6 +411,8 @@ def test_a_frame_is_a_json_array_of_messages():
         "a latin-1 byte inside a string",
         "not JSON",
         "not an array",
+        "a plain object, not an array",
+        "a UTF-8 byte-order mark",
         "a dict",
         "a number",
         "sampling params alone",
@@ -383,12 +421,16 @@ def test_a_frame_is_a_json_array_of_messages():
     ],
 )
 def test_a_bad_frame_is_refused_naming_the_problem(frame, words):
-    with pytest.raises(ValueError) as err:
-        decode_batch(frame)
-        pytest.fail(f"decode_batch({frame!r}) returned, expected a ValueError naming {words!r}")
-    assert words in str(err.value), (
-        f"decode_batch({frame!r}) raised {type(err.value).__name__}: {err.value}; "
-        f"the ValueError should name {words!r}"
+    err = raised(lambda: decode_batch(frame), f"decode_batch({frame!r})")
+    half_built = (
+        " (an object revive built lacks its attributes: was it made without calling its class, "
+        "so that its __init__ and its checks never ran?)"
+        if isinstance(err, AttributeError)
+        else ""
+    )
+    assert isinstance(err, ValueError) and words in str(err), (
+        f"decode_batch({frame!r}) raised {type(err).__name__}: {err}; expected a ValueError "
+        f"naming {words!r}{half_built}"
     )
 
 

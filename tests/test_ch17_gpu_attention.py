@@ -23,9 +23,9 @@ from extras import module_needs_extra
 
 pytestmark = module_needs_extra("triton")  # before the imports that need it
 
-from classroom.interpreter_bf16 import fix_bf16_dot  # noqa: E402
+from classroom.interpreter_bf16 import fix_bf16_dot, fix_bf16_reductions  # noqa: E402
 from classroom.interpreter_tf32 import honour_tf32_dot  # noqa: E402
-from classroom.kernels import difference_note  # noqa: E402
+from classroom.kernels import difference_note, merge_of_two_slices  # noqa: E402
 from helpers import test_device  # noqa: E402
 from minisgl.attention import TorchAttentionBackend, prepare_metadata  # noqa: E402
 from minisgl.attention.triton_backend import TritonAttentionBackend  # noqa: E402
@@ -36,6 +36,7 @@ from minisgl.kvcache import KVCache  # noqa: E402
 
 DIM = 16  # the smallest head the kernels take: one tensor-core tile
 fix_bf16_dot()  # on a CPU: the interpreter's bfloat16 tl.dot multiplies numbers, not their bits
+fix_bf16_reductions()  # and its tl.sum / tl.max of a bfloat16 tile reduce numbers, not bits
 honour_tf32_dot()  # on a CPU: a tl.dot left in TF32 rounds its operands as a GPU does
 TOL = dict(atol=2e-5, rtol=2e-5)
 
@@ -222,55 +223,61 @@ def test_the_default_split_count_depends_on_the_batch_alone():
     assert num_splits(3, 2) == num_splits(4, 2)  # a batch padded to 4 for a CUDA graph splits alike
 
 
-def _merge_of_two_slices(lse0: float) -> float:
+def _merge_of_slices_of_1s_and_3s(lse0: float, lse1: float) -> float:
     """combine_splits (through the kernel that calls it) on two slices whose outputs are all 1s
-    and all 3s, with lse lse0 and lse0 + ln 3: the softmax gives them weights 1/4 and 3/4."""
-    from minisgl.kernel import triton_decode
-    from minisgl.kernel.triton_launch import launch
-
-    o = torch.stack([torch.ones(DIM), torch.full((DIM,), 3.0)])[None, None].to(device())
-    lse = torch.tensor([[[lse0, lse0 + math.log(3.0)]]], device=device())
-    out = torch.empty(1, 1, DIM, device=device())
-    launch(
-        triton_decode._combine_kernel,
-        (1, 1),
-        o,
-        lse,
-        out,
-        *o.stride()[:3],
-        *lse.stride()[:2],
-        *out.stride()[:2],
-        NUM_SPLITS=2,
-        HEAD_DIM=DIM,
-        num_warps=4,
-    )
-    return float(out[0, 0, 0])
+    and all 3s, with lse lse0 and lse1: the merge is 1 * w0 + 3 * w1, w = softmax(lse)."""
+    return merge_of_two_slices(lse0, lse1, device())
 
 
 def merge_diagnosis() -> str:
     """What the merge of slices does wrong, in numbers (combine_splits on two known slices), or ""
     when it merges them right or cannot run (not written yet: the test's own failure says so)."""
-    said = []
-    for lse0 in (0.0, 300.0):
+    ln3 = math.log(3.0)
+    for lse0, lse1 in ((0.0, ln3), (300.0, 300.0 + ln3), (-300.0, -300.0 + ln3), (0.0, 200.0)):
         try:
-            got = _merge_of_two_slices(lse0)
+            got = _merge_of_slices_of_1s_and_3s(lse0, lse1)
         except Exception:
             return ""
-        if abs(got - 2.5) > 1e-4:
+        w1 = 1.0 / (1.0 + math.exp(lse0 - lse1))
+        want = 1.0 * (1.0 - w1) + 3.0 * w1
+        if not abs(got - want) <= 1e-4:  # NaN included
             why = (
-                "overflow: exp of an lse in the hundreds is inf in float32 (weigh relative to the "
-                "largest lse)"
+                "not finite: exp of an lse far from 0 overflows, or of one far below 0 gives 0/0, "
+                "in float32 (weigh each slice relative to the largest lse)"
                 if not math.isfinite(got)
                 else "equal weights: a plain mean of the slices"
                 if abs(got - 2.0) < 1e-4
                 else "the weights are not exp(lse_k) / sum of exp(lse) (normalised, one per slice)"
             )
-            said.append(
-                f"combine_splits of two slices of 1s and 3s with lse {lse0:g} and {lse0:g} + ln 3 "
-                f"gave {got:.4g}, expected 2.5 (weights 1/4 and 3/4): {why}"
+            return (
+                f"combine_splits of two slices of 1s and 3s with lse {lse0:g} and {lse1:g} "
+                f"gave {got:.4g}, expected {want:.4g} (weights {1 - w1:.3g} and {w1:.3g}): {why}"
             )
-            break
-    return "; ".join(said)
+    return ""
+
+
+@pytest.mark.parametrize(
+    "lse",
+    [(-300.0, -300.0 + math.log(3.0)), (-400.0, -200.0), (0.0, 200.0), (200.0, 0.0)],
+    ids=[
+        "all far below 0",
+        "far below 0 and far apart",
+        "far apart",
+        "far apart with the largest first",
+    ],
+)
+def test_combine_splits_weighs_the_slices_whatever_their_lse(lse):
+    # a slice's lse is the log of its keys' softmax denominator: below -88 when every key points
+    # away from the query (exp of it is 0 in float32), hundreds apart between slices. Weighed
+    # relative to the largest lse, the weights stay finite and the largest is exactly 1.
+    got = _merge_of_slices_of_1s_and_3s(*lse)
+    w = torch.softmax(torch.tensor(lse, dtype=torch.float64), dim=0)
+    want = float(w[0] + 3 * w[1])
+    assert math.isfinite(got) and abs(got - want) < 1e-4, (
+        f"combine_splits of two slices of 1s and 3s with lse {lse[0]:g} and {lse[1]:g} gave "
+        f"{got:.6g}, expected {want:.6g} (weights softmax(lse) = {w[0]:.3g}, {w[1]:.3g}): each "
+        "slice's weight is exp(its lse minus the largest lse), whatever sign and spread they have"
+    )
 
 
 def _large_scores_rule(rule: str, splits: int, one_slice_right: bool) -> str:
@@ -389,6 +396,21 @@ def test_a_chunk_sees_the_whole_cached_prefix():
 
 
 # ---------------------------------------------------------------- bfloat16, as on a GPU
+
+
+def test_the_online_step_keeps_its_running_state_in_float32():
+    # The kernels carry m_i, l_i and acc through their loop over key blocks, float32 from the
+    # start; a step that returns one of them in the values' bfloat16 changes a loop-carried value's
+    # dtype, which a GPU does not compile and the interpreter runs into NaN.
+    from classroom.online_step_check import running_state_dtype_problem
+
+    problem = running_state_dtype_problem(device())
+    assert not problem, (
+        f"one step on a float32 running state and bfloat16 values: {problem} (the kernels carry "
+        "m_i, l_i and acc through their loop over key blocks in float32, and a GPU compiles no "
+        "loop whose carried value changes dtype: add the block's product to acc as it is, "
+        "without casting acc to the values' dtype)"
+    )
 
 
 def _bf16_run(kernel, case: str):

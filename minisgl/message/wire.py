@@ -55,11 +55,12 @@ def decode_batch(frame: bytes) -> List[Any]:
     Uses: `json.loads` with `object_hook=revive` (ch12), `MESSAGE_TYPES`.
     Checked: every message comes back equal through `encode_batch`, in order; each bad frame is
         refused with a ValueError whose text says which rule it breaks: "JSON" for bytes that are
-        not UTF-8 JSON (UTF-16 or UTF-32 JSON included, and a byte that is not UTF-8 inside a
-        JSON string: a frame is UTF-8), "array" for JSON that is not an array, "not a message"
-        for an item that is not one (an instance of a class in MESSAGE_TYPES: a bare
-        SamplingParams or tensor is not); revive's own refusals (an unknown type, SamplingParams'
-        TypeError for a field it does not know) pass through as they are.
+        not UTF-8 JSON (UTF-16 or UTF-32 JSON included, a UTF-8 byte-order mark, and a byte that
+        is not UTF-8 inside a JSON string: a frame is UTF-8), "array" for JSON that is not an
+        array (a plain object too), "not a message" for an item that is not one (an instance of a
+        class in MESSAGE_TYPES: a bare SamplingParams or tensor is not); revive's own refusals,
+        whatever they are (an unknown type, wrong fields, an unknown dtype, a bad temperature,
+        SamplingParams' TypeError for a field it does not know), pass through as they are.
     """
     try:
         # Decoded here, not by json.loads: given bytes, it also reads UTF-16 and UTF-32, and a
@@ -92,8 +93,9 @@ def encode_value(value: Any) -> Any:
         it would turn the nested SamplingParams into an untagged dict and its tensors into
         tensors), `MESSAGE_TYPES`, `TENSOR_DTYPES`.
     Checked: every message type comes back equal through `decode_batch` (tensors with their dtype,
-        sampling parameters as SamplingParams); a dataclass that is not a message (its class is
-        not the one MESSAGE_TYPES holds under its name) is refused with a TypeError naming its
+        sampling parameters as SamplingParams); a tuple's items are encoded like a list's; a
+        dataclass that is not a message (its class is not the one MESSAGE_TYPES holds under its
+        name: a look-alike, a subclass of a message) is refused with a TypeError naming its
         class, a tensor that is not 1-D (0-D included) with one saying "1-D", one of another
         dtype (float32, int16, uint8, bool) with one naming its dtype.
     """
@@ -127,8 +129,10 @@ def revive(obj: Dict[str, Any]) -> Any:
 
     Receives: `obj`, a dict just decoded from JSON.
     Returns: a tensor for a `"__tensor__"` dict (of its dtype), a SamplingParams for a
-        `"__sampling__"` dict (validated: bad values raise), a message for a `"__msg__"` dict; any
-        other dict as it is (a chat message, the scheduler's stats).
+        `"__sampling__"` dict (validated: bad values raise), a message for a `"__msg__"` dict
+        naming a class of MESSAGE_TYPES (no other name: not SamplingParams, nor anything else
+        minisgl.message imports); any other dict as it is (a chat message, the scheduler's
+        stats).
     Leaves: `obj` unchanged (json.loads's, or a caller's that may keep it).
     Uses: `MESSAGE_TYPES`, `TENSOR_DTYPES`, `SamplingParams` (ch01).
     Checked: every message comes back equal; each refusal is a ValueError that names what is

@@ -156,10 +156,11 @@ class Scheduler(
         Returns: nothing.
         Leaves: every message that arrived processed (new requests queued, aborts done, bad input
             refused); at most one batch launched, and its results handled before returning (tokens
-            sent, ended requests' slots and KV back). While it runs, from before the first message
-            on, `self._defer_slot_free` is False, even after overlap steps (what it is left as
-            after the step does not matter: the next loop sets its own before any slot is freed).
-        Uses: `self.has_work`, `self.receive_msg` (blocking only with no work),
+            sent, ended requests' slots and KV back). `self._defer_slot_free` is False wherever
+            this turn may free a slot, even after overlap steps (what it is left as after the step
+            does not matter: the next loop sets its own before any slot is freed). A message
+            `_process_one_msg` raises on stops the turn with that error.
+        Uses: `self.has_work`, `self.receive_msg` (once a turn, blocking only with no work),
             `self._process_one_msg`, `self._schedule_next_batch`, `self._forward`,
             `self.engine.stream.wait_stream(self.stream)` before a launch (ch07);
             `self._process_last_data` (given here; ch11 writes it).
