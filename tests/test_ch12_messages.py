@@ -274,8 +274,18 @@ def test_revive_rebuilds_each_tagged_object():
         # only MESSAGE_TYPES' names: not whatever minisgl.message happens to import
         ({"__msg__": "SamplingParams", "top_k": 5}, "unknown message type 'SamplingParams'"),
         ({"__msg__": "BackendMsg", "uid": 1}, "unknown message type 'BackendMsg'"),
+        # a list is no class's name (and unhashable: no dict lookup may raise TypeError on it)
+        ({"__msg__": ["AbortMsg"], "uid": 1}, "unknown message type ['AbortMsg']"),
         ({"__msg__": "AbortMsg", "pid": 1}, "AbortMsg"),
+        ({"__msg__": "AbortMsg"}, "AbortMsg"),
+        ({"__msg__": "AbortMsg", "uid": "x"}, ("AbortMsg", "uid")),
+        ({"__msg__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": "no"}, "finished"),
         ({"__tensor__": [1], "dtype": "float16"}, "float16"),
+        # torch.tensor would truncate 1.5 to 1, take true as 1, build 2-D or 0-D tensors
+        ({"__tensor__": [1.5], "dtype": "int64"}, "[1.5]"),
+        ({"__tensor__": [True], "dtype": "int32"}, "[True]"),
+        ({"__tensor__": [[1, 2]], "dtype": "int64"}, "[[1, 2]]"),
+        ({"__tensor__": 5, "dtype": "int64"}, "5"),
         ({"__sampling__": {"temperature": -1}}, "temperature"),
         ({"__sampling__": {"top_p": 0}}, "top_p"),
     ],
@@ -285,17 +295,28 @@ def test_revive_rebuilds_each_tagged_object():
         "null type name",
         "a class of minisgl.message outside MESSAGE_TYPES",
         "a base class of the messages",
+        "a list as the type name",
         "wrong fields",
+        "a missing field",
+        "a field of the wrong type",
+        "a bool field given a string",
         "unknown dtype",
+        "float ids",
+        "boolean ids",
+        "nested ids",
+        "ids not a list",
         "bad temperature",
         "bad top_p",
     ],
 )
 def test_revive_refuses_naming_the_problem(obj, words):
-    with pytest.raises(ValueError) as err:
-        revive(obj)
-        pytest.fail(f"revive({obj}) returned, expected a ValueError naming {words!r}")
-    assert words in str(err.value), f"the ValueError should name {words!r}, said {err.value}"
+    err = raised(lambda: revive(dict(obj)), f"revive({obj})")
+    words = words if isinstance(words, tuple) else (words,)
+    missing = [w for w in words if w not in str(err)]
+    assert isinstance(err, ValueError) and not missing, (
+        f"revive({obj}) raised {type(err).__name__}: {err}; expected a ValueError naming "
+        f"{' and '.join(map(repr, words))}"
+    )
 
 
 def test_revive_leaves_the_dict_it_was_given_alone():
@@ -337,7 +358,10 @@ def test_revive_lets_sampling_params_errors_through_as_they_are(fields):
         {"__msg__": "Shutdown", "uid": 1},
         {"__sampling__": {"min_p": 0.1}},
         {"__msg__": "AbortMsg", "pid": 1},
+        {"__msg__": "AbortMsg"},
+        {"__msg__": "AbortMsg", "uid": "x"},
         {"__tensor__": [1], "dtype": "float16"},
+        {"__tensor__": [1.5], "dtype": "int64"},
         {"__sampling__": {"temperature": -1}},
         {"__sampling__": {"top_p": 0}},
     ],
@@ -345,7 +369,10 @@ def test_revive_lets_sampling_params_errors_through_as_they_are(fields):
         "unknown type",
         "unknown sampling field",
         "wrong fields",
+        "a missing field",
+        "a field of the wrong type",
         "unknown dtype",
+        "float ids",
         "bad temperature",
         "bad top_p",
     ],
@@ -392,6 +419,11 @@ def test_a_frame_is_a_json_array_of_messages():
         (b"{not json", "JSON"),
         (b'{"__msg__": "AbortMsg", "uid": 1}', "array"),
         (b'{"uid": 1}', "array"),
+        # JSON, but no array: null, a number, a string, a boolean
+        (b"null", "array"),
+        (b"3", "array"),
+        (b'"AbortMsg"', "array"),
+        (b"true", "array"),
         # a frame is UTF-8 as encode_batch writes it, which puts no byte-order mark first
         (b'\xef\xbb\xbf[{"__msg__": "AbortMsg", "uid": 1}]', "JSON"),
         (b'[{"__msg__": "AbortMsg", "uid": 1}, {"uid": 1}]', "not a message"),
@@ -400,6 +432,9 @@ def test_a_frame_is_a_json_array_of_messages():
         (b'[{"__sampling__": {}}]', "not a message"),
         (b'[{"__tensor__": [1], "dtype": "int32"}]', "not a message"),
         (b'[{"__msg__": "Shutdown", "uid": 1}]', "Shutdown"),
+        # revive's refusals are ValueErrors too: a missing field is no TypeError out of the frame
+        (b'[{"__msg__": "AbortMsg"}]', "AbortMsg"),
+        (b'[{"__msg__": "AbortMsg", "uid": "x"}]', "uid"),
     ],
     ids=[
         "not UTF-8 (a UTF-16 mark)",
@@ -412,12 +447,18 @@ def test_a_frame_is_a_json_array_of_messages():
         "not JSON",
         "not an array",
         "a plain object, not an array",
+        "null",
+        "a number",
+        "a string",
+        "a boolean",
         "a UTF-8 byte-order mark",
         "a dict",
         "a number",
         "sampling params alone",
         "a tensor alone",
         "unknown type",
+        "a message missing a field",
+        "a message field of the wrong type",
     ],
 )
 def test_a_bad_frame_is_refused_naming_the_problem(frame, words):
@@ -431,6 +472,26 @@ def test_a_bad_frame_is_refused_naming_the_problem(frame, words):
     assert isinstance(err, ValueError) and words in str(err), (
         f"decode_batch({frame!r}) raised {type(err).__name__}: {err}; expected a ValueError "
         f"naming {words!r}{half_built}"
+    )
+
+
+@pytest.mark.parametrize(
+    "frame,shown",
+    [
+        (b'[{"__msg__": "AbortMsg", "uid": 1}, {"uid": 7}]', "{'uid': 7}"),
+        (b"[3.25]", "3.25"),
+        (b'[{"__tensor__": [5, 6], "dtype": "int32"}]', "[5, 6]"),
+        (b'[{"__msg__": "AbortMsg", "uid": 1}, "hello"]', "hello"),
+    ],
+    ids=["a dict", "a number", "a tensor alone", "a string"],
+)
+def test_a_frame_refusing_an_item_shows_it(frame, shown):
+    """The refusal of an item that is not a message shows the item: with several in one frame,
+    the reader learns which one."""
+    err = raised(lambda: decode_batch(frame), f"decode_batch({frame!r})")
+    assert isinstance(err, ValueError) and "not a message" in str(err) and shown in str(err), (
+        f"decode_batch({frame!r}) raised {type(err).__name__}: {err}; expected a ValueError "
+        f"saying 'not a message' and showing the item ({shown})"
     )
 
 

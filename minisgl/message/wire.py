@@ -20,6 +20,7 @@ from minisgl.core import SamplingParams
 
 from . import AbortBackendMsg, DetokenizeMsg, UserMsg
 from .api_server import AbortMsg, StatsQuery, StatsReply, TokenizeMsg, UserReply
+from .field_types import mistyped_fields
 
 MESSAGE_TYPES: Dict[str, type] = {
     cls.__name__: cls
@@ -128,35 +129,49 @@ def revive(obj: Dict[str, Any]) -> Any:
     already revived when the message itself is.
 
     Receives: `obj`, a dict just decoded from JSON.
-    Returns: a tensor for a `"__tensor__"` dict (of its dtype), a SamplingParams for a
-        `"__sampling__"` dict (validated: bad values raise), a message for a `"__msg__"` dict
-        naming a class of MESSAGE_TYPES (no other name: not SamplingParams, nor anything else
-        minisgl.message imports); any other dict as it is (a chat message, the scheduler's
-        stats).
+    Returns: a tensor for a `"__tensor__"` dict (of its dtype: a 1-D tensor of the ids, which
+        must be a flat list of integers), a SamplingParams for a `"__sampling__"` dict
+        (validated: bad values raise), a message for a `"__msg__"` dict naming a class of
+        MESSAGE_TYPES (no other name: not SamplingParams, nor anything else minisgl.message
+        imports; a name that is not a string names no class) whose fields are exactly its
+        class's, each of its declared type; any other dict as it is (a chat message, the
+        scheduler's stats).
     Leaves: `obj` unchanged (json.loads's, or a caller's that may keep it).
-    Uses: `MESSAGE_TYPES`, `TENSOR_DTYPES`, `SamplingParams` (ch01).
+    Uses: `MESSAGE_TYPES`, `TENSOR_DTYPES`, `SamplingParams` (ch01), `mistyped_fields(message)`
+        (given: each field of a built message whose value is not of its declared type).
     Checked: every message comes back equal; each refusal is a ValueError that names what is
-        wrong: `unknown message type 'Shutdown'` (the name in quotes, as repr writes it; an empty
-        name too: `unknown message type ''`), the class
-        name for a message with the wrong fields, the dtype's name for a tensor of an unknown
-        dtype; SamplingParams' own errors go through as they are (a ValueError naming the
-        field, a TypeError for a field it does not know).
+        wrong: `unknown message type 'Shutdown'` (the name as repr writes it, in quotes; an empty
+        name too, `unknown message type ''`, and a list, `unknown message type ['AbortMsg']`),
+        the class name for a message with the wrong fields (one its class does not have, one it
+        lacks, or one of the wrong type, whose name is said too: `AbortMsg` ... `uid`), the
+        dtype's name for a tensor of an unknown dtype, the ids as repr writes them for ids that
+        are not a flat list of integers (`[1.5]`, `[True]`, `[[1, 2]]`, `5`); SamplingParams' own
+        errors go through as they are (a ValueError naming the field, a TypeError for a field
+        it does not know).
     """
     if "__tensor__" in obj:
-        dtype = TENSOR_DTYPES.get(obj.get("dtype"))
+        ids, dtype = obj["__tensor__"], TENSOR_DTYPES.get(obj.get("dtype"))
         if dtype is None:
             raise ValueError(f"a tensor in a message has dtype {obj.get('dtype')!r}")
-        return torch.tensor(obj["__tensor__"], dtype=dtype)
+        # torch.tensor would truncate 1.5, count true as 1 and build a 2-D tensor from nested
+        # lists, none of which encode_value ever writes
+        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            raise ValueError(f"a tensor in a message is a flat list of integer ids, got {ids!r}")
+        return torch.tensor(ids, dtype=dtype)
     if "__sampling__" in obj:
         return SamplingParams(**obj["__sampling__"])  # validates its fields
     if "__msg__" in obj:
         name = obj["__msg__"]
-        cls = MESSAGE_TYPES.get(name)
+        cls = MESSAGE_TYPES.get(name) if isinstance(name, str) else None  # a list is unhashable
         if cls is None:
             raise ValueError(f"unknown message type {name!r}")
         fields = {k: v for k, v in obj.items() if k != "__msg__"}  # `obj` is the caller's
         try:
-            return cls(**fields)
+            message = cls(**fields)  # refuses a field the class lacks, or one missing
         except TypeError as e:
             raise ValueError(f"a {name} with the wrong fields: {e}") from None
+        wrong = mistyped_fields(message)  # a dataclass checks no type itself
+        if wrong:
+            raise ValueError(f"a {name} with the wrong fields: {', '.join(wrong)}")
+        return message
     return obj
