@@ -14,8 +14,10 @@ import torch
 from classroom.device_tags import (
     distinct_scheduler_device,
     host_tensors,
+    off_device_tensors,
     sampling_devices,
     tag_device_copies,
+    tagging_made_for,
     wrong_devices,
 )
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
@@ -200,9 +202,34 @@ def test_prepare_batch_moves_the_tensors_it_builds_to_the_device():
         fi = llm._prepare_batch(Batch(reqs, phase))
         left = host_tensors(fi, llm.engine.device)
         assert not left, (
-            f"{phase} step: {', '.join(left)} built on the host and never copied to the device "
-            "with self.engine.kit.to_device(...): on a CPU that call changes nothing, on a GPU the "
-            "step's kernels would be handed host memory"
+            f"{phase} step: {', '.join(left)} built on the host did not go through "
+            "self.engine.kit.to_device(...): never copied, a GPU's kernels get host memory; copied "
+            "with .to(device), the scheduler waits for each copy (to_device's is asynchronous)"
+        )
+        for r in reqs:
+            r.complete_one()  # what launching the step does: the next one is a decode
+
+
+@torch.inference_mode()
+def test_prepare_batch_hands_the_forward_only_tensors_on_the_engines_device():
+    """Every tensor the step carries into the forward pass (the batch's, every field of the
+    attention metadata, the sampling arguments, both index tuples) is on the engine's device,
+    whichever way it got there. On a CPU the scheduler's device is `cpu:0` and what is made for it,
+    or copied by the kit, is tagged (classroom/device_tags.py); the walk names every tensor that is
+    not, so a part built for a bare "cpu" (the metadata, the sampling arguments) is caught too."""
+    llm = build_llm()
+    tag_device_copies(llm.engine)
+    distinct_scheduler_device(llm)
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
+    reqs[1].sampling_params = SamplingParams(temperature=0.7, max_tokens=4)  # sampling tensors
+    for phase in ("prefill", "decode"):
+        with tagging_made_for(llm.device):
+            fi = llm._prepare_batch(Batch(reqs, phase))
+        off = off_device_tensors(fi, llm.device)
+        assert not off, (
+            f"{phase} step: every tensor handed to the forward must be on self.device "
+            f"({llm.device}; prepare_metadata and from_params are given it, not a bare 'cpu'), "
+            f"not: {', '.join(off)}"
         )
         for r in reqs:
             r.complete_one()  # what launching the step does: the next one is a decode
@@ -313,7 +340,14 @@ def test_filter_reqs_keeps_decodable_requests_and_drops_finished_ones():
     going = _req_after(0, 5, 3, steps=1)  # prefilled, 2 tokens to go
     one_token = _req_after(1, 4, 1, steps=1)  # prefilled, and that was its only token
     short = _req_after(2, 6, 2, steps=1)
-    dm.filter_reqs([going, one_token, short])
+    try:
+        dm.filter_reqs([going, one_token, short])
+    except KeyError as e:
+        raise AssertionError(
+            f"filter_reqs raised KeyError {e} on a batch where uid 1 has just produced its only "
+            "token: a request that cannot decode and was never in running is simply not added "
+            "(removing what is not there must not fail)"
+        ) from None
     assert list(dm.running) == [0, 2], (
         "running should hold uids [0, 2] (can decode, in batch order; uid 1 is finished), got "
         f"{list(dm.running)}"

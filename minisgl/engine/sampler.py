@@ -47,6 +47,21 @@ class BatchSamplingArgs:
     def from_params(
         cls, params: List[SamplingParams], vocab_size: int, device: torch.device
     ) -> "BatchSamplingArgs":
+        """The draw settings of a batch, one row per request in the order of `params`.
+
+        Receives: `params`, each request's SamplingParams in batch order; `vocab_size`, the model's
+            (a top_k of -1, or one above it, becomes it); `device`, where the sampler will run:
+            the scheduler's `self.device`.
+        Returns: a BatchSamplingArgs whose temperatures (float32, 0 for a greedy row), top_k
+            (int64) and top_p (float32) are [B] tensors on `device`; all three None when every
+            request is greedy (the sampler then takes the argmax).
+        Leaves: `params` unchanged.
+        """
+        if not isinstance(device, torch.device):  # "cpu" would fail below as a bare AttributeError
+            raise TypeError(
+                f"BatchSamplingArgs.from_params: device must be a torch.device (the scheduler's "
+                f"self.device), got {type(device).__name__} {device!r}"
+            )
         if all(p.is_greedy for p in params):
             return cls(None, None, None)
         temps = torch.tensor(

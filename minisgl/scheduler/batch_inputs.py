@@ -31,14 +31,19 @@ class BatchInputs:
             request's sampling settings, in batch order.
         Leaves: KV locations of the new positions allocated in the page table; `batch.positions`,
             `batch.out_loc` (the page-table entry of every processed token, int64) and
-            `batch.attn_metadata` filled in, both read from the page table after the allocation.
+            `batch.attn_metadata` filled in, both read from the page table after the allocation;
+            `batch.input_ids` left unset (the engine gathers it through input_tuple, on its stream).
+            Every tensor of the step (the batch's, the metadata's, the sampling arguments', both
+            tuples) on `self.device`: index tensors through `self.engine.kit.to_device`.
         Uses: `self.cache_manager.allocate_paged` (ch08), `self.page_table` (ch04),
             `self.engine.kit.to_device`, `self.engine.dummy_row`, `ForwardInput` (ch06),
             `prepare_metadata` (ch05), `BatchSamplingArgs.from_params` (ch06), `req.is_chunk`
             (ch10).
         Checked: prefill and decode indices point at each token's row and position; out_loc is the
             page-table entry of every token, no location twice; a chunk's sample goes to the scratch
-            row; each request gets its own sampling arguments; outputs equal Hugging Face's.
+            row; each request gets its own sampling arguments; every tensor handed to the forward
+            is on the device (on a CPU, `cpu:0` and tagged copies tell); outputs equal Hugging
+            Face's.
         """
         self.cache_manager.allocate_paged(batch.reqs)
         kit = self.engine.kit
