@@ -18,13 +18,16 @@ from typing import Iterator, List, Sequence
 import torch
 
 from .interpreter_bf16 import fix_bf16_dot, fix_bf16_reductions
+from .interpreter_masked_load import poison_masked_loads
 from .interpreter_tf32 import honour_tf32_dot
 
-# on a CPU, the try-outs' bfloat16 scenes need the interpreter's tl.dot to multiply numbers, and a
-# tl.dot left in TF32 must round as a GPU's does
+# on a CPU, the try-outs' bfloat16 scenes need the interpreter's tl.dot to multiply numbers, a
+# tl.dot left in TF32 must round as a GPU's does, and a masked-off lane loaded without other= is
+# as undefined as a GPU's (NaN)
 fix_bf16_dot()
 fix_bf16_reductions()
 honour_tf32_dot()
+poison_masked_loads()
 
 
 def _forget_compiled(module) -> None:
@@ -193,8 +196,9 @@ def largest_difference(got: torch.Tensor, want: torch.Tensor) -> float:
 
 # Why a kernel's output holds NaN or inf where the answer is a number: each of these makes one.
 NAN_CAUSES = (
-    "a masked location's value read, exp overflowing, -inf minus -inf, or the running state "
-    "(m_i, l_i, acc) not kept in float32"
+    "a masked location's value read (a tl.load with mask= and no other=: its masked lanes are "
+    "undefined, NaN here), exp overflowing, -inf minus -inf, or the running state (m_i, l_i, acc) "
+    "not kept in float32"
 )
 
 # A float32 result off by this much, and no more, is what TF32 products give: each float32 operand

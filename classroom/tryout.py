@@ -115,8 +115,27 @@ def _stopped(raised: BaseException, tryout: FrameType) -> str:
         ours = f is tryout or f.f_code.co_firstlineno in _tryout_lines(tryout)
         whose = "the try-out's" if ours else f"your {f.f_code.co_name}'s"
         at = f", raised at {whose} line {n}: {text}" if text else f", raised at {whose} line {n}"
+        engine = _engine_line(shown_first) if ours else None
+        if engine is not None:
+            # a value the learner's function returned (a tile of the wrong shape) fails where the
+            # engine's kernel uses it: that line tells more than the try-out's launch
+            at = f", raised where the engine's {engine} uses what your function returned"
     rule = rule or "the try-out's last lines"
     return f"{FAIL} {rule}: the try-out stopped on {what}{at}"
+
+
+def _engine_line(chain: List[BaseException]) -> str | None:
+    """The deepest line of the engine's own code (minisgl/) in the first exception of `chain` that
+    has one, as "triton_decode.py line 160: `...`"; None when none does."""
+    engine = os.sep + "minisgl" + os.sep
+    for e in chain:
+        found = [(f, n) for f, n in _frames(e.__traceback__) if engine in f.f_code.co_filename]
+        if found:
+            f, n = found[-1]
+            text = linecache.getline(f.f_code.co_filename, n).strip()
+            name = os.path.basename(f.f_code.co_filename)
+            return f"{name} line {n}" + (f": {text}" if text else "")
+    return None
 
 
 def _tryout_lines(tryout: FrameType) -> range:

@@ -24,6 +24,7 @@ from extras import module_needs_extra
 pytestmark = module_needs_extra("triton")  # before the imports that need it
 
 from classroom.interpreter_bf16 import fix_bf16_dot, fix_bf16_reductions  # noqa: E402
+from classroom.interpreter_masked_load import poison_masked_loads  # noqa: E402
 from classroom.interpreter_tf32 import honour_tf32_dot  # noqa: E402
 from classroom.kernels import difference_note, merge_of_two_slices  # noqa: E402
 from helpers import test_device  # noqa: E402
@@ -38,6 +39,7 @@ DIM = 16  # the smallest head the kernels take: one tensor-core tile
 fix_bf16_dot()  # on a CPU: the interpreter's bfloat16 tl.dot multiplies numbers, not their bits
 fix_bf16_reductions()  # and its tl.sum / tl.max of a bfloat16 tile reduce numbers, not bits
 honour_tf32_dot()  # on a CPU: a tl.dot left in TF32 rounds its operands as a GPU does
+poison_masked_loads()  # and a masked-off lane loaded without other= is NaN, undefined as on a GPU
 TOL = dict(atol=2e-5, rtol=2e-5)
 
 
@@ -404,7 +406,11 @@ def test_the_online_step_keeps_its_running_state_in_float32():
     # dtype, which a GPU does not compile and the interpreter runs into NaN.
     from classroom.online_step_check import running_state_dtype_problem
 
-    problem = running_state_dtype_problem(device())
+    # a step whose tl.dot mixes float32 and bfloat16 operands does not run at all: that rule first
+    problem = _bf16_run(
+        lambda: running_state_dtype_problem(device()),
+        "one online step on a float32 running state and bfloat16 values",
+    )
     assert not problem, (
         f"one step on a float32 running state and bfloat16 values: {problem} (the kernels carry "
         "m_i, l_i and acc through their loop over key blocks in float32, and a GPU compiles no "
