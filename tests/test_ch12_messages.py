@@ -283,6 +283,7 @@ def test_revive_rebuilds_each_tagged_object():
         ({"__tensor__": [1], "dtype": "float16"}, "float16"),
         # torch.tensor would truncate 1.5 to 1, take true as 1, build 2-D or 0-D tensors
         ({"__tensor__": [1.5], "dtype": "int64"}, "[1.5]"),
+        ({"__tensor__": [1, 2.5], "dtype": "int64"}, "[1, 2.5]"),
         ({"__tensor__": [True], "dtype": "int32"}, "[True]"),
         ({"__tensor__": [[1, 2]], "dtype": "int64"}, "[[1, 2]]"),
         ({"__tensor__": 5, "dtype": "int64"}, "5"),
@@ -302,6 +303,7 @@ def test_revive_rebuilds_each_tagged_object():
         "a bool field given a string",
         "unknown dtype",
         "float ids",
+        "a float among int ids",
         "boolean ids",
         "nested ids",
         "ids not a list",
