@@ -57,12 +57,15 @@ def refuses(error: Errors, what: str, match: str | None = None) -> Iterator[Refu
     pytest.fail(f"{what} returned, expected it to raise {wanted}", pytrace=False)
 
 
-def raised(call: Callable[[], object], what: str) -> BaseException:
-    """The exception `call()` raised (any kind), or a failure saying `what` returned instead."""
+def raised(call: Callable[[], object], what: str, expected: str = "") -> BaseException:
+    """The exception `call()` raised (any kind), or a failure saying `what` returned instead (and
+    what it returned, and `expected`, the refusal wanted, where given)."""
     try:
-        call()
+        got = call()
     except Exception as e:
         if _passes_through(e):
             raise
         return e
+    if expected:
+        pytest.fail(f"{what} returned {got!r}, expected {expected}", pytrace=False)
     pytest.fail(f"{what} returned, expected it to raise", pytrace=False)

@@ -312,8 +312,9 @@ def test_revive_rebuilds_each_tagged_object():
     ],
 )
 def test_revive_refuses_naming_the_problem(obj, words):
-    err = raised(lambda: revive(dict(obj)), f"revive({obj})")
     words = words if isinstance(words, tuple) else (words,)
+    wanted = f"a ValueError naming {' and '.join(map(repr, words))}"
+    err = raised(lambda: revive(dict(obj)), f"revive({obj})", wanted)
     missing = [w for w in words if w not in str(err)]
     assert isinstance(err, ValueError) and not missing, (
         f"revive({obj}) raised {type(err).__name__}: {err}; expected a ValueError naming "
@@ -464,7 +465,9 @@ def test_a_frame_is_a_json_array_of_messages():
     ],
 )
 def test_a_bad_frame_is_refused_naming_the_problem(frame, words):
-    err = raised(lambda: decode_batch(frame), f"decode_batch({frame!r})")
+    err = raised(
+        lambda: decode_batch(frame), f"decode_batch({frame!r})", f"a ValueError naming {words!r}"
+    )
     half_built = (
         " (an object revive built lacks its attributes: was it made without calling its class, "
         "so that its __init__ and its checks never ran?)"
