@@ -363,6 +363,40 @@ def test_a_tryout_that_raises_prints_one_line_naming_the_rule_and_the_learners_l
     ]
 
 
+def test_a_tryout_stopped_in_the_engine_names_the_engines_line(tmp_path):
+    # the learner's function returned something the engine's code then fails on (a kernel given a
+    # tile of the wrong shape): the engine's line that used it tells more than the try-out's call
+    import contextlib
+    import io
+    import textwrap
+
+    from classroom.tryout import attempt, check
+    from minisgl.core import SamplingParams
+    from minisgl.engine import BatchSamplingArgs
+
+    cell = tmp_path / "cell.py"
+    cell.write_text(
+        textwrap.dedent(
+            """\
+            def device():
+                return "cpu"
+            with attempt("ch99.device"):
+                args = BatchSamplingArgs.from_params([SamplingParams()], 16, device())
+                check("the arguments are built", args is not None)
+            """
+        )
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        namespace = {"attempt": attempt, "check": check}
+        namespace.update(BatchSamplingArgs=BatchSamplingArgs, SamplingParams=SamplingParams)
+        exec(compile(cell.read_text(), str(cell), "exec"), namespace)
+    (line,) = out.getvalue().splitlines()
+    assert line.startswith("✘ the arguments are built: the try-out stopped on TypeError: "), line
+    assert "raised where the engine's sampler.py line " in line, line
+    assert line.endswith("uses what your function returned"), line
+
+
 def test_a_tryout_helper_that_raises_is_named_as_the_tryouts(tmp_path):
     # a helper defined inside the try-out is not the learner's; a message-less error (asyncio's
     # TimeoutError, raised from a CancelledError) is named as itself
