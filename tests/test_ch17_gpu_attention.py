@@ -419,6 +419,24 @@ def test_the_online_step_keeps_its_running_state_in_float32():
     )
 
 
+def test_a_masked_load_gives_the_masked_off_lanes_a_value():
+    # Triton leaves a masked-off lane of tl.load undefined unless other= gives it a value. On a CPU
+    # the interpreter here fills such lanes with NaN and the attention tests fail; compiled, a
+    # GPU's lanes are often zeros, so those tests can pass on one GPU and fail on another: the
+    # source is what shows the mistake on every device.
+    from classroom.masked_loads import loads_without_other
+    from minisgl.kernel import triton_blocks
+
+    loose = loads_without_other(triton_blocks.online_softmax_step)
+    assert not loose, (
+        "online_softmax_step: a masked tl.load gives the masked-off lanes no value ("
+        + "; ".join(loose)
+        + "): Triton leaves them undefined (on a GPU a NaN or an infinity from an earlier tile, "
+        "and 0 x NaN is NaN in the block's product): give other=0.0, or replace them with "
+        "tl.where before their first use"
+    )
+
+
 def _bf16_run(kernel, case: str):
     """`kernel()`, or a one-line failure quoting Triton's first line when it refuses to run on
     bfloat16 caches (a stub's NotImplementedError goes through, so it reads "not written")."""
