@@ -47,6 +47,7 @@ from minisgl.engine import BatchSamplingArgs, ForwardInput, ForwardOutput
 from minisgl.engine.decode_rows import decode_rows
 from minisgl.engine.request_sampling import LogprobPlan, StepLogprobs
 from minisgl.engine.verify_step import VerifyInput, VerifyPlan, launch_verify, seed_of
+from minisgl.message import DetokenizeMsg
 
 from .cache import pages_for
 
@@ -253,16 +254,62 @@ class SpeculativeSteps:
             drafted=plan.draft_lens,
             accepted=[c - 1 for c in counts],
         )
+        # a request no per-token handling applies to takes its accepted run at once, all but its
+        # last token here; that last one goes through the chain below, which ends the request
+        whole = [self._takes_whole_run(r) for r in reqs]
+        ends = self._append_runs(reqs, whole, tokens, counts, plan.bases)
         for j in range(max(counts, default=0)):
-            rows = [i for i, r in enumerate(reqs) if counts[i] > j and self._live.get(r.uid) is r]
+            rows = [
+                i
+                for i, r in enumerate(reqs)
+                if (j == ends[i] - 1 if whole[i] else counts[i] > j) and self._live.get(r.uid) is r
+            ]
             if not rows:
-                break
+                continue  # a whole run's last token may come later
             for i in rows:  # as a plain step would have left it before this token
                 reqs[i].cached_len = plan.bases[i] + j - 1
                 reqs[i].device_len = plan.bases[i] + j
                 reqs[i].complete_one()
             self._handle_one(fi, out, rows, [tokens[i][j] for i in rows], j)
         self._roll_back(plan, reqs)
+
+    def _takes_whole_run(self, req: Req) -> bool:
+        """Whether no handling needs `req`'s accepted tokens one at a time: no grammar matcher to
+        advance, no stop token ids or strings to look for, no logprobs to attach. EOS and
+        max_tokens are found in the run itself (`_append_runs`)."""
+        params = req.sampling_params
+        return (
+            self._live.get(req.uid) is req
+            and req.uid not in self._matchers
+            and not params.stop
+            and not params.stop_token_ids
+            and params.logprobs is None
+        )
+
+    def _append_runs(self, reqs, whole, tokens, counts, bases) -> List[int]:
+        """For each request that takes its run whole: the run cut where a plain decode would
+        have ended it (after its first EOS unless ignore_eos, at max_tokens), every token of it
+        but the last appended to its host tokens and sent; the cut length per request (the
+        accepted count for the others). The last token is left to the chain of handlings, which
+        ends the request on it when the run ends it."""
+        ends, reply = list(counts), []
+        for i, req in enumerate(reqs):
+            if not whole[i]:
+                continue
+            run = tokens[i][: min(counts[i], req.max_device_len - bases[i])]
+            if not req.sampling_params.ignore_eos:
+                eos = [j for j, t in enumerate(run) if t in self.eos_token_ids]
+                if eos:
+                    run = run[: eos[0] + 1]
+            ends[i] = len(run)
+            if len(run) > 1:
+                req.append_host(torch.tensor(run[:-1], dtype=req.input_ids.dtype))
+                reply.extend(
+                    DetokenizeMsg(uid=req.uid, next_token=t, finished=False) for t in run[:-1]
+                )
+        if reply:
+            self.send_result(reply)
+        return ends
 
     def _handle_one(self, fi: VerifyInput, out, rows: List[int], tokens: List[int], j: int):
         """Token j of each of `rows`, handled as one plain decode step of those requests."""
