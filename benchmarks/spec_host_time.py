@@ -153,5 +153,6 @@ def main() -> None:
                 f"{args.tokens / cycles:13.2f} {step * args.tokens / host:11.2f}"
             )
 
+
 if __name__ == "__main__":
     main()

@@ -112,9 +112,11 @@ def test_verify_and_draft_steps_replay_from_graphs_with_the_plain_engines_tokens
     if draft is not None:
         catch_ups = [r for b, r in draft.calls if b.is_decode and _rows_per_request(b) > 1]
         steps = [r for b, r in draft.calls if b.is_decode and _rows_per_request(b) == 1]
-        assert catch_ups and all(catch_ups), "the draft's catch-up did not replay a graph"
+        assert all(catch_ups), "the draft's catch-up did not replay a graph"
         assert all(steps), "a draft decode step did not replay a graph"
-        assert draft.nexts > 0, "no draft step advanced the one before it (replay_next)"
+        # a proposal that catches up on one or two tokens is one replay of the proposal graph
+        # (draft_graph.py); the first one, over the prompt, goes step by step
+        assert llm.drafter.proposal.replays > 0, "no proposal replayed the proposal graph"
         replays = llm.drafter.engine.graph_runner.replays
         assert replays == sum(r for _, r in draft.calls) + draft.nexts
 

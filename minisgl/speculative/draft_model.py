@@ -165,6 +165,15 @@ class DraftModelDrafter:
         self.free_rows: List[int] = list(range(target_config.max_running_req))
         # uid -> what is cached for it, least recently proposed for first
         self.cached: OrderedDict[int, _Cached] = OrderedDict()
+        # the whole proposal of k tokens as one graph replay, where the draft replays graphs and
+        # the target's config says k (draft_graph.py)
+        self.proposal = None
+        k = getattr(target_config, "num_speculative_tokens", None)
+        if self.engine.graph_runner is not None and isinstance(k, int) and k >= 1:
+            from .draft_graph import ProposalGraphs
+
+            max_reqs = min(target_config.cuda_graph_max_bs, target_config.max_running_req)
+            self.proposal = ProposalGraphs(self.engine, k, max_reqs)
 
     # ------------------------------------------------------------------ the protocol
 
@@ -195,6 +204,9 @@ class DraftModelDrafter:
             self._roll_back(entry, min(common_prefix_len(entry.tokens, tokens), len(tokens) - 1))
         self._reserve(entries, [len(t) + b - 1 for _, t, b in work], busy=set(uids))
 
+        drafts = self._propose_fused(work, entries, k)
+        if drafts is not None:
+            return self._record(out, work, entries, drafts.tolist())
         # One extend over every request, then decode steps over those still drafting. Each step's
         # tokens stay on the device as a [len(work)] column and feed the next step directly.
         passes = [_Pass(e.row, len(e.tokens), len(t)) for e, (_, t, _) in zip(entries, work)]
@@ -225,11 +237,29 @@ class DraftModelDrafter:
             live = still
             drafted.append(_scatter_back(tokens, live, len(work)))
         table = torch.stack(drafted, dim=1).tolist()  # one copy to the host for the whole call
+        return self._record(out, work, entries, table)
+
+    def _record(self, out, work, entries, table) -> List[List[int]]:
+        """Each request's draft (`table` row, cut to its budget) into `out`; the tokens whose KV
+        its entry now holds: its own and every draft but the last (which was never run)."""
         for w, (i, tokens, budget) in enumerate(work):
             out[i] = table[w][:budget]
-            # KV now held: the tokens and every draft but the last (which was never run)
             entries[w].tokens = tokens + out[i][:-1]
         return out
+
+    def _propose_fused(self, work, entries, k: int):
+        """The drafts [len(work), k] from one replay of the proposal graph (draft_graph.py), or
+        None where it does not apply: no graph for this k, more requests than it holds, a request
+        drafting fewer than k tokens or lacking more than two tokens' KV."""
+        graphs = self.proposal
+        if graphs is None or graphs.k != k or not graphs.fits(len(work)):
+            return None
+        lacking = [len(t) - len(e.tokens) for e, (_, t, _) in zip(entries, work)]
+        if any(b != k for _, _, b in work) or any(n > 2 for n in lacking):
+            return None
+        ids = [t[len(t) - n :] for n, (_, t, _) in zip(lacking, work)]
+        positions = [list(range(len(t) - n, len(t))) for n, (_, t, _) in zip(lacking, work)]
+        return graphs.run(ids, positions, [e.row for e in entries])
 
     def release(self, req: Req) -> None:
         """Free the request's pages and slot; a uid never proposed for holds nothing."""
