@@ -46,7 +46,14 @@ from minisgl.core import Batch, Req
 from minisgl.engine import BatchSamplingArgs, ForwardInput, ForwardOutput
 from minisgl.engine.decode_rows import decode_rows
 from minisgl.engine.request_sampling import LogprobPlan, StepLogprobs
-from minisgl.engine.verify_step import VerifyInput, VerifyPlan, launch_verify, seed_of
+from minisgl.engine.verify_graph import FusedVerifyInput
+from minisgl.engine.verify_step import (
+    VerifyInput,
+    VerifyOutput,
+    VerifyPlan,
+    launch_verify,
+    seed_of,
+)
 from minisgl.message import DetokenizeMsg
 
 from .cache import pages_for
@@ -98,6 +105,7 @@ class SpeculativeSteps:
     """A mixin of Scheduler, first in its bases (`self` is the scheduler)."""
 
     drafter = None
+    verify_graphs = None
 
     def _init_speculative(self) -> None:
         if self.config.speculative is not None and self.engine.state_pool is not None:
@@ -109,6 +117,13 @@ class SpeculativeSteps:
             )
         self.drafter = build_drafter(self.config)
         self.spec_k = self.config.num_speculative_tokens
+        # the verify step as one graph, for drafters whose drafts stay on the device
+        self.verify_graphs = None
+        if getattr(self.drafter, "proposal", None) is not None and self.engine.graph_runner:
+            from minisgl.engine.verify_graph import VerifyGraphs
+
+            max_reqs = min(self.config.cuda_graph_max_bs, self.config.max_running_req)
+            self.verify_graphs = VerifyGraphs(self.engine, self.spec_k, max_reqs)
         self.spec_stats = SpecStats()
 
     # ---------------------------------------------------------------- the loop
@@ -117,10 +132,58 @@ class SpeculativeSteps:
         """A decode batch in which some request has a draft becomes a verify step; any other
         batch is prepared as usual (batch_inputs.py)."""
         if self.drafter is not None and batch.is_decode:
+            fused = self._prepare_fused_verify(batch)
+            if fused is not None:
+                return fused
             drafts = self._drafts(batch.reqs)
             if any(drafts):
                 return self._prepare_verify(batch, drafts)
         return super()._prepare_batch(batch)
+
+    # ---------------------------------------------------------------- the fused cycle
+
+    def _prepare_fused_verify(self, batch: Batch) -> FusedVerifyInput | None:
+        """The verify step as two graph replays and no host round trip between them, where every
+        request allows it: greedy, no grammar, no logprobs, room for k drafts, pages for them, and
+        a drafter that leaves its drafts on the device (the draft model's proposal graph). The
+        drafts go from the draft's graph into the verify graph (minisgl/engine/verify_graph.py),
+        which accepts them on the device; the handling and the rollback are the usual ones. None:
+        the step goes the usual way (`_drafts`, `_prepare_verify`)."""
+        graphs, k, reqs = self.verify_graphs, self.spec_k, batch.reqs
+        propose = getattr(self.drafter, "propose_on_device", None)
+        if graphs is None or propose is None or graphs.k != k or not graphs.fits(len(reqs)):
+            return None
+        for r in reqs:
+            params = r.sampling_params
+            if (
+                not params.is_greedy
+                or params.logprobs is not None
+                or r.uid in self._matchers
+                or r.remain_len - 1 < k
+            ):
+                return None
+        p = self.cache_manager.page_size
+        need = sum(pages_for(r.device_len + k, p) - pages_for(r.cached_len, p) for r in reqs)
+        if need > self.cache_manager.available_pages:
+            return None
+        drafts = propose(reqs, k)
+        if drafts is None:
+            return None
+        bases = [r.device_len for r in reqs]
+        for r in reqs:  # the last token and k drafts each: positions cached_len .. base + k - 1
+            r.device_len += k
+        try:
+            self.cache_manager.allocate_paged(reqs)
+        finally:
+            for r in reqs:
+                r.device_len -= k
+        batch.phase = "verify"
+        plan = VerifyPlan(k=k, draft_lens=[k] * len(reqs), bases=bases, draft=drafts)
+        return FusedVerifyInput(batch, BatchSamplingArgs(None, None, None), None, None, plan=plan)
+
+    def _check_prepared(self, forward_input, batch: Batch) -> None:
+        if not isinstance(forward_input, FusedVerifyInput):  # its inputs live in its graph
+            super()._check_prepared(forward_input, batch)
 
     # ---------------------------------------------------------------- drafts
 
@@ -231,6 +294,10 @@ class SpeculativeSteps:
         return isinstance(fi, VerifyInput) or super()._needs_mask(fi)
 
     def _launch_forward_only(self, fi):
+        if isinstance(fi, FusedVerifyInput):
+            rows = [r.table_idx for r in fi.batch.reqs]
+            tokens, count, done = self.verify_graphs.launch(rows, fi.plan.bases, fi.plan.draft)
+            return VerifyOutput(tokens_cpu=tokens, count_cpu=count, copy_done=done)
         if isinstance(fi, VerifyInput):
             return launch_verify(self.engine, fi)
         return super()._launch_forward_only(fi)

@@ -23,15 +23,12 @@ there (the drafter allocated every position up to the last draft's before the re
 
 from __future__ import annotations
 
-import gc
-from typing import Dict, List, Tuple
+from typing import List
 
 import torch
 
-from minisgl.attention import AttentionMetadata
-from minisgl.core import Batch
+from minisgl.engine.fused_graphs import capture_sizes, forward_rows, scratch_everywhere
 from minisgl.engine.graph import graph_batch_sizes
-from minisgl.engine.graph_emulation import EmulatedGraph, capture
 
 
 class ProposalGraphs:
@@ -47,91 +44,33 @@ class ProposalGraphs:
         self.engine, self.k = engine, k
         self.sizes = graph_batch_sizes(max_reqs)
         self.max_reqs = max_reqs
-        self.is_cuda = engine.device.type == "cuda"
-        self.reads_rows = engine.backend_name == "triton"
-        dev, table = engine.device, engine.page_table
         # the catch-up's inputs, written by one copy per proposal: token ids, positions and page-
         # table rows of 2 * B rows, as one int64 block [3, 2B] (flattened, the first 6B entries)
-        self.staged = torch.zeros(3 * 2 * max_reqs, dtype=torch.int64, device=dev)
+        self.staged = torch.zeros(3 * 2 * max_reqs, dtype=torch.int64, device=engine.device)
         self.host = engine.kit.pin(torch.zeros(3 * 2 * max_reqs, dtype=torch.int64))
         self.dummy_row = engine.dummy_row
-        # a padding request's k - 1 steps run at positions 1..k-1 of the scratch row: every one of
-        # them must map to the scratch location (graph.py set position 0's), or its KV would land
-        # on location 0, a real request's
-        table[self.dummy_row].fill_(table[self.dummy_row, 0].item())
-        self.graphs: Dict[int, Tuple[object, torch.Tensor]] = {}
+        scratch_everywhere(engine)
+        self.staged.view(3, -1)[2].fill_(self.dummy_row)  # dummy rows until the first run
+        self.graphs = capture_sizes(engine, self.sizes, self._proposal)
         self.replays = 0
-        with torch.inference_mode():
-            gc.collect()
-            gc.disable()  # as GraphRunner: no collection may free CUDA objects mid-capture
-            try:
-                self._capture_all(table)
-            finally:
-                gc.enable()
 
     def fits(self, n: int) -> bool:
         return n <= self.max_reqs
 
-    def _forward(self, ids, positions, rows, table) -> torch.Tensor:
-        """Logits of one decode step of len(ids) rows (decode_rows.py's form), built from device
-        tensors only, so that a capture records it whole."""
-        n = ids.shape[0]
-        dev = ids.device
-        meta = AttentionMetadata(
-            cu_seqlens_q=torch.arange(n + 1, dtype=torch.int32, device=dev),
-            cache_seqlens=(positions + 1).to(torch.int32),
-            page_table=table,
-            last_indices=torch.arange(n, dtype=torch.int64, device=dev),
-            max_seqlen_q=1,
-            max_seqlen_k=table.shape[1],
-            rows=rows,
-        )
-        batch = Batch(reqs=[None] * n, phase="decode")
-        batch.input_ids, batch.positions = ids, positions
-        batch.out_loc = table[rows, positions].to(torch.int64)
-        batch.attn_metadata = meta
-        with self.engine.ctx.forward_batch(batch):
-            if not self.reads_rows:  # the torch backend reads the requests' rows gathered
-                meta.page_table = table.index_select(0, rows)
-            return self.engine.model.forward()
-
-    def _proposal(self, bs: int, table) -> torch.Tensor:
+    def _proposal(self, bs: int) -> torch.Tensor:
         """The captured work for `bs` requests: [bs, k] int32 drafts."""
         staged = self.staged[: 6 * bs].view(3, 2 * bs)
         ids, positions, rows = staged[0].to(torch.int32), staged[1], staged[2]
-        logits = self._forward(ids, positions, rows, table)
+        logits = forward_rows(self.engine, ids, positions, rows)
         token = logits[1::2].argmax(dim=-1).to(torch.int32)  # each request's second row
         drafts = [token]
         position, row = positions[1::2], rows[1::2]
         for _ in range(1, self.k):
             position = position + 1
-            token = self._forward(token, position, row, table).argmax(dim=-1).to(torch.int32)
+            token = forward_rows(self.engine, token, position, row).argmax(dim=-1)
+            token = token.to(torch.int32)
             drafts.append(token)
         return torch.stack(drafts, dim=1)
-
-    def _capture_all(self, table) -> None:
-        stream = self.engine.stream
-        if self.is_cuda:
-            torch.cuda.synchronize()
-        # before any capture: dummy rows everywhere (token 0, position 0, the scratch row)
-        self.staged.view(3, -1)[2].fill_(self.dummy_row)
-        pool = None
-        for bs in reversed(self.sizes):
-            with stream.context():
-                self._proposal(bs, table)  # warm-up: kernels compiled, workspaces settled
-            stream.synchronize()
-            if self.is_cuda:
-                graph = torch.cuda.CUDAGraph()
-                ctx = torch.cuda.graph(graph, pool=pool, stream=stream.raw)
-            else:
-                graph = EmulatedGraph()
-                ctx = capture(graph, pool)
-            with ctx:
-                out = self._proposal(bs, table)
-            if pool is None:
-                pool = graph.pool()
-            self.graphs[bs] = (graph, out)
-        stream.synchronize()
 
     @torch.inference_mode()
     def run(self, ids: List[List[int]], positions: List[List[int]], rows: List[int]):

@@ -168,6 +168,7 @@ class DraftModelDrafter:
         # the whole proposal of k tokens as one graph replay, where the draft replays graphs and
         # the target's config says k (draft_graph.py)
         self.proposal = None
+        self._unsettled = None  # drafts propose_on_device left on the device (_settle)
         k = getattr(target_config, "num_speculative_tokens", None)
         if self.engine.graph_runner is not None and isinstance(k, int) and k >= 1:
             from .draft_graph import ProposalGraphs
@@ -180,30 +181,11 @@ class DraftModelDrafter:
     @torch.inference_mode()
     def propose(self, reqs: List[Req], k: int) -> List[List[int]]:
         """Up to k greedy draft tokens per request (fewer only where the draft's context ends)."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"k (draft tokens per request) must be an integer >= 0, got {k!r}")
-        uids = [r.uid for r in reqs]
-        if len(set(uids)) != len(uids):
-            raise ValueError(f"propose got the same request twice: uids {uids}")
         out: List[List[int]] = [[] for _ in reqs]
-        if k == 0:
+        prepared = self._prepare(reqs, k)
+        if prepared is None:
             return out
-        # (index in reqs, its cache entry, its tokens, how many tokens it drafts)
-        work = []
-        for i, req in enumerate(reqs):
-            tokens = req.input_ids.tolist()
-            budget = min(k, self.max_seq_len - len(tokens) + 1)  # draft j sits at len + j - 1
-            if budget > 0 and tokens:
-                work.append((i, tokens, budget))
-        if not work:
-            return out
-        uids = [reqs[i].uid for i, _, _ in work]
-        entries = self._entries(uids)
-        for entry, (_, tokens, _) in zip(entries, work):
-            # The last token runs again even when cached: its logits give the first draft.
-            self._roll_back(entry, min(common_prefix_len(entry.tokens, tokens), len(tokens) - 1))
-        self._reserve(entries, [len(t) + b - 1 for _, t, b in work], busy=set(uids))
-
+        work, entries = prepared
         drafts = self._propose_fused(work, entries, k)
         if drafts is not None:
             return self._record(out, work, entries, drafts.tolist())
@@ -239,6 +221,68 @@ class DraftModelDrafter:
         table = torch.stack(drafted, dim=1).tolist()  # one copy to the host for the whole call
         return self._record(out, work, entries, table)
 
+    @torch.inference_mode()
+    def propose_on_device(self, reqs: List[Req], k: int) -> torch.Tensor | None:
+        """k greedy draft tokens for every request, [len(reqs), k] int32 left on the device (a
+        view of the proposal graph's output: read it before the next proposal), from one replay
+        of the proposal graph; None where that does not apply (`propose` then serves). What the
+        drafts are reaches the host later, when the next call needs it (`_settle`)."""
+        prepared = self._prepare(reqs, k)
+        if prepared is None:
+            return None
+        work, entries = prepared
+        if len(work) != len(reqs):
+            return None
+        drafts = self._propose_fused(work, entries, k)
+        if drafts is not None:
+            host = self.engine.kit.pin(torch.empty(drafts.shape, dtype=drafts.dtype))
+            host.copy_(drafts, non_blocking=True)
+            done = None
+            if drafts.device.type == "cuda":
+                done = torch.cuda.Event()
+                done.record()
+            self._unsettled = (work, entries, host, done)
+        return drafts
+
+    def _settle(self) -> None:
+        """Record the drafts `propose_on_device` left on the device: which tokens each entry's KV
+        holds (its own and every draft but the last)."""
+        if self._unsettled is None:
+            return
+        work, entries, host, done = self._unsettled
+        self._unsettled = None
+        if done is not None:
+            done.synchronize()
+        self._record([None] * (max(i for i, _, _ in work) + 1), work, entries, host.tolist())
+
+    def _prepare(self, reqs: List[Req], k: int):
+        """(work, entries) of a proposal: per request that drafts, (its index in reqs, its tokens,
+        how many tokens it drafts), and its cache entry, rolled back to what it shares with its
+        tokens and with pages up to its last draft's position; None when nobody drafts."""
+        self._settle()
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"k (draft tokens per request) must be an integer >= 0, got {k!r}")
+        uids = [r.uid for r in reqs]
+        if len(set(uids)) != len(uids):
+            raise ValueError(f"propose got the same request twice: uids {uids}")
+        if k == 0:
+            return None
+        work = []
+        for i, req in enumerate(reqs):
+            tokens = req.input_ids.tolist()
+            budget = min(k, self.max_seq_len - len(tokens) + 1)  # draft j sits at len + j - 1
+            if budget > 0 and tokens:
+                work.append((i, tokens, budget))
+        if not work:
+            return None
+        uids = [reqs[i].uid for i, _, _ in work]
+        entries = self._entries(uids)
+        for entry, (_, tokens, _) in zip(entries, work):
+            # The last token runs again even when cached: its logits give the first draft.
+            self._roll_back(entry, min(common_prefix_len(entry.tokens, tokens), len(tokens) - 1))
+        self._reserve(entries, [len(t) + b - 1 for _, t, b in work], busy=set(uids))
+        return work, entries
+
     def _record(self, out, work, entries, table) -> List[List[int]]:
         """Each request's draft (`table` row, cut to its budget) into `out`; the tokens whose KV
         its entry now holds: its own and every draft but the last (which was never run)."""
@@ -263,6 +307,7 @@ class DraftModelDrafter:
 
     def release(self, req: Req) -> None:
         """Free the request's pages and slot; a uid never proposed for holds nothing."""
+        self._settle()
         entry = self.cached.pop(req.uid, None)
         if entry is not None:
             self._roll_back(entry, 0)
