@@ -95,22 +95,17 @@ class ReplayClock:
 CLOCK = ReplayClock()
 
 
-def timed(llm: LLM, prompt, tokens: int, repeat: int) -> tuple:
-    """(host seconds outside replays, replays, verify cycles) of the fastest of `repeat` greedy
-    batch-1 requests of `tokens` new tokens."""
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-    llm.generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True))  # warm up
-    best = (float("inf"), 0, 0)
-    for _ in range(repeat):
-        CLOCK.seconds, CLOCK.count = 0.0, 0
-        verifies = llm.spec_stats.verifies if llm.drafter is not None else 0
-        start = time.perf_counter()
-        llm.generate([prompt], params)
-        host = time.perf_counter() - start - CLOCK.seconds
-        if llm.drafter is not None:
-            verifies = llm.spec_stats.verifies - verifies
-        best = min(best, (host, CLOCK.count, verifies))
-    return best
+def run_once(llm: LLM, prompt, tokens: int) -> tuple:
+    """(host seconds outside replays, replays, verify cycles) of one greedy batch-1 request of
+    `tokens` new tokens."""
+    CLOCK.seconds, CLOCK.count = 0.0, 0
+    verifies = llm.spec_stats.verifies if llm.drafter is not None else 0
+    start = time.perf_counter()
+    llm.generate([prompt], SamplingParams(max_tokens=tokens, ignore_eos=True))
+    host = time.perf_counter() - start - CLOCK.seconds
+    if llm.drafter is not None:
+        verifies = llm.spec_stats.verifies - verifies
+    return host, CLOCK.count, verifies
 
 
 def main() -> None:
@@ -125,13 +120,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="spec-host-time-") as tmp:
         model = str(make_tiny_model(Path(tmp) / "tiny"))
         common = dict(device="cpu", use_cuda_graph=True, max_running_req=4)
-        plain = {}
-        for name, overlap in (("normal", False), ("overlap", True)):
-            llm = LLM(model, overlap_scheduling=overlap, **common)
-            prompt = llm.encode(PROMPT).tolist()
-            host, _, _ = timed(llm, prompt, args.tokens, args.repeat)
-            plain[name] = host / args.tokens
+        ks = [int(x) for x in args.ks.split(",")]
+        setups = {
+            "normal": dict(overlap_scheduling=False),
+            "overlap": dict(overlap_scheduling=True),
+        }
+        for k in ks:
+            setups[k] = dict(speculative="draft", draft_model=model, num_speculative_tokens=k)
+        llms = {name: LLM(model, **common, **options) for name, options in setups.items()}
+        prompt = llms["normal"].encode(PROMPT).tolist()
+        for llm in llms.values():  # warm up
+            llm.generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True))
+        # every setup once per round, the best round of each: the machine's load drifts
+        best = {name: (float("inf"), 0, 0) for name in llms}
+        for _ in range(args.repeat):
+            for name, llm in llms.items():
+                best[name] = min(best[name], run_once(llm, prompt, args.tokens))
+        for llm in llms.values():
             llm.shutdown()
+        plain = {name: best[name][0] / args.tokens for name in ("normal", "overlap")}
         step = min(plain.values())
         print(
             f"plain step, host ms outside replays: {plain['normal'] * 1e3:.3f} (normal loop), "
@@ -141,12 +148,8 @@ def main() -> None:
             f"{'k':>2} {'cycle ms':>9} {'plain steps':>12} {'replays':>8} {'tokens/cycle':>13} "
             f"{'spec/plain':>11}"
         )
-        for k in [int(x) for x in args.ks.split(",")]:
-            llm = LLM(
-                model, speculative="draft", draft_model=model, num_speculative_tokens=k, **common
-            )
-            host, replays, cycles = timed(llm, prompt, args.tokens, args.repeat)
-            llm.shutdown()
+        for k in ks:
+            host, replays, cycles = best[k]
             cycle = host / cycles
             print(
                 f"{k:2d} {cycle * 1e3:9.3f} {cycle / step:12.2f} {replays / cycles:8.1f} "

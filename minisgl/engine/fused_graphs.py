@@ -57,10 +57,15 @@ def scratch_everywhere(engine) -> None:
 
 
 def capture_sizes(
-    engine, sizes: List[int], work: Callable[[int], torch.Tensor]
+    engine,
+    sizes: List[int],
+    work: Callable[[int], torch.Tensor],
+    before: Callable[[int], None] | None = None,
 ) -> Dict[int, Tuple[object, torch.Tensor]]:
     """{size: (graph, output)}: `work(size)` captured for each size, largest first (the smaller
-    graphs share its memory pool), on the engine's stream, each after one warm-up run."""
+    graphs share its memory pool), on the engine's stream, each after one warm-up run;
+    `before(size)`, where given, runs before each warm-up (outside the capture: staging the
+    inputs a padding batch of that size reads)."""
     stream, is_cuda = engine.stream, engine.device.type == "cuda"
     graphs: Dict[int, Tuple[object, torch.Tensor]] = {}
     pool = None
@@ -72,6 +77,8 @@ def capture_sizes(
                 torch.cuda.synchronize()
             for size in sorted(sizes, reverse=True):
                 with stream.context():
+                    if before is not None:
+                        before(size)
                     work(size)  # warm-up: kernels compiled, workspaces settled
                 stream.synchronize()
                 if is_cuda:

@@ -55,6 +55,10 @@ class VerifyGraphs:
         self.staged = torch.ones(2 * max_reqs, dtype=torch.int64, device=dev)
         self.staged[:max_reqs].fill_(engine.dummy_row)
         self.drafts = torch.zeros((max_reqs, k), dtype=torch.int32, device=dev)
+        # page-locked, reused by every launch: a verify step is handled (its output read) before
+        # the next one is prepared, since speculation runs the normal loop
+        self.host = engine.kit.pin(torch.zeros(2 * max_reqs, dtype=torch.int64))
+        self.out_host = engine.kit.pin(torch.zeros((max_reqs, k + 2), dtype=torch.int64))
         scratch_everywhere(engine)
         self.graphs = capture_sizes(engine, self.sizes, self._verify)
         self.replays = 0
@@ -97,19 +101,17 @@ class VerifyGraphs:
             position up to base + k - 1 allocated); `drafts` [B, k] on the device."""
         engine, bs = self.engine, len(rows)
         size = next(s for s in self.sizes if s >= bs)
-        pad = size - bs
-        block = torch.tensor(
-            [rows + [engine.dummy_row] * pad, bases + [1] * pad], dtype=torch.int64
-        ).view(-1)
-        block = engine.kit.pin(block)
-        out_host = engine.kit.pin(torch.empty((bs, self.k + 2), dtype=torch.int64))
+        pad, n = size - bs, 2 * size
+        block = rows + [engine.dummy_row] * pad + bases + [1] * pad
+        self.host[:n].copy_(torch.tensor(block, dtype=torch.int64))
+        out_host = self.out_host[:bs]
         graph, out = self.graphs[size]
 
         def work() -> None:
-            self.staged[: 2 * size].copy_(block, non_blocking=True)
+            self.staged[:n].copy_(self.host[:n], non_blocking=True)
             self.drafts[:bs].copy_(drafts)
             graph.replay()
-            out_host.copy_(out[:bs], non_blocking=True)
+            out_host.copy_(out if bs == size else out[:bs], non_blocking=True)
 
         engine.stream.launch(work)
         done = engine.kit.new_event()

@@ -50,8 +50,17 @@ class ProposalGraphs:
         self.host = engine.kit.pin(torch.zeros(3 * 2 * max_reqs, dtype=torch.int64))
         self.dummy_row = engine.dummy_row
         scratch_everywhere(engine)
-        self.staged.view(3, -1)[2].fill_(self.dummy_row)  # dummy rows until the first run
-        self.graphs = capture_sizes(engine, self.sizes, self._proposal)
+        self.scratch_loc = int(engine.page_table[self.dummy_row, 0])
+        # Per proposal, one int64 block copied in: the catch-up's token ids, positions and page-
+        # table rows [3, 2B], then the page-table entries of the positions this proposal writes
+        # (rows, columns, locations [3, (k + 1) B]: a catch-up of at most two and k - 1 steps)
+        self.width = 6 + 3 * (k + 1)
+        self.staged = torch.zeros(self.width * max_reqs, dtype=torch.int64, device=engine.device)
+        self.host = engine.kit.pin(torch.zeros(self.width * max_reqs, dtype=torch.int64))
+        self.graphs = capture_sizes(engine, self.sizes, self._proposal, before=self._pad)
+        # the drafts' host copy (`copy_to_host`), and an event after it on a GPU
+        self.drafts_host = engine.kit.pin(torch.zeros((max_reqs, k), dtype=torch.int32))
+        self.copied = torch.cuda.Event() if engine.device.type == "cuda" else None
         self.replays = 0
 
     def fits(self, n: int) -> bool:
@@ -59,7 +68,11 @@ class ProposalGraphs:
 
     def _proposal(self, bs: int) -> torch.Tensor:
         """The captured work for `bs` requests: [bs, k] int32 drafts."""
-        staged = self.staged[: 6 * bs].view(3, 2 * bs)
+        block = self.staged[: self.width * bs]
+        writes = block[6 * bs :].view(3, -1)
+        table = self.engine.page_table
+        table.index_put_((writes[0], writes[1]), writes[2].to(torch.int32))
+        staged = block[: 6 * bs].view(3, 2 * bs)
         ids, positions, rows = staged[0].to(torch.int32), staged[1], staged[2]
         logits = forward_rows(self.engine, ids, positions, rows)
         token = logits[1::2].argmax(dim=-1).to(torch.int32)  # each request's second row
@@ -72,25 +85,59 @@ class ProposalGraphs:
             drafts.append(token)
         return torch.stack(drafts, dim=1)
 
+    def _stage(self, size: int, ids, positions, rows, writes) -> None:
+        """Copy a proposal's block for the graph of `size` in (padding: dummy rows, whose table
+        writes map the scratch row to the scratch location, as it already is)."""
+        catch = [[0] * (2 * size), [0] * (2 * size), [self.dummy_row] * (2 * size)]
+        # a request with one token to catch up leaves its first row a dummy
+        for i, (t, p, r) in enumerate(zip(ids, positions, rows)):
+            at = slice(2 * i + 2 - len(t), 2 * i + 2)
+            catch[0][at], catch[1][at], catch[2][at] = t, p, [r] * len(t)
+        pad = (self.k + 1) * size - len(writes[0])
+        table = [
+            writes[0] + [self.dummy_row] * pad,
+            writes[1] + [0] * pad,
+            writes[2] + [self.scratch_loc] * pad,
+        ]
+        n = self.width * size
+        flat = [x for part in catch + table for x in part]
+        self.host[:n].copy_(torch.tensor(flat, dtype=torch.int64))
+        self.staged[:n].copy_(self.host[:n], non_blocking=True)
+
+    def _pad(self, size: int) -> None:
+        self._stage(size, [], [], [], ([], [], []))
+
+    def fits_writes(self, n_reqs: int, n_writes: int) -> bool:
+        return n_writes <= (self.k + 1) * next(s for s in self.sizes if s >= n_reqs)
+
+    def copy_to_host(self, drafts: torch.Tensor) -> torch.Tensor:
+        """Start copying `drafts` (run's output) to page-locked host memory, on the current
+        stream; the host tensor, valid once `host_copied` returned (reused by the next call)."""
+        host = self.drafts_host[: drafts.shape[0]]
+        host.copy_(drafts, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+        return host
+
+    def host_copied(self) -> None:
+        if self.copied is not None:
+            self.copied.synchronize()
+
     @torch.inference_mode()
-    def run(self, ids: List[List[int]], positions: List[List[int]], rows: List[int]):
+    def run(self, ids: List[List[int]], positions: List[List[int]], rows: List[int], writes):
         """Replay the proposal of len(rows) requests; their drafts [B, k] int32 on the device (a
         view of the graph's output: read it before the next run).
 
         Receives: per request, `ids` and `positions`, its one or two catch-up tokens and their
             positions (the last one is the request's last token), and `rows`, its page-table row;
-            every position up to its last + k - 1 allocated in the page table.
+            `writes`, (rows, columns, locations) lists: the page-table entries the graph writes
+            before it runs (`fits_writes`), which with those already there map every position up
+            to each request's last + k - 1.
         """
         bs = len(rows)
         size = next(s for s in self.sizes if s >= bs)
-        # dummy rows first: a request with one token to catch up leaves its first row one
-        block = [[0] * (2 * size), [0] * (2 * size), [self.dummy_row] * (2 * size)]
-        for i, (t, p, r) in enumerate(zip(ids, positions, rows)):
-            at = slice(2 * i + 2 - len(t), 2 * i + 2)
-            block[0][at], block[1][at], block[2][at] = t, p, [r] * len(t)
-        self.host[: 6 * size].copy_(torch.tensor(block, dtype=torch.int64).view(-1))
-        self.staged[: 6 * size].copy_(self.host[: 6 * size], non_blocking=True)
+        self._stage(size, ids, positions, rows, writes)
         graph, out = self.graphs[size]
         graph.replay()
         self.replays += 1
-        return out[:bs]
+        return out if bs == size else out[:bs]

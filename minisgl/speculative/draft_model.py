@@ -98,6 +98,8 @@ class _Pass:
 
 def common_prefix_len(a: List[int], b: List[int]) -> int:
     n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case, compared at C speed
+        return n
     for i in range(n):
         if a[i] != b[i]:
             return i
@@ -169,6 +171,7 @@ class DraftModelDrafter:
         # the target's config says k (draft_graph.py)
         self.proposal = None
         self._unsettled = None  # drafts propose_on_device left on the device (_settle)
+        self._table_writes = None  # page-table entries _reserve chose, not written yet
         k = getattr(target_config, "num_speculative_tokens", None)
         if self.engine.graph_runner is not None and isinstance(k, int) and k >= 1:
             from .draft_graph import ProposalGraphs
@@ -189,6 +192,7 @@ class DraftModelDrafter:
         drafts = self._propose_fused(work, entries, k)
         if drafts is not None:
             return self._record(out, work, entries, drafts.tolist())
+        self._write_table()
         # One extend over every request, then decode steps over those still drafting. Each step's
         # tokens stay on the device as a [len(work)] column and feed the next step directly.
         passes = [_Pass(e.row, len(e.tokens), len(t)) for e, (_, t, _) in zip(entries, work)]
@@ -231,17 +235,12 @@ class DraftModelDrafter:
         if prepared is None:
             return None
         work, entries = prepared
-        if len(work) != len(reqs):
+        drafts = self._propose_fused(work, entries, k) if len(work) == len(reqs) else None
+        if drafts is None:
+            # nothing written: the `propose` that serves instead maps the same positions again
+            self._table_writes = None
             return None
-        drafts = self._propose_fused(work, entries, k)
-        if drafts is not None:
-            host = self.engine.kit.pin(torch.empty(drafts.shape, dtype=drafts.dtype))
-            host.copy_(drafts, non_blocking=True)
-            done = None
-            if drafts.device.type == "cuda":
-                done = torch.cuda.Event()
-                done.record()
-            self._unsettled = (work, entries, host, done)
+        self._unsettled = (work, entries, self.proposal.copy_to_host(drafts))
         return drafts
 
     def _settle(self) -> None:
@@ -249,10 +248,9 @@ class DraftModelDrafter:
         holds (its own and every draft but the last)."""
         if self._unsettled is None:
             return
-        work, entries, host, done = self._unsettled
+        work, entries, host = self._unsettled
         self._unsettled = None
-        if done is not None:
-            done.synchronize()
+        self.proposal.host_copied()
         self._record([None] * (max(i for i, _, _ in work) + 1), work, entries, host.tolist())
 
     def _prepare(self, reqs: List[Req], k: int):
@@ -280,7 +278,8 @@ class DraftModelDrafter:
         for entry, (_, tokens, _) in zip(entries, work):
             # The last token runs again even when cached: its logits give the first draft.
             self._roll_back(entry, min(common_prefix_len(entry.tokens, tokens), len(tokens) - 1))
-        self._reserve(entries, [len(t) + b - 1 for _, t, b in work], busy=set(uids))
+        writes = self._reserve(entries, [len(t) + b - 1 for _, t, b in work], busy=set(uids))
+        self._table_writes = writes  # the proposal graph takes them, else `_write_table`
         return work, entries
 
     def _record(self, out, work, entries, table) -> List[List[int]]:
@@ -301,9 +300,13 @@ class DraftModelDrafter:
         lacking = [len(t) - len(e.tokens) for e, (_, t, _) in zip(entries, work)]
         if any(b != k for _, _, b in work) or any(n > 2 for n in lacking):
             return None
+        writes = self._table_writes
+        if not graphs.fits_writes(len(work), len(writes[0])):
+            return None
+        self._table_writes = None
         ids = [t[len(t) - n :] for n, (_, t, _) in zip(lacking, work)]
         positions = [list(range(len(t) - n, len(t))) for n, (_, t, _) in zip(lacking, work)]
-        return graphs.run(ids, positions, [e.row for e in entries])
+        return graphs.run(ids, positions, [e.row for e in entries], writes)
 
     def release(self, req: Req) -> None:
         """Free the request's pages and slot; a uid never proposed for holds nothing."""
@@ -367,9 +370,9 @@ class DraftModelDrafter:
                 del self.cached[uid]
                 self.free_rows.append(entry.row)
 
-    def _reserve(self, entries: List[_Cached], lengths: List[int], busy: set) -> None:
-        """Pages for every position up to each request's final length in this call, written into
-        the page table in one go (the decode steps then only read locations)."""
+    def _reserve(self, entries: List[_Cached], lengths: List[int], busy: set):
+        """Pages for every position up to each request's final length in this call; the page-
+        table entries of the positions not mapped yet, as (rows, columns, locations) lists."""
         p = self.page_size
         wanted = [-(-n // p) - len(e.pages) for e, n in zip(entries, lengths)]
         need = sum(w for w in wanted if w > 0)
@@ -390,12 +393,15 @@ class DraftModelDrafter:
                 rows.append(e.row)
                 cols.append(pos)
                 locs.append(e.pages[pos // p] * p + pos % p)
-        if rows:
-            index = (
-                self._to_device(torch.tensor(rows, dtype=torch.int64)),
-                self._to_device(torch.tensor(cols, dtype=torch.int64)),
-            )
-            self.engine.page_table[index] = self._to_device(torch.tensor(locs, dtype=torch.int32))
+        return rows, cols, locs
+
+    def _write_table(self) -> None:
+        """The page-table entries `_reserve` chose, written in one go (the decode steps then only
+        read locations)."""
+        writes, self._table_writes = self._table_writes, None
+        if writes is not None and writes[0]:
+            block = self._to_device(torch.tensor(writes, dtype=torch.int64))
+            self.engine.page_table[block[0], block[1]] = block[2].to(torch.int32)
 
     # ------------------------------------------------------------------ one forward
 
