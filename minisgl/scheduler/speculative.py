@@ -12,13 +12,25 @@ step is), so the chapters' `_schedule_next_batch` and `_forward` run it unchange
 phase "verify"; the model runs it as a decode step of one row per token, which the CUDA graphs
 replay (minisgl/engine/verify_step.py says why).
 
-Handling. Request i accepted count_i tokens. They are handled as count_i plain steps, one token
-each, through the whole chain of handlings (the grammar's matchers, stops and logprobs of
-extras.py, chapter 11's `_process_last_data`), with the request's lengths set before each as a
-plain step would have left them. So EOS, `stop_token_ids`, stop strings and `max_tokens` end the
+The fused cycle. With a draft model whose engine replays graphs, a decode batch whose requests
+are all greedy, without a grammar or logprobs and with room for k drafts is verified by two graph
+replays and no host round trip between them (`_prepare_fused_verify`): the draft's proposal graph
+(minisgl/speculative/draft_graph.py) leaves k drafts per request on the device, and the verify
+graph (minisgl/engine/verify_graph.py) runs the target on them, accepts them by
+`verify_greedy`'s rule on the device and copies only the tokens and counts to the host. Every
+other step (a sampled, constrained or logprob request in the batch, prompt lookup, a request near
+its end) takes the eager way below, through `verify_greedy` / `verify_sampled`.
+
+Handling. Request i accepted count_i tokens. A request some handling needs token by token (a
+grammar's matcher, stop strings or stop token ids, logprobs) is handled as count_i plain steps,
+one token each, through the whole chain of handlings (the grammar's matchers, stops and logprobs
+of extras.py, chapter 11's `_process_last_data`), with the request's lengths set before each as a
+plain step would have left them. So `stop_token_ids`, stop strings, EOS and `max_tokens` end the
 request at the right token with the rules that already end it, a matcher takes exactly the
 accepted tokens, and nothing past the end is sent. A request that ended is left out of the
-sub-steps after its end.
+sub-steps after its end. Any other request takes its run whole (`_append_runs`): cut after its
+first EOS (unless ignore_eos) and at max_tokens, every token but the last appended and sent at
+once, the last one through the chain as one sub-step, which ends the request when the run does.
 
 Rollback. After the sub-steps a request's KV is valid up to its `cached_len` (its last token
 aside, whose KV the next step writes). Its pages past `pages_for(cached_len)` hold only rejected
@@ -27,7 +39,7 @@ positions: they go back to the free list. A request that ended gave the prefix c
 holds accepted tokens.
 
 The loop. The next step's input depends on how many tokens were accepted, and the drafts of step
-N+1 need step N's tokens on the host, so with speculation on the scheduler runs the normal loop:
+N+1 need step N's counts on the host, so with speculation on the scheduler runs the normal loop:
 each step is handled before the next is launched (`overlap_now` is False). The overlap loop's gain
 is the CPU's scheduling time hidden under the device's step; a verify step does the work of up to
 k+1 decode steps per launch, so that CPU time is spread over more tokens, and at batch 1 the

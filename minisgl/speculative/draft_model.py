@@ -12,7 +12,10 @@ accepted token): the longest common prefix is kept, the rest rolled back (pages 
 the free list, a rejected draft leaves nothing behind), what is missing runs as one batched extend
 over all requests, and k - 1 batched greedy decode steps follow. The draft is greedy, so its
 proposal is deterministic (draft_probs None for the verifier) and the target's verification stays
-exact.
+exact. Where every request lacks the KV of one or two tokens (the steady state: the draft ran all
+its drafts but the last) and the draft's engine replays graphs, the whole proposal is one replay of
+draft_graph.py's graph instead; `propose_on_device` leaves its drafts on the device for the verify
+graph, and learns which tokens they were (`_settle`) only at the next call.
 
 The draft KV is a cache, never the truth: a request's tokens can always be run again. So when the
 pool or the slots run short, requests not in the current call lose theirs (least recently used
