@@ -53,15 +53,19 @@ class VerifyGraphs:
         dev = engine.device
         # [2, B] flattened: page-table rows, then bases; padding requests: the scratch row, base 1
         self.staged = torch.ones(2 * max_reqs, dtype=torch.int64, device=dev)
-        self.staged[:max_reqs].fill_(engine.dummy_row)
         self.drafts = torch.zeros((max_reqs, k), dtype=torch.int32, device=dev)
         # page-locked, reused by every launch: a verify step is handled (its output read) before
         # the next one is prepared, since speculation runs the normal loop
         self.host = engine.kit.pin(torch.zeros(2 * max_reqs, dtype=torch.int64))
         self.out_host = engine.kit.pin(torch.zeros((max_reqs, k + 2), dtype=torch.int64))
         scratch_everywhere(engine)
-        self.graphs = capture_sizes(engine, self.sizes, self._verify)
+        self.graphs = capture_sizes(engine, self.sizes, self._verify, before=self._pad)
         self.replays = 0
+
+    def _pad(self, size: int) -> None:
+        """Padding requests only, for the warm-up and the capture of `size`."""
+        self.staged[:size].fill_(self.engine.dummy_row)
+        self.staged[size : 2 * size].fill_(1)
 
     def fits(self, n: int) -> bool:
         return n <= self.max_reqs
