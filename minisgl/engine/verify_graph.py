@@ -30,7 +30,7 @@ import torch
 
 from .fused_graphs import capture_sizes, forward_rows, scratch_everywhere
 from .graph import graph_batch_sizes
-from .verify_step import VerifyInput
+from .verify_step import VerifyInput, VerifyOutput
 
 
 @dataclass
@@ -97,9 +97,9 @@ class VerifyGraphs:
         return torch.cat([tokens, count.unsqueeze(1)], dim=1)
 
     def launch(self, rows: List[int], bases: List[int], drafts: torch.Tensor):
-        """Queue the verify step of len(rows) requests on the engine stream, without waiting:
-        (tokens [B, k + 1] int64 with -1 past the count, count [B] int64, both on the host and
-        valid once the returned event has completed, and that event).
+        """Queue the verify step of len(rows) requests on the engine stream, without waiting; its
+        VerifyOutput: tokens [B, k + 1] int64 (-1 past the count) and count [B] int64 on the
+        host, valid once its `copy_done` has completed (no logprobs).
 
         Receives: each request's page-table row and base (its device_len: the KV of every
             position up to base + k - 1 allocated); `drafts` [B, k] on the device."""
@@ -121,4 +121,4 @@ class VerifyGraphs:
         done = engine.kit.new_event()
         done.record(engine.stream)
         self.replays += 1
-        return out_host[:, : self.k + 1], out_host[:, self.k + 1], done
+        return VerifyOutput(out_host[:, : self.k + 1], out_host[:, self.k + 1], done)

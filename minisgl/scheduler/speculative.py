@@ -12,25 +12,25 @@ step is), so the chapters' `_schedule_next_batch` and `_forward` run it unchange
 phase "verify"; the model runs it as a decode step of one row per token, which the CUDA graphs
 replay (minisgl/engine/verify_step.py says why).
 
-The fused cycle. With a draft model whose engine replays graphs, a decode batch whose requests
-are all greedy, without a grammar or logprobs and with room for k drafts is verified by two graph
-replays and no host round trip between them (`_prepare_fused_verify`): the draft's proposal graph
+The fused cycle (speculative_fast.py). With a draft model whose engine replays graphs, a decode
+batch whose requests are all greedy, without a grammar or logprobs and with room for k drafts is
+verified by two graph replays and no host round trip between them: the draft's proposal graph
 (minisgl/speculative/draft_graph.py) leaves k drafts per request on the device, and the verify
-graph (minisgl/engine/verify_graph.py) runs the target on them, accepts them by
-`verify_greedy`'s rule on the device and copies only the tokens and counts to the host. Every
-other step (a sampled, constrained or logprob request in the batch, prompt lookup, a request near
-its end) takes the eager way below, through `verify_greedy` / `verify_sampled`.
+graph (minisgl/engine/verify_graph.py) runs the target on them, accepts them by `verify_greedy`'s
+rule on the device and copies only the tokens and counts to the host. Every other step (a
+sampled, constrained or logprob request in the batch, prompt lookup, a request near its end)
+takes the eager way below, through `verify_greedy` / `verify_sampled`.
 
 Handling. Request i accepted count_i tokens. A request some handling needs token by token (a
 grammar's matcher, stop strings or stop token ids, logprobs) is handled as count_i plain steps,
 one token each, through the whole chain of handlings (the grammar's matchers, stops and logprobs
-of extras.py, chapter 11's `_process_last_data`), with the request's lengths set before each as a
-plain step would have left them. So `stop_token_ids`, stop strings, EOS and `max_tokens` end the
-request at the right token with the rules that already end it, a matcher takes exactly the
-accepted tokens, and nothing past the end is sent. A request that ended is left out of the
-sub-steps after its end. Any other request takes its run whole (`_append_runs`): cut after its
-first EOS (unless ignore_eos) and at max_tokens, every token but the last appended and sent at
-once, the last one through the chain as one sub-step, which ends the request when the run does.
+of extras.py, chapter 11's `_process_last_data`), with its lengths set before each as a plain step
+would have left them. So `stop_token_ids`, stop strings, EOS and `max_tokens` end the request at
+the right token with the rules that already end it, a matcher takes exactly the accepted tokens,
+and nothing past the end is sent; a request that ended is left out of the sub-steps after its
+end. Any other request takes its run whole (speculative_fast.py): cut after its first EOS (unless
+ignore_eos) and at max_tokens, all but its last token appended and sent at once, the last one
+through the chain as one sub-step, which ends the request when the run does.
 
 Rollback. After the sub-steps a request's KV is valid up to its `cached_len` (its last token
 aside, whose KV the next step writes). Its pages past `pages_for(cached_len)` hold only rejected
@@ -59,16 +59,10 @@ from minisgl.engine import BatchSamplingArgs, ForwardInput, ForwardOutput
 from minisgl.engine.decode_rows import decode_rows
 from minisgl.engine.request_sampling import LogprobPlan, StepLogprobs
 from minisgl.engine.verify_graph import FusedVerifyInput
-from minisgl.engine.verify_step import (
-    VerifyInput,
-    VerifyOutput,
-    VerifyPlan,
-    launch_verify,
-    seed_of,
-)
-from minisgl.message import DetokenizeMsg
+from minisgl.engine.verify_step import VerifyInput, VerifyPlan, launch_verify, seed_of
 
 from .cache import pages_for
+from .speculative_fast import FastCycle
 
 
 @dataclass
@@ -113,11 +107,11 @@ def build_drafter(config):
     raise ValueError(f"speculative must be 'lookup', 'draft' or None, got {kind!r}")
 
 
-class SpeculativeSteps:
-    """A mixin of Scheduler, first in its bases (`self` is the scheduler)."""
+class SpeculativeSteps(FastCycle):
+    """A mixin of Scheduler, first in its bases (`self` is the scheduler); the fused cycle and
+    the handling of whole runs are its base's (speculative_fast.py)."""
 
     drafter = None
-    verify_graphs = None
 
     def _init_speculative(self) -> None:
         if self.config.speculative is not None and self.engine.state_pool is not None:
@@ -151,51 +145,6 @@ class SpeculativeSteps:
             if any(drafts):
                 return self._prepare_verify(batch, drafts)
         return super()._prepare_batch(batch)
-
-    # ---------------------------------------------------------------- the fused cycle
-
-    def _prepare_fused_verify(self, batch: Batch) -> FusedVerifyInput | None:
-        """The verify step as two graph replays and no host round trip between them, where every
-        request allows it: greedy, no grammar, no logprobs, room for k drafts, pages for them, and
-        a drafter that leaves its drafts on the device (the draft model's proposal graph). The
-        drafts go from the draft's graph into the verify graph (minisgl/engine/verify_graph.py),
-        which accepts them on the device; the handling and the rollback are the usual ones. None:
-        the step goes the usual way (`_drafts`, `_prepare_verify`)."""
-        graphs, k, reqs = self.verify_graphs, self.spec_k, batch.reqs
-        propose = getattr(self.drafter, "propose_on_device", None)
-        if graphs is None or propose is None or graphs.k != k or not graphs.fits(len(reqs)):
-            return None
-        for r in reqs:
-            params = r.sampling_params
-            if (
-                not params.is_greedy
-                or params.logprobs is not None
-                or r.uid in self._matchers
-                or r.remain_len - 1 < k
-            ):
-                return None
-        p = self.cache_manager.page_size
-        need = sum(pages_for(r.device_len + k, p) - pages_for(r.cached_len, p) for r in reqs)
-        if need > self.cache_manager.available_pages:
-            return None
-        drafts = propose(reqs, k)
-        if drafts is None:
-            return None
-        bases = [r.device_len for r in reqs]
-        for r in reqs:  # the last token and k drafts each: positions cached_len .. base + k - 1
-            r.device_len += k
-        try:
-            self.cache_manager.allocate_paged(reqs)
-        finally:
-            for r in reqs:
-                r.device_len -= k
-        batch.phase = "verify"
-        plan = VerifyPlan(k=k, draft_lens=[k] * len(reqs), bases=bases, draft=drafts)
-        return FusedVerifyInput(batch, BatchSamplingArgs(None, None, None), None, None, plan=plan)
-
-    def _check_prepared(self, forward_input, batch: Batch) -> None:
-        if not isinstance(forward_input, FusedVerifyInput):  # its inputs live in its graph
-            super()._check_prepared(forward_input, batch)
 
     # ---------------------------------------------------------------- drafts
 
@@ -308,8 +257,7 @@ class SpeculativeSteps:
     def _launch_forward_only(self, fi):
         if isinstance(fi, FusedVerifyInput):
             rows = [r.table_idx for r in fi.batch.reqs]
-            tokens, count, done = self.verify_graphs.launch(rows, fi.plan.bases, fi.plan.draft)
-            return VerifyOutput(tokens_cpu=tokens, count_cpu=count, copy_done=done)
+            return self.verify_graphs.launch(rows, fi.plan.bases, fi.plan.draft)
         if isinstance(fi, VerifyInput):
             return launch_verify(self.engine, fi)
         return super()._launch_forward_only(fi)
@@ -351,44 +299,6 @@ class SpeculativeSteps:
                 reqs[i].complete_one()
             self._handle_one(fi, out, rows, [tokens[i][j] for i in rows], j)
         self._roll_back(plan, reqs)
-
-    def _takes_whole_run(self, req: Req) -> bool:
-        """Whether no handling needs `req`'s accepted tokens one at a time: no grammar matcher to
-        advance, no stop token ids or strings to look for, no logprobs to attach. EOS and
-        max_tokens are found in the run itself (`_append_runs`)."""
-        params = req.sampling_params
-        return (
-            self._live.get(req.uid) is req
-            and req.uid not in self._matchers
-            and not params.stop
-            and not params.stop_token_ids
-            and params.logprobs is None
-        )
-
-    def _append_runs(self, reqs, whole, tokens, counts, bases) -> List[int]:
-        """For each request that takes its run whole: the run cut where a plain decode would
-        have ended it (after its first EOS unless ignore_eos, at max_tokens), every token of it
-        but the last appended to its host tokens and sent; the cut length per request (the
-        accepted count for the others). The last token is left to the chain of handlings, which
-        ends the request on it when the run ends it."""
-        ends, reply = list(counts), []
-        for i, req in enumerate(reqs):
-            if not whole[i]:
-                continue
-            run = tokens[i][: min(counts[i], req.max_device_len - bases[i])]
-            if not req.sampling_params.ignore_eos:
-                eos = [j for j, t in enumerate(run) if t in self.eos_token_ids]
-                if eos:
-                    run = run[: eos[0] + 1]
-            ends[i] = len(run)
-            if len(run) > 1:
-                req.append_host(torch.tensor(run[:-1], dtype=req.input_ids.dtype))
-                reply.extend(
-                    DetokenizeMsg(uid=req.uid, next_token=t, finished=False) for t in run[:-1]
-                )
-        if reply:
-            self.send_result(reply)
-        return ends
 
     def _handle_one(self, fi: VerifyInput, out, rows: List[int], tokens: List[int], j: int):
         """Token j of each of `rows`, handled as one plain decode step of those requests."""

@@ -27,6 +27,7 @@ from typing import List
 
 import torch
 
+from minisgl.core import Req
 from minisgl.engine.fused_graphs import capture_sizes, forward_rows, scratch_everywhere
 from minisgl.engine.graph import graph_batch_sizes
 
@@ -141,3 +142,54 @@ class ProposalGraphs:
         graph.replay()
         self.replays += 1
         return out if bs == size else out[:bs]
+
+
+class FusedProposals:
+    """What DraftModelDrafter (draft_model.py) does with its ProposalGraphs (`self.proposal`):
+    a proposal as one replay, its drafts left on the device, their host copy read later."""
+
+    @torch.inference_mode()
+    def propose_on_device(self, reqs: List[Req], k: int) -> torch.Tensor | None:
+        """k greedy draft tokens for every request, [len(reqs), k] int32 left on the device (a
+        view of the proposal graph's output: read it before the next proposal), from one replay
+        of the proposal graph; None where that does not apply (`propose` then serves). What the
+        drafts are reaches the host later, when the next call needs it (`_settle`)."""
+        prepared = self._prepare(reqs, k)
+        if prepared is None:
+            return None
+        work, entries = prepared
+        drafts = self._propose_fused(work, entries, k) if len(work) == len(reqs) else None
+        if drafts is None:
+            # nothing written: the `propose` that serves instead maps the same positions again
+            self._table_writes = None
+            return None
+        self._unsettled = (work, entries, self.proposal.copy_to_host(drafts))
+        return drafts
+
+    def _settle(self) -> None:
+        """Record the drafts `propose_on_device` left on the device: which tokens each entry's KV
+        holds (its own and every draft but the last)."""
+        if self._unsettled is None:
+            return
+        work, entries, host = self._unsettled
+        self._unsettled = None
+        self.proposal.host_copied()
+        self._record([None] * (max(i for i, _, _ in work) + 1), work, entries, host.tolist())
+
+    def _propose_fused(self, work, entries, k: int):
+        """The drafts [len(work), k] from one replay of the proposal graph (draft_graph.py), or
+        None where it does not apply: no graph for this k, more requests than it holds, a request
+        drafting fewer than k tokens or lacking more than two tokens' KV."""
+        graphs = self.proposal
+        if graphs is None or graphs.k != k or not graphs.fits(len(work)):
+            return None
+        lacking = [len(t) - len(e.tokens) for e, (_, t, _) in zip(entries, work)]
+        if any(b != k for _, _, b in work) or any(n > 2 for n in lacking):
+            return None
+        writes = self._table_writes
+        if not graphs.fits_writes(len(work), len(writes[0])):
+            return None
+        self._table_writes = None
+        ids = [t[len(t) - n :] for n, (_, t, _) in zip(lacking, work)]
+        positions = [list(range(len(t) - n, len(t))) for n, (_, t, _) in zip(lacking, work)]
+        return graphs.run(ids, positions, [e.row for e in entries], writes)

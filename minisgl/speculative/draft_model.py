@@ -36,42 +36,13 @@ from typing import List
 import torch
 
 from minisgl.attention import prepare_metadata
-from minisgl.core import Batch, Req, current_ctx, set_global_ctx
-from minisgl.engine import Engine, EngineConfig
+from minisgl.core import Batch, Req
+from minisgl.engine import EngineConfig
 from minisgl.engine.decode_rows import decode_rows
 from minisgl.models import ModelConfig
-from minisgl.models.tokenizer import load_tokenizer
 
-
-def check_draft_matches_target(draft_path: str | Path, target_path: str | Path) -> None:
-    """Refuse a draft whose token ids mean something else than the target's: the target verifies
-    the draft's ids as its own, so a different vocabulary gives nonsense (or out-of-range ids).
-    Both configs' vocab_size must be equal and both tokenizer.json files must map every token to
-    the same id (Qwen3 0.6B..32B share one, for instance)."""
-    draft, target = ModelConfig.from_dir(draft_path), ModelConfig.from_dir(target_path)
-    if draft.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"draft model {draft_path} has a vocabulary of {draft.vocab_size} tokens and the "
-            f"target {target_path} one of {target.vocab_size}: a draft model must share the "
-            "target's tokenizer"
-        )
-    draft_tok, target_tok = load_tokenizer(draft_path), load_tokenizer(target_path)
-    if draft_tok is None or target_tok is None:
-        missing = draft_path if draft_tok is None else target_path
-        raise ValueError(
-            f"{missing} has no tokenizer.json: a draft model's tokenizer must be compared with the "
-            "target's before the target verifies its ids"
-        )
-    draft_vocab = draft_tok.get_vocab(with_added_tokens=True)
-    target_vocab = target_tok.get_vocab(with_added_tokens=True)
-    if draft_vocab != target_vocab:
-        differing = sorted(set(draft_vocab.items()) ^ set(target_vocab.items()), key=str)[0]
-        raise ValueError(
-            f"draft model {draft_path} and target {target_path} have different tokenizers "
-            f"({len(draft_vocab)} and {len(target_vocab)} entries; token {differing[0]!r} is id "
-            f"{draft_vocab.get(differing[0])} in the draft, {target_vocab.get(differing[0])} in "
-            "the target): a draft model must share the target's tokenizer"
-        )
+from .draft_graph import FusedProposals, ProposalGraphs
+from .draft_setup import build_quietly, check_draft_matches_target, this_rank_device
 
 
 @dataclass(eq=False)
@@ -109,7 +80,7 @@ def common_prefix_len(a: List[int], b: List[int]) -> int:
     return n
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(FusedProposals):
     """Greedy proposals from a small model with its own paged KV (the Drafter protocol of
     minisgl/speculative/drafter.py).
 
@@ -157,12 +128,12 @@ class DraftModelDrafter:
         engine_fields = {f.name: getattr(target_config, f.name) for f in fields(EngineConfig)}
         engine_fields.update(
             model_path=draft_model_path,
-            device=_this_rank_device(target_config.device),
+            device=this_rank_device(target_config.device),
             num_page_override=-(-num_tokens // page_size),
             max_seq_len_override=max_seq_len,
             tp_size=1,  # unsharded on every rank: see the module's docstring
         )
-        self.engine = _build_quietly(EngineConfig(**engine_fields))
+        self.engine = build_quietly(EngineConfig(**engine_fields))
         self.page_size = page_size
         self.max_seq_len = self.engine.max_seq_len
         self.device = self.engine.device
@@ -177,8 +148,6 @@ class DraftModelDrafter:
         self._table_writes = None  # page-table entries _reserve chose, not written yet
         k = getattr(target_config, "num_speculative_tokens", None)
         if self.engine.graph_runner is not None and isinstance(k, int) and k >= 1:
-            from .draft_graph import ProposalGraphs
-
             max_reqs = min(target_config.cuda_graph_max_bs, target_config.max_running_req)
             self.proposal = ProposalGraphs(self.engine, k, max_reqs)
 
@@ -228,34 +197,6 @@ class DraftModelDrafter:
         table = torch.stack(drafted, dim=1).tolist()  # one copy to the host for the whole call
         return self._record(out, work, entries, table)
 
-    @torch.inference_mode()
-    def propose_on_device(self, reqs: List[Req], k: int) -> torch.Tensor | None:
-        """k greedy draft tokens for every request, [len(reqs), k] int32 left on the device (a
-        view of the proposal graph's output: read it before the next proposal), from one replay
-        of the proposal graph; None where that does not apply (`propose` then serves). What the
-        drafts are reaches the host later, when the next call needs it (`_settle`)."""
-        prepared = self._prepare(reqs, k)
-        if prepared is None:
-            return None
-        work, entries = prepared
-        drafts = self._propose_fused(work, entries, k) if len(work) == len(reqs) else None
-        if drafts is None:
-            # nothing written: the `propose` that serves instead maps the same positions again
-            self._table_writes = None
-            return None
-        self._unsettled = (work, entries, self.proposal.copy_to_host(drafts))
-        return drafts
-
-    def _settle(self) -> None:
-        """Record the drafts `propose_on_device` left on the device: which tokens each entry's KV
-        holds (its own and every draft but the last)."""
-        if self._unsettled is None:
-            return
-        work, entries, host = self._unsettled
-        self._unsettled = None
-        self.proposal.host_copied()
-        self._record([None] * (max(i for i, _, _ in work) + 1), work, entries, host.tolist())
-
     def _prepare(self, reqs: List[Req], k: int):
         """(work, entries) of a proposal: per request that drafts, (its index in reqs, its tokens,
         how many tokens it drafts), and its cache entry, rolled back to what it shares with its
@@ -292,24 +233,6 @@ class DraftModelDrafter:
             out[i] = table[w][:budget]
             entries[w].tokens = tokens + out[i][:-1]
         return out
-
-    def _propose_fused(self, work, entries, k: int):
-        """The drafts [len(work), k] from one replay of the proposal graph (draft_graph.py), or
-        None where it does not apply: no graph for this k, more requests than it holds, a request
-        drafting fewer than k tokens or lacking more than two tokens' KV."""
-        graphs = self.proposal
-        if graphs is None or graphs.k != k or not graphs.fits(len(work)):
-            return None
-        lacking = [len(t) - len(e.tokens) for e, (_, t, _) in zip(entries, work)]
-        if any(b != k for _, _, b in work) or any(n > 2 for n in lacking):
-            return None
-        writes = self._table_writes
-        if not graphs.fits_writes(len(work), len(writes[0])):
-            return None
-        self._table_writes = None
-        ids = [t[len(t) - n :] for n, (_, t, _) in zip(lacking, work)]
-        positions = [list(range(len(t) - n, len(t))) for n, (_, t, _) in zip(lacking, work)]
-        return graphs.run(ids, positions, [e.row for e in entries], writes)
 
     def release(self, req: Req) -> None:
         """Free the request's pages and slot; a uid never proposed for holds nothing."""
@@ -463,22 +386,3 @@ def _scatter_back(tokens: torch.Tensor, live: List[int], total: int) -> torch.Te
         index = index.pin_memory()
     column[index.to(tokens.device, non_blocking=True)] = tokens
     return column
-
-
-def _this_rank_device(device: str) -> str:
-    """Under tensor parallelism "cuda" means this rank's GPU (rank_device set it current)."""
-    if device == "cuda" and torch.cuda.is_available() and torch.cuda.is_initialized():
-        return f"cuda:{torch.cuda.current_device()}"
-    return device
-
-
-def _build_quietly(config: EngineConfig) -> Engine:
-    """The draft's Engine, leaving the process as the target's engine set it: building an engine
-    makes its context the global one and applies its thread policy (1 thread for a small model on
-    a CPU, which would slow a larger target that chose more)."""
-    context, threads = current_ctx(), torch.get_num_threads()
-    try:
-        return Engine(config)
-    finally:
-        set_global_ctx(context)
-        torch.set_num_threads(threads)
