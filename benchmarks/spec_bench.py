@@ -89,16 +89,16 @@ def acceptance(spec: dict, new_tokens: int) -> None:
             )
 
 
-def tokens_per_second(spec: dict, new_tokens: int, repeat: int) -> None:
+def tokens_per_second(spec: dict, new_tokens: int, repeat: int, k: int = 4) -> None:
     """Batch 1: plain decoding with the overlap loop and with the normal loop, and speculation
-    (k = 4), which runs the normal loop: what speculation gains against what giving up overlap
-    costs."""
+    (k drafts, 4 by default), which runs the normal loop: what speculation gains against what
+    giving up overlap costs."""
     probe = build()
     loads = workloads(probe)
     setups = {
         "overlap": dict(overlap_scheduling=True),
         "normal": dict(overlap_scheduling=False),
-        "spec k=4": dict(num_speculative_tokens=4, **spec),
+        f"spec k={k}": dict(num_speculative_tokens=k, **spec),
     }
     dtype = DTYPE.get("dtype", "the engine's default dtype")
     print(
@@ -208,6 +208,7 @@ def main() -> None:
     ap.add_argument("--ks", default="1,2,3,4,5,6,7,8")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
     ap.add_argument("--speed-only", action="store_true", help="the tokens/s table alone")
+    ap.add_argument("--speed-k", type=int, default=4, help="draft tokens in the tokens/s table")
     args = ap.parse_args()
     DEVICE[0] = args.device
     if args.dtype:
@@ -230,7 +231,7 @@ def main() -> None:
     print(f"threads: {torch.get_num_threads()}")
     if not args.speed_only:
         acceptance(spec, args.new_tokens)
-    tokens_per_second(spec, args.speed_tokens, args.repeat)
+    tokens_per_second(spec, args.speed_tokens, args.repeat, args.speed_k)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,11 @@ def test_verify_and_draft_steps_replay_from_graphs_with_the_plain_engines_tokens
     for batch, replayed in decode_steps:
         assert replayed == (batch.size <= runner.max_bs), (batch.size, runner.max_bs, replayed)
     verifies = [r for b, r in decode_steps if _rows_per_request(b) > 1]
-    assert len(verifies) == stats.verifies, "a verify step did not run as decode rows"
+    # with the draft model, a greedy verify step whose drafts stayed on the device runs whole in
+    # the verify graph (minisgl/engine/verify_graph.py), without run_model
+    fused = llm.verify_graphs.replays if llm.verify_graphs is not None else 0
+    assert (fused > 0) == case.startswith("draft"), "the fused verify step ran where it should not"
+    assert len(verifies) + fused == stats.verifies, "a verify step did not run as decode rows"
     if "small-graphs" in case:
         assert 0 < sum(verifies) < len(verifies), "want verify steps both replayed and eager"
     else:
@@ -112,9 +116,11 @@ def test_verify_and_draft_steps_replay_from_graphs_with_the_plain_engines_tokens
     if draft is not None:
         catch_ups = [r for b, r in draft.calls if b.is_decode and _rows_per_request(b) > 1]
         steps = [r for b, r in draft.calls if b.is_decode and _rows_per_request(b) == 1]
-        assert catch_ups and all(catch_ups), "the draft's catch-up did not replay a graph"
+        assert all(catch_ups), "the draft's catch-up did not replay a graph"
         assert all(steps), "a draft decode step did not replay a graph"
-        assert draft.nexts > 0, "no draft step advanced the one before it (replay_next)"
+        # a proposal that catches up on one or two tokens is one replay of the proposal graph
+        # (draft_graph.py); the first one, over the prompt, goes step by step
+        assert llm.drafter.proposal.replays > 0, "no proposal replayed the proposal graph"
         replays = llm.drafter.engine.graph_runner.replays
         assert replays == sum(r for _, r in draft.calls) + draft.nexts
 

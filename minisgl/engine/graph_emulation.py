@@ -79,21 +79,35 @@ class _Recorder(TorchDispatchMode):
             )
         out = func(*args, **kwargs)
         if func not in _ALLOCATIONS:
-            self.ops.append(_Op(func, args, kwargs, _fresh_results(func, out)))
+            self.ops.append(_Op(func, args, kwargs, _fresh_results(func, out, args, kwargs)))
         return out
 
 
-def _fresh_results(func, out) -> List[Tuple[int, torch.Tensor, torch.Size]]:
+def _fresh_results(func, out, args, kwargs) -> List[Tuple[int, torch.Tensor, torch.Size]]:
     """The results that are new tensors, not views of an argument or the argument an in-place
-    operator wrote (those already hold the value once the operator has run again)."""
+    operator wrote (those already hold the value once the operator has run again). A result the
+    schema says may alias (`aten.to.dtype`: the argument itself when nothing changes) is new all
+    the same when it shares no storage with an argument: `x.to(torch.int32)` of an int64 `x`."""
     flat, _ = tree_flatten(out)
     returns = func._schema.returns
+    inputs = None
     fresh = []
     for i, t in enumerate(flat):
+        if not isinstance(t, torch.Tensor):
+            continue
         aliased = i < len(returns) and returns[i].alias_info is not None
-        if isinstance(t, torch.Tensor) and not aliased:
+        if aliased:
+            if inputs is None:
+                given, _ = tree_flatten((args, kwargs))
+                inputs = {_storage(a) for a in given if isinstance(a, torch.Tensor)}
+            aliased = _storage(t) in inputs
+        if not aliased:
             fresh.append((i, t, t.shape))
     return fresh
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 class EmulatedGraph:

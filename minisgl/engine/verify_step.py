@@ -24,6 +24,9 @@ The accepted tokens are written into the token pool (the next step reads the las
 to the host with their count, and the logprobs of each position for requests that ask, before the
 output's `copy_done` is recorded. Rolling back the KV of rejected positions is the scheduler's job
 (minisgl/scheduler/speculative.py): the engine does not own pages.
+
+A greedy step whose drafts the draft model left on the device runs instead as one replay of
+verify_graph.py, which captures the forward, this acceptance rule and the token-pool writes.
 """
 
 from __future__ import annotations

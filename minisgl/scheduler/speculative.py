@@ -12,13 +12,25 @@ step is), so the chapters' `_schedule_next_batch` and `_forward` run it unchange
 phase "verify"; the model runs it as a decode step of one row per token, which the CUDA graphs
 replay (minisgl/engine/verify_step.py says why).
 
-Handling. Request i accepted count_i tokens. They are handled as count_i plain steps, one token
-each, through the whole chain of handlings (the grammar's matchers, stops and logprobs of
-extras.py, chapter 11's `_process_last_data`), with the request's lengths set before each as a
-plain step would have left them. So EOS, `stop_token_ids`, stop strings and `max_tokens` end the
-request at the right token with the rules that already end it, a matcher takes exactly the
-accepted tokens, and nothing past the end is sent. A request that ended is left out of the
-sub-steps after its end.
+The fused cycle (speculative_fast.py). With a draft model whose engine replays graphs, a decode
+batch whose requests are all greedy, without a grammar or logprobs and with room for k drafts is
+verified by two graph replays and no host round trip between them: the draft's proposal graph
+(minisgl/speculative/draft_graph.py) leaves k drafts per request on the device, and the verify
+graph (minisgl/engine/verify_graph.py) runs the target on them, accepts them by `verify_greedy`'s
+rule on the device and copies only the tokens and counts to the host. Every other step (a
+sampled, constrained or logprob request in the batch, prompt lookup, a request near its end)
+takes the eager way below, through `verify_greedy` / `verify_sampled`.
+
+Handling. Request i accepted count_i tokens. A request some handling needs token by token (a
+grammar's matcher, stop strings or stop token ids, logprobs) is handled as count_i plain steps,
+one token each, through the whole chain of handlings (the grammar's matchers, stops and logprobs
+of extras.py, chapter 11's `_process_last_data`), with its lengths set before each as a plain step
+would have left them. So `stop_token_ids`, stop strings, EOS and `max_tokens` end the request at
+the right token with the rules that already end it, a matcher takes exactly the accepted tokens,
+and nothing past the end is sent; a request that ended is left out of the sub-steps after its
+end. Any other request takes its run whole (speculative_fast.py): cut after its first EOS (unless
+ignore_eos) and at max_tokens, all but its last token appended and sent at once, the last one
+through the chain as one sub-step, which ends the request when the run does.
 
 Rollback. After the sub-steps a request's KV is valid up to its `cached_len` (its last token
 aside, whose KV the next step writes). Its pages past `pages_for(cached_len)` hold only rejected
@@ -27,7 +39,7 @@ positions: they go back to the free list. A request that ended gave the prefix c
 holds accepted tokens.
 
 The loop. The next step's input depends on how many tokens were accepted, and the drafts of step
-N+1 need step N's tokens on the host, so with speculation on the scheduler runs the normal loop:
+N+1 need step N's counts on the host, so with speculation on the scheduler runs the normal loop:
 each step is handled before the next is launched (`overlap_now` is False). The overlap loop's gain
 is the CPU's scheduling time hidden under the device's step; a verify step does the work of up to
 k+1 decode steps per launch, so that CPU time is spread over more tokens, and at batch 1 the
@@ -46,9 +58,11 @@ from minisgl.core import Batch, Req
 from minisgl.engine import BatchSamplingArgs, ForwardInput, ForwardOutput
 from minisgl.engine.decode_rows import decode_rows
 from minisgl.engine.request_sampling import LogprobPlan, StepLogprobs
+from minisgl.engine.verify_graph import FusedVerifyInput
 from minisgl.engine.verify_step import VerifyInput, VerifyPlan, launch_verify, seed_of
 
 from .cache import pages_for
+from .speculative_fast import FastCycle
 
 
 @dataclass
@@ -93,8 +107,9 @@ def build_drafter(config):
     raise ValueError(f"speculative must be 'lookup', 'draft' or None, got {kind!r}")
 
 
-class SpeculativeSteps:
-    """A mixin of Scheduler, first in its bases (`self` is the scheduler)."""
+class SpeculativeSteps(FastCycle):
+    """A mixin of Scheduler, first in its bases (`self` is the scheduler); the fused cycle and
+    the handling of whole runs are its base's (speculative_fast.py)."""
 
     drafter = None
 
@@ -108,6 +123,13 @@ class SpeculativeSteps:
             )
         self.drafter = build_drafter(self.config)
         self.spec_k = self.config.num_speculative_tokens
+        # the verify step as one graph, for drafters whose drafts stay on the device
+        self.verify_graphs = None
+        if getattr(self.drafter, "proposal", None) is not None and self.engine.graph_runner:
+            from minisgl.engine.verify_graph import VerifyGraphs
+
+            max_reqs = min(self.config.cuda_graph_max_bs, self.config.max_running_req)
+            self.verify_graphs = VerifyGraphs(self.engine, self.spec_k, max_reqs)
         self.spec_stats = SpecStats()
 
     # ---------------------------------------------------------------- the loop
@@ -116,6 +138,9 @@ class SpeculativeSteps:
         """A decode batch in which some request has a draft becomes a verify step; any other
         batch is prepared as usual (batch_inputs.py)."""
         if self.drafter is not None and batch.is_decode:
+            fused = self._prepare_fused_verify(batch)
+            if fused is not None:
+                return fused
             drafts = self._drafts(batch.reqs)
             if any(drafts):
                 return self._prepare_verify(batch, drafts)
@@ -230,6 +255,9 @@ class SpeculativeSteps:
         return isinstance(fi, VerifyInput) or super()._needs_mask(fi)
 
     def _launch_forward_only(self, fi):
+        if isinstance(fi, FusedVerifyInput):
+            rows = [r.table_idx for r in fi.batch.reqs]
+            return self.verify_graphs.launch(rows, fi.plan.bases, fi.plan.draft)
         if isinstance(fi, VerifyInput):
             return launch_verify(self.engine, fi)
         return super()._launch_forward_only(fi)
@@ -253,10 +281,18 @@ class SpeculativeSteps:
             drafted=plan.draft_lens,
             accepted=[c - 1 for c in counts],
         )
+        # a request no per-token handling applies to takes its accepted run at once, all but its
+        # last token here; that last one goes through the chain below, which ends the request
+        whole = [self._takes_whole_run(r) for r in reqs]
+        ends = self._append_runs(reqs, whole, tokens, counts, plan.bases)
         for j in range(max(counts, default=0)):
-            rows = [i for i, r in enumerate(reqs) if counts[i] > j and self._live.get(r.uid) is r]
+            rows = [
+                i
+                for i, r in enumerate(reqs)
+                if (j == ends[i] - 1 if whole[i] else counts[i] > j) and self._live.get(r.uid) is r
+            ]
             if not rows:
-                break
+                continue  # a whole run's last token may come later
             for i in rows:  # as a plain step would have left it before this token
                 reqs[i].cached_len = plan.bases[i] + j - 1
                 reqs[i].device_len = plan.bases[i] + j

@@ -12,7 +12,10 @@ accepted token): the longest common prefix is kept, the rest rolled back (pages 
 the free list, a rejected draft leaves nothing behind), what is missing runs as one batched extend
 over all requests, and k - 1 batched greedy decode steps follow. The draft is greedy, so its
 proposal is deterministic (draft_probs None for the verifier) and the target's verification stays
-exact.
+exact. Where every request lacks the KV of one or two tokens (the steady state: the draft ran all
+its drafts but the last) and the draft's engine replays graphs, the whole proposal is one replay of
+draft_graph.py's graph instead; `propose_on_device` leaves its drafts on the device for the verify
+graph, and learns which tokens they were (`_settle`) only at the next call.
 
 The draft KV is a cache, never the truth: a request's tokens can always be run again. So when the
 pool or the slots run short, requests not in the current call lose theirs (least recently used
@@ -33,42 +36,13 @@ from typing import List
 import torch
 
 from minisgl.attention import prepare_metadata
-from minisgl.core import Batch, Req, current_ctx, set_global_ctx
-from minisgl.engine import Engine, EngineConfig
+from minisgl.core import Batch, Req
+from minisgl.engine import EngineConfig
 from minisgl.engine.decode_rows import decode_rows
 from minisgl.models import ModelConfig
-from minisgl.models.tokenizer import load_tokenizer
 
-
-def check_draft_matches_target(draft_path: str | Path, target_path: str | Path) -> None:
-    """Refuse a draft whose token ids mean something else than the target's: the target verifies
-    the draft's ids as its own, so a different vocabulary gives nonsense (or out-of-range ids).
-    Both configs' vocab_size must be equal and both tokenizer.json files must map every token to
-    the same id (Qwen3 0.6B..32B share one, for instance)."""
-    draft, target = ModelConfig.from_dir(draft_path), ModelConfig.from_dir(target_path)
-    if draft.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"draft model {draft_path} has a vocabulary of {draft.vocab_size} tokens and the "
-            f"target {target_path} one of {target.vocab_size}: a draft model must share the "
-            "target's tokenizer"
-        )
-    draft_tok, target_tok = load_tokenizer(draft_path), load_tokenizer(target_path)
-    if draft_tok is None or target_tok is None:
-        missing = draft_path if draft_tok is None else target_path
-        raise ValueError(
-            f"{missing} has no tokenizer.json: a draft model's tokenizer must be compared with the "
-            "target's before the target verifies its ids"
-        )
-    draft_vocab = draft_tok.get_vocab(with_added_tokens=True)
-    target_vocab = target_tok.get_vocab(with_added_tokens=True)
-    if draft_vocab != target_vocab:
-        differing = sorted(set(draft_vocab.items()) ^ set(target_vocab.items()), key=str)[0]
-        raise ValueError(
-            f"draft model {draft_path} and target {target_path} have different tokenizers "
-            f"({len(draft_vocab)} and {len(target_vocab)} entries; token {differing[0]!r} is id "
-            f"{draft_vocab.get(differing[0])} in the draft, {target_vocab.get(differing[0])} in "
-            "the target): a draft model must share the target's tokenizer"
-        )
+from .draft_graph import FusedProposals, ProposalGraphs
+from .draft_setup import build_quietly, check_draft_matches_target, this_rank_device
 
 
 @dataclass(eq=False)
@@ -98,13 +72,15 @@ class _Pass:
 
 def common_prefix_len(a: List[int], b: List[int]) -> int:
     n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case, compared at C speed
+        return n
     for i in range(n):
         if a[i] != b[i]:
             return i
     return n
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(FusedProposals):
     """Greedy proposals from a small model with its own paged KV (the Drafter protocol of
     minisgl/speculative/drafter.py).
 
@@ -152,12 +128,12 @@ class DraftModelDrafter:
         engine_fields = {f.name: getattr(target_config, f.name) for f in fields(EngineConfig)}
         engine_fields.update(
             model_path=draft_model_path,
-            device=_this_rank_device(target_config.device),
+            device=this_rank_device(target_config.device),
             num_page_override=-(-num_tokens // page_size),
             max_seq_len_override=max_seq_len,
             tp_size=1,  # unsharded on every rank: see the module's docstring
         )
-        self.engine = _build_quietly(EngineConfig(**engine_fields))
+        self.engine = build_quietly(EngineConfig(**engine_fields))
         self.page_size = page_size
         self.max_seq_len = self.engine.max_seq_len
         self.device = self.engine.device
@@ -165,36 +141,30 @@ class DraftModelDrafter:
         self.free_rows: List[int] = list(range(target_config.max_running_req))
         # uid -> what is cached for it, least recently proposed for first
         self.cached: OrderedDict[int, _Cached] = OrderedDict()
+        # the whole proposal of k tokens as one graph replay, where the draft replays graphs and
+        # the target's config says k (draft_graph.py)
+        self.proposal = None
+        self._unsettled = None  # drafts propose_on_device left on the device (_settle)
+        self._table_writes = None  # page-table entries _reserve chose, not written yet
+        k = getattr(target_config, "num_speculative_tokens", None)
+        if self.engine.graph_runner is not None and isinstance(k, int) and k >= 1:
+            max_reqs = min(target_config.cuda_graph_max_bs, target_config.max_running_req)
+            self.proposal = ProposalGraphs(self.engine, k, max_reqs)
 
     # ------------------------------------------------------------------ the protocol
 
     @torch.inference_mode()
     def propose(self, reqs: List[Req], k: int) -> List[List[int]]:
         """Up to k greedy draft tokens per request (fewer only where the draft's context ends)."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"k (draft tokens per request) must be an integer >= 0, got {k!r}")
-        uids = [r.uid for r in reqs]
-        if len(set(uids)) != len(uids):
-            raise ValueError(f"propose got the same request twice: uids {uids}")
         out: List[List[int]] = [[] for _ in reqs]
-        if k == 0:
+        prepared = self._prepare(reqs, k)
+        if prepared is None:
             return out
-        # (index in reqs, its cache entry, its tokens, how many tokens it drafts)
-        work = []
-        for i, req in enumerate(reqs):
-            tokens = req.input_ids.tolist()
-            budget = min(k, self.max_seq_len - len(tokens) + 1)  # draft j sits at len + j - 1
-            if budget > 0 and tokens:
-                work.append((i, tokens, budget))
-        if not work:
-            return out
-        uids = [reqs[i].uid for i, _, _ in work]
-        entries = self._entries(uids)
-        for entry, (_, tokens, _) in zip(entries, work):
-            # The last token runs again even when cached: its logits give the first draft.
-            self._roll_back(entry, min(common_prefix_len(entry.tokens, tokens), len(tokens) - 1))
-        self._reserve(entries, [len(t) + b - 1 for _, t, b in work], busy=set(uids))
-
+        work, entries = prepared
+        drafts = self._propose_fused(work, entries, k)
+        if drafts is not None:
+            return self._record(out, work, entries, drafts.tolist())
+        self._write_table()
         # One extend over every request, then decode steps over those still drafting. Each step's
         # tokens stay on the device as a [len(work)] column and feed the next step directly.
         passes = [_Pass(e.row, len(e.tokens), len(t)) for e, (_, t, _) in zip(entries, work)]
@@ -225,14 +195,48 @@ class DraftModelDrafter:
             live = still
             drafted.append(_scatter_back(tokens, live, len(work)))
         table = torch.stack(drafted, dim=1).tolist()  # one copy to the host for the whole call
+        return self._record(out, work, entries, table)
+
+    def _prepare(self, reqs: List[Req], k: int):
+        """(work, entries) of a proposal: per request that drafts, (its index in reqs, its tokens,
+        how many tokens it drafts), and its cache entry, rolled back to what it shares with its
+        tokens and with pages up to its last draft's position; None when nobody drafts."""
+        self._settle()
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"k (draft tokens per request) must be an integer >= 0, got {k!r}")
+        uids = [r.uid for r in reqs]
+        if len(set(uids)) != len(uids):
+            raise ValueError(f"propose got the same request twice: uids {uids}")
+        if k == 0:
+            return None
+        work = []
+        for i, req in enumerate(reqs):
+            tokens = req.input_ids.tolist()
+            budget = min(k, self.max_seq_len - len(tokens) + 1)  # draft j sits at len + j - 1
+            if budget > 0 and tokens:
+                work.append((i, tokens, budget))
+        if not work:
+            return None
+        uids = [reqs[i].uid for i, _, _ in work]
+        entries = self._entries(uids)
+        for entry, (_, tokens, _) in zip(entries, work):
+            # The last token runs again even when cached: its logits give the first draft.
+            self._roll_back(entry, min(common_prefix_len(entry.tokens, tokens), len(tokens) - 1))
+        writes = self._reserve(entries, [len(t) + b - 1 for _, t, b in work], busy=set(uids))
+        self._table_writes = writes  # the proposal graph takes them, else `_write_table`
+        return work, entries
+
+    def _record(self, out, work, entries, table) -> List[List[int]]:
+        """Each request's draft (`table` row, cut to its budget) into `out`; the tokens whose KV
+        its entry now holds: its own and every draft but the last (which was never run)."""
         for w, (i, tokens, budget) in enumerate(work):
             out[i] = table[w][:budget]
-            # KV now held: the tokens and every draft but the last (which was never run)
             entries[w].tokens = tokens + out[i][:-1]
         return out
 
     def release(self, req: Req) -> None:
         """Free the request's pages and slot; a uid never proposed for holds nothing."""
+        self._settle()
         entry = self.cached.pop(req.uid, None)
         if entry is not None:
             self._roll_back(entry, 0)
@@ -292,9 +296,9 @@ class DraftModelDrafter:
                 del self.cached[uid]
                 self.free_rows.append(entry.row)
 
-    def _reserve(self, entries: List[_Cached], lengths: List[int], busy: set) -> None:
-        """Pages for every position up to each request's final length in this call, written into
-        the page table in one go (the decode steps then only read locations)."""
+    def _reserve(self, entries: List[_Cached], lengths: List[int], busy: set):
+        """Pages for every position up to each request's final length in this call; the page-
+        table entries of the positions not mapped yet, as (rows, columns, locations) lists."""
         p = self.page_size
         wanted = [-(-n // p) - len(e.pages) for e, n in zip(entries, lengths)]
         need = sum(w for w in wanted if w > 0)
@@ -315,12 +319,15 @@ class DraftModelDrafter:
                 rows.append(e.row)
                 cols.append(pos)
                 locs.append(e.pages[pos // p] * p + pos % p)
-        if rows:
-            index = (
-                self._to_device(torch.tensor(rows, dtype=torch.int64)),
-                self._to_device(torch.tensor(cols, dtype=torch.int64)),
-            )
-            self.engine.page_table[index] = self._to_device(torch.tensor(locs, dtype=torch.int32))
+        return rows, cols, locs
+
+    def _write_table(self) -> None:
+        """The page-table entries `_reserve` chose, written in one go (the decode steps then only
+        read locations)."""
+        writes, self._table_writes = self._table_writes, None
+        if writes is not None and writes[0]:
+            block = self._to_device(torch.tensor(writes, dtype=torch.int64))
+            self.engine.page_table[block[0], block[1]] = block[2].to(torch.int32)
 
     # ------------------------------------------------------------------ one forward
 
@@ -379,22 +386,3 @@ def _scatter_back(tokens: torch.Tensor, live: List[int], total: int) -> torch.Te
         index = index.pin_memory()
     column[index.to(tokens.device, non_blocking=True)] = tokens
     return column
-
-
-def _this_rank_device(device: str) -> str:
-    """Under tensor parallelism "cuda" means this rank's GPU (rank_device set it current)."""
-    if device == "cuda" and torch.cuda.is_available() and torch.cuda.is_initialized():
-        return f"cuda:{torch.cuda.current_device()}"
-    return device
-
-
-def _build_quietly(config: EngineConfig) -> Engine:
-    """The draft's Engine, leaving the process as the target's engine set it: building an engine
-    makes its context the global one and applies its thread policy (1 thread for a small model on
-    a CPU, which would slow a larger target that chose more)."""
-    context, threads = current_ctx(), torch.get_num_threads()
-    try:
-        return Engine(config)
-    finally:
-        set_global_ctx(context)
-        torch.set_num_threads(threads)
