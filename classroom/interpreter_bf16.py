@@ -22,11 +22,9 @@ allow; a maximum or minimum is one of the tile's values, exact either way.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from .interpreter_dot import wrap_interpreter_dot
+from .interpreter_dot import interpreter_modules, wrap_interpreter_dot
 
 
 def _widened(data: np.ndarray) -> np.ndarray:
@@ -60,13 +58,10 @@ def fix_bf16_reductions() -> bool:
     """Patch the interpreter's reductions and scans of bfloat16 tiles once; whether they are (now)
     patched. A no-op when kernels are compiled (no TRITON_INTERPRET=1) or triton is not
     installed."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    modules = interpreter_modules()
+    if modules is None:
         return False
-    try:
-        import triton.language as tl
-        from triton.runtime import interpreter
-    except ImportError:
-        return False
+    tl, interpreter = modules
     reduce_ops, scan_ops = interpreter.ReduceOps, interpreter.ScanOps
     if getattr(reduce_ops, "_bf16_fixed", False):
         return True

@@ -7,17 +7,28 @@ import os
 from typing import Callable
 
 
-def wrap_interpreter_dot(name: str, convert: Callable) -> bool:
-    """Make the interpreter's dot pass its operands through `convert(a, b, input_precision, tl,
-    interpreter) -> (a, b)` first, once per `name`; whether it is (now) in place. A no-op when
-    kernels are compiled (no TRITON_INTERPRET=1) or triton is not installed."""
+def interpreter_modules():
+    """(triton.language, triton.runtime.interpreter) when kernels run in Triton's interpreter
+    (TRITON_INTERPRET=1, how they run on a CPU), else None: compiled kernels, or no triton, need
+    none of the workbook's interpreter fixes."""
     if os.environ.get("TRITON_INTERPRET") != "1":
-        return False
+        return None
     try:
         import triton.language as tl
         from triton.runtime import interpreter
     except ImportError:
+        return None
+    return tl, interpreter
+
+
+def wrap_interpreter_dot(name: str, convert: Callable) -> bool:
+    """Make the interpreter's dot pass its operands through `convert(a, b, input_precision, tl,
+    interpreter) -> (a, b)` first, once per `name`; whether it is (now) in place. A no-op when
+    kernels are compiled (no TRITON_INTERPRET=1) or triton is not installed."""
+    modules = interpreter_modules()
+    if modules is None:
         return False
+    tl, interpreter = modules
     builder = interpreter.InterpreterBuilder
     installed = getattr(builder.create_dot, "_fixes", frozenset())
     if name in installed:

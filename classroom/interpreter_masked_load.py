@@ -14,9 +14,9 @@ mask is used under the same mask, and a poison there would only be a different u
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from .interpreter_dot import interpreter_modules
 
 _BF16_NAN_BITS = 0x7FC0
 
@@ -24,13 +24,10 @@ _BF16_NAN_BITS = 0x7FC0
 def poison_masked_loads() -> bool:
     """Patch the interpreter's masked load once; whether it is (now) patched. A no-op when kernels
     are compiled (no TRITON_INTERPRET=1) or triton is not installed."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    modules = interpreter_modules()
+    if modules is None:
         return False
-    try:
-        import triton.language as tl
-        from triton.runtime import interpreter
-    except ImportError:
-        return False
+    tl, interpreter = modules
     builder = interpreter.InterpreterBuilder
     if getattr(builder.create_masked_load, "_poisons", False):
         return True
