@@ -431,8 +431,20 @@ def test_a_masked_load_gives_the_masked_off_lanes_a_value():
     # GPU's lanes are often zeros, so those tests can pass on one GPU and fail on another: the
     # source is what shows the mistake on every device.
     from classroom.masked_loads import loads_without_other
+    from classroom.online_step_check import running_state_dtype_problem
     from minisgl.kernel import triton_blocks
 
+    # the source scan alone passes a stub, which loads nothing: run the step once, so that a stub's
+    # NotImplementedError reads "not written" (any other failure is another test's to name)
+    try:
+        running_state_dtype_problem(device())
+    except Exception as e:
+        chain, seen = [], e
+        while seen is not None and seen not in chain:
+            chain.append(seen)
+            seen = seen.__cause__ or seen.__context__
+        if any(isinstance(x, NotImplementedError) for x in chain):
+            raise
     loose = loads_without_other(triton_blocks.online_softmax_step)
     assert not loose, (
         "online_softmax_step: a masked tl.load gives the masked-off lanes no value ("
