@@ -17,15 +17,16 @@ from typing import Iterator, List, Sequence
 
 import torch
 
-from .interpreter_bf16 import fix_bf16_dot, fix_bf16_reductions
+from .interpreter_bf16 import fix_bf16_dot, fix_bf16_elementwise, fix_bf16_reductions
 from .interpreter_masked_load import poison_masked_loads
 from .interpreter_tf32 import honour_tf32_dot
 
-# on a CPU, the try-outs' bfloat16 scenes need the interpreter's tl.dot to multiply numbers, a
-# tl.dot left in TF32 must round as a GPU's does, and a masked-off lane loaded without other= is
-# as undefined as a GPU's (NaN)
+# on a CPU, the try-outs' bfloat16 scenes need the interpreter's tl.dot, reductions and arithmetic
+# to compute on numbers, a tl.dot left in TF32 must round as a GPU's does, and a masked-off lane
+# loaded without other= is as undefined as a GPU's (NaN)
 fix_bf16_dot()
 fix_bf16_reductions()
+fix_bf16_elementwise()
 honour_tf32_dot()
 poison_masked_loads()
 

@@ -66,6 +66,5 @@ def raised(call: Callable[[], object], what: str, expected: str = "") -> BaseExc
         if _passes_through(e):
             raise
         return e
-    if expected:
-        pytest.fail(f"{what} returned {got!r}, expected {expected}", pytrace=False)
-    pytest.fail(f"{what} returned, expected it to raise", pytrace=False)
+    wanted = expected or "it to raise"
+    pytest.fail(f"{what} returned {got!r}, expected {wanted}", pytrace=False)

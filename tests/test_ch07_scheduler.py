@@ -20,6 +20,7 @@ from classroom.device_tags import (
     tagging_made_for,
     wrong_devices,
 )
+from classroom.step_dtypes import wrong_dtypes
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
 from minisgl import LLM, SamplingParams
 from minisgl.core import Batch, Req
@@ -231,6 +232,22 @@ def test_prepare_batch_hands_the_forward_only_tensors_on_the_engines_device():
             f"({llm.device}; prepare_metadata and from_params are given it, not a bare 'cpu'), "
             f"not: {', '.join(off)}"
         )
+        for r in reqs:
+            r.complete_one()  # what launching the step does: the next one is a decode
+
+
+@torch.inference_mode()
+def test_prepare_batch_hands_the_forward_tensors_of_the_dtypes_their_contracts_state():
+    """Every tensor the step carries into the forward pass has the dtype its contract states
+    (classroom/step_dtypes.py): a CPU runs an int32 `batch.positions` or index tuple, a GPU's
+    kernels do not. The walk covers every field, not one named tensor more."""
+    llm = build_llm()
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
+    reqs[1].sampling_params = SamplingParams(temperature=0.7, max_tokens=4)  # sampling tensors
+    for phase in ("prefill", "decode"):
+        fi = llm._prepare_batch(Batch(reqs, phase))
+        wrong = wrong_dtypes(fi)
+        assert not wrong, f"{phase} step: " + "; ".join(wrong)
         for r in reqs:
             r.complete_one()  # what launching the step does: the next one is a decode
 
@@ -522,7 +539,9 @@ def test_the_engine_stream_waits_for_the_scheduler_stream_before_each_step():
     assert_tokens_equal(
         got,
         want,
-        "the step's indices are copied on the scheduler stream: the engine stream must wait for it",
+        "the step's indices are copied on the scheduler stream: the engine stream must wait for it "
+        "before each launch, after the step is prepared (a wait queued before "
+        "_schedule_next_batch orders none of that step's copies)",
     )
 
 

@@ -287,6 +287,13 @@ def test_revive_rebuilds_each_tagged_object():
         ({"__tensor__": [True], "dtype": "int32"}, "[True]"),
         ({"__tensor__": [[1, 2]], "dtype": "int64"}, "[[1, 2]]"),
         ({"__tensor__": 5, "dtype": "int64"}, "5"),
+        # the dtype missing, or not a string: no KeyError, no unhashable TypeError
+        ({"__tensor__": [1]}, ("dtype", "None")),
+        ({"__tensor__": [1], "dtype": ["int32"]}, ("dtype", "['int32']")),
+        # torch.tensor raises a RuntimeError about overflow that names no message
+        ({"__tensor__": [2**40], "dtype": "int32"}, ("[1099511627776]", "int32")),
+        # SamplingParams(**[1]) is a TypeError that names no field
+        ({"__sampling__": [1]}, "[1]"),
         ({"__sampling__": {"temperature": -1}}, "temperature"),
         ({"__sampling__": {"top_p": 0}}, "top_p"),
     ],
@@ -307,6 +314,10 @@ def test_revive_rebuilds_each_tagged_object():
         "boolean ids",
         "nested ids",
         "ids not a list",
+        "no dtype",
+        "a list as the dtype",
+        "ids too large for the dtype",
+        "sampling parameters not an object",
         "bad temperature",
         "bad top_p",
     ],
@@ -320,6 +331,26 @@ def test_revive_refuses_naming_the_problem(obj, words):
         f"revive({obj}) raised {type(err).__name__}: {err}; expected a ValueError naming "
         f"{' and '.join(map(repr, words))}"
     )
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [[5], [], [5, 6, 7], [-(2**31), 2**31 - 1]],
+    ids=["one id", "no ids", "three ids", "the int32 limits"],
+)
+def test_revive_gives_a_one_dimensional_tensor_of_the_ids(ids):
+    """A one-token prompt is a 1-D tensor of one id, not a 0-D scalar: the scheduler takes its
+    length and slices it."""
+    for dtype in ("int32", "int64"):
+        t = revive({"__tensor__": list(ids), "dtype": dtype})
+        assert isinstance(t, torch.Tensor) and tuple(t.shape) == (len(ids),), (
+            f"revive({{'__tensor__': {ids}, 'dtype': {dtype!r}}}) gave "
+            f"{t!r} of shape {tuple(getattr(t, 'shape', ()))}, expected a 1-D tensor of shape "
+            f"({len(ids)},)"
+        )
+        assert str(t.dtype) == f"torch.{dtype}" and t.tolist() == ids, (
+            f"revive({{'__tensor__': {ids}, 'dtype': {dtype!r}}}) gave {t!r}"
+        )
 
 
 def test_revive_leaves_the_dict_it_was_given_alone():
@@ -367,6 +398,8 @@ def test_revive_lets_sampling_params_errors_through_as_they_are(fields):
         {"__tensor__": [1.5], "dtype": "int64"},
         {"__sampling__": {"temperature": -1}},
         {"__sampling__": {"top_p": 0}},
+        {"__tensor__": [2**40], "dtype": "int32"},
+        {"__sampling__": [1]},
     ],
     ids=[
         "unknown type",
@@ -378,12 +411,16 @@ def test_revive_lets_sampling_params_errors_through_as_they_are(fields):
         "float ids",
         "bad temperature",
         "bad top_p",
+        "ids too large for the dtype",
+        "sampling parameters not an object",
     ],
 )
 def test_a_frame_passes_revives_refusal_through_unchanged(obj):
-    want = raised(lambda: revive(dict(obj)), f"revive({obj})")
+    want = raised(
+        lambda: revive(dict(obj)), f"revive({obj})", "a ValueError or TypeError: the object is bad"
+    )
     frame = json.dumps([obj]).encode()
-    got = raised(lambda: decode_batch(frame), f"decode_batch({frame!r})")
+    got = raised(lambda: decode_batch(frame), f"decode_batch({frame!r})", f"revive's {want!r}")
     assert type(got) is type(want) and str(got) == str(want), (
         f"decode_batch({frame!r}) raised {got!r}, but revive's own refusal {want!r} already "
         "names the problem: catch only the errors of bytes that are not UTF-8 JSON"
@@ -487,8 +524,11 @@ def test_a_bad_frame_is_refused_naming_the_problem(frame, words):
         (b"[3.25]", "3.25"),
         (b'[{"__tensor__": [5, 6], "dtype": "int32"}]', "[5, 6]"),
         (b'[{"__msg__": "AbortMsg", "uid": 1}, "hello"]', "hello"),
+        # as repr writes them: str would show an empty string as nothing, and a name as a name
+        (b'[""]', "''"),
+        (b'["AbortMsg"]', "'AbortMsg'"),
     ],
-    ids=["a dict", "a number", "a tensor alone", "a string"],
+    ids=["a dict", "a number", "a tensor alone", "a string", "an empty string", "a type name"],
 )
 def test_a_frame_refusing_an_item_shows_it(frame, shown):
     """The refusal of an item that is not a message shows the item: with several in one frame,

@@ -23,7 +23,11 @@ from extras import module_needs_extra
 
 pytestmark = module_needs_extra("triton")  # before the imports that need it
 
-from classroom.interpreter_bf16 import fix_bf16_dot, fix_bf16_reductions  # noqa: E402
+from classroom.interpreter_bf16 import (  # noqa: E402
+    fix_bf16_dot,
+    fix_bf16_elementwise,
+    fix_bf16_reductions,
+)
 from classroom.interpreter_masked_load import poison_masked_loads  # noqa: E402
 from classroom.interpreter_tf32 import honour_tf32_dot  # noqa: E402
 from classroom.kernels import difference_note, merge_of_two_slices  # noqa: E402
@@ -38,6 +42,7 @@ from minisgl.kvcache import KVCache  # noqa: E402
 DIM = 16  # the smallest head the kernels take: one tensor-core tile
 fix_bf16_dot()  # on a CPU: the interpreter's bfloat16 tl.dot multiplies numbers, not their bits
 fix_bf16_reductions()  # and its tl.sum / tl.max of a bfloat16 tile reduce numbers, not bits
+fix_bf16_elementwise()  # and its *, +, exp, comparisons of bfloat16 tiles compute on numbers
 honour_tf32_dot()  # on a CPU: a tl.dot left in TF32 rounds its operands as a GPU does
 poison_masked_loads()  # and a masked-off lane loaded without other= is NaN, undefined as on a GPU
 TOL = dict(atol=2e-5, rtol=2e-5)
@@ -411,11 +416,12 @@ def test_the_online_step_keeps_its_running_state_in_float32():
         lambda: running_state_dtype_problem(device()),
         "one online step on a float32 running state and bfloat16 values",
     )
+    which = next((n for n in ("acc", "l_i", "m_i") if f"returned {n} " in problem), "it")
     assert not problem, (
         f"one step on a float32 running state and bfloat16 values: {problem} (the kernels carry "
         "m_i, l_i and acc through their loop over key blocks in float32, and a GPU compiles no "
-        "loop whose carried value changes dtype: add the block's product to acc as it is, "
-        "without casting acc to the values' dtype)"
+        f"loop whose carried value changes dtype: compute {which} in float32 and return it so, "
+        "without casting it to the values' dtype)"
     )
 
 
@@ -425,8 +431,20 @@ def test_a_masked_load_gives_the_masked_off_lanes_a_value():
     # GPU's lanes are often zeros, so those tests can pass on one GPU and fail on another: the
     # source is what shows the mistake on every device.
     from classroom.masked_loads import loads_without_other
+    from classroom.online_step_check import running_state_dtype_problem
     from minisgl.kernel import triton_blocks
 
+    # the source scan alone passes a stub, which loads nothing: run the step once, so that a stub's
+    # NotImplementedError reads "not written" (any other failure is another test's to name)
+    try:
+        running_state_dtype_problem(device())
+    except Exception as e:
+        chain, seen = [], e
+        while seen is not None and seen not in chain:
+            chain.append(seen)
+            seen = seen.__cause__ or seen.__context__
+        if any(isinstance(x, NotImplementedError) for x in chain):
+            raise
     loose = loads_without_other(triton_blocks.online_softmax_step)
     assert not loose, (
         "online_softmax_step: a masked tl.load gives the masked-off lanes no value ("
@@ -450,10 +468,18 @@ def _bf16_run(kernel, case: str):
         if any(isinstance(x, NotImplementedError) for x in chain):
             raise
         said = next((ln for x in chain for ln in str(x).splitlines() if "dtype" in ln), str(e))
+        # the advice for tl.dot's operands only where that is what Triton refused
+        mixed_dot = "same dtype" in said or "operands" in said.lower()
+        advice = (
+            "; tl.dot takes two operands of one dtype: cast the float32 probabilities to the "
+            "values' dtype (block_dot does)"
+            if mixed_dot
+            else ""
+        )
         pytest.fail(
             f"{case}: with bfloat16 caches (the engine's dtype on a GPU) the kernel does not run: "
-            f"{said.strip()[:200]}; tl.dot takes two operands of one dtype: cast the float32 "
-            "probabilities to the values' dtype (block_dot does)"
+            f"{said.strip()[:200]}{advice}",
+            pytrace=False,
         )
 
 

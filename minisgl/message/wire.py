@@ -129,13 +129,13 @@ def revive(obj: Dict[str, Any]) -> Any:
     already revived when the message itself is.
 
     Receives: `obj`, a dict just decoded from JSON.
-    Returns: a tensor for a `"__tensor__"` dict (of its dtype: a 1-D tensor of the ids, which
-        must be a flat list of integers), a SamplingParams for a `"__sampling__"` dict
-        (validated: bad values raise), a message for a `"__msg__"` dict naming a class of
-        MESSAGE_TYPES (no other name: not SamplingParams, nor anything else minisgl.message
-        imports; a name that is not a string names no class) whose fields are exactly its
-        class's, each of its declared type; any other dict as it is (a chat message, the
-        scheduler's stats).
+    Returns: a tensor for a `"__tensor__"` dict (of its dtype: a 1-D tensor of the ids, one id
+        included, which must be a flat list of integers that fit in it), a SamplingParams for
+        a `"__sampling__"` dict (validated: bad values raise), a message for a `"__msg__"` dict
+        naming a class of MESSAGE_TYPES (no other name: not SamplingParams, nor anything else
+        minisgl.message imports; a name that is not a string names no class) whose fields are
+        exactly its class's, each of its declared type; any other dict as it is (a chat
+        message, the scheduler's stats).
     Leaves: `obj` unchanged (json.loads's, or a caller's that may keep it).
     Uses: `MESSAGE_TYPES`, `TENSOR_DTYPES`, `SamplingParams` (ch01), `mistyped_fields(message)`
         (given: each field of a built message whose value is not of its declared type).
@@ -144,22 +144,34 @@ def revive(obj: Dict[str, Any]) -> Any:
         name too, `unknown message type ''`, and a list, `unknown message type ['AbortMsg']`),
         the class name for a message with the wrong fields (one its class does not have, one it
         lacks, or one of the wrong type, whose name is said too: `AbortMsg` ... `uid`), the
-        dtype's name for a tensor of an unknown dtype, the ids as repr writes them for ids that
-        are not a flat list of integers (`[1.5]`, `[True]`, `[[1, 2]]`, `5`); SamplingParams' own
+        dtype as repr writes it for a tensor whose dtype is unknown, missing (`None`) or not a
+        string, the ids as repr writes them for ids that are not a flat list of integers
+        (`[1.5]`, `[True]`, `[[1, 2]]`, `5`) or do not fit in the dtype (`[2**40]` as int32),
+        the value for sampling parameters that are not an object (`[1]`); SamplingParams' own
         errors go through as they are (a ValueError naming the field, a TypeError for a field
         it does not know).
     """
     if "__tensor__" in obj:
-        ids, dtype = obj["__tensor__"], TENSOR_DTYPES.get(obj.get("dtype"))
+        ids, name = obj["__tensor__"], obj.get("dtype")
+        # a missing dtype is None; a list is unhashable: neither may fail as a lookup's error
+        dtype = TENSOR_DTYPES.get(name) if isinstance(name, str) else None
         if dtype is None:
-            raise ValueError(f"a tensor in a message has dtype {obj.get('dtype')!r}")
+            raise ValueError(
+                f"a tensor in a message has dtype {name!r}, expected one of {sorted(TENSOR_DTYPES)}"
+            )
         # torch.tensor would truncate 1.5, count true as 1 and build a 2-D tensor from nested
         # lists, none of which encode_value ever writes
         if not isinstance(ids, list) or not all(type(i) is int for i in ids):
             raise ValueError(f"a tensor in a message is a flat list of integer ids, got {ids!r}")
+        info = torch.iinfo(dtype)  # torch.tensor raises a RuntimeError naming no message
+        if not all(info.min <= i <= info.max for i in ids):
+            raise ValueError(f"a tensor in a message has ids {ids!r} that do not fit in {name}")
         return torch.tensor(ids, dtype=dtype)
     if "__sampling__" in obj:
-        return SamplingParams(**obj["__sampling__"])  # validates its fields
+        fields = obj["__sampling__"]
+        if not isinstance(fields, dict):  # SamplingParams(**[1]) is a TypeError naming nothing
+            raise ValueError(f"sampling parameters in a message are an object, got {fields!r}")
+        return SamplingParams(**fields)  # validates its fields
     if "__msg__" in obj:
         name = obj["__msg__"]
         cls = MESSAGE_TYPES.get(name) if isinstance(name, str) else None  # a list is unhashable
