@@ -439,11 +439,7 @@ def test_a_masked_load_gives_the_masked_off_lanes_a_value():
     try:
         running_state_dtype_problem(device())
     except Exception as e:
-        chain, seen = [], e
-        while seen is not None and seen not in chain:
-            chain.append(seen)
-            seen = seen.__cause__ or seen.__context__
-        if any(isinstance(x, NotImplementedError) for x in chain):
+        if any(isinstance(x, NotImplementedError) for x in _causes(e)):
             raise
     loose = loads_without_other(triton_blocks.online_softmax_step)
     assert not loose, (
@@ -455,16 +451,22 @@ def test_a_masked_load_gives_the_masked_off_lanes_a_value():
     )
 
 
+def _causes(e: BaseException) -> List[BaseException]:
+    """`e` and the exceptions it came from (Triton wraps a kernel's error in its own)."""
+    chain, seen = [], e
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
 def _bf16_run(kernel, case: str):
     """`kernel()`, or a one-line failure quoting Triton's first line when it refuses to run on
     bfloat16 caches (a stub's NotImplementedError goes through, so it reads "not written")."""
     try:
         return kernel()
     except Exception as e:
-        chain, seen = [], e
-        while seen is not None and seen not in chain:
-            chain.append(seen)
-            seen = seen.__cause__ or seen.__context__
+        chain = _causes(e)
         if any(isinstance(x, NotImplementedError) for x in chain):
             raise
         said = next((ln for x in chain for ln in str(x).splitlines() if "dtype" in ln), str(e))
