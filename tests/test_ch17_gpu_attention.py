@@ -30,6 +30,7 @@ from classroom.interpreter_bf16 import (  # noqa: E402
 )
 from classroom.interpreter_masked_load import poison_masked_loads  # noqa: E402
 from classroom.interpreter_tf32 import honour_tf32_dot  # noqa: E402
+from classroom.kernel_errors import in_chapter_words  # noqa: E402
 from classroom.kernels import difference_note, merge_of_two_slices  # noqa: E402
 from helpers import test_device  # noqa: E402
 from minisgl.attention import TorchAttentionBackend, prepare_metadata  # noqa: E402
@@ -469,18 +470,14 @@ def _bf16_run(kernel, case: str):
         chain = _causes(e)
         if any(isinstance(x, NotImplementedError) for x in chain):
             raise
-        said = next((ln for x in chain for ln in str(x).splitlines() if "dtype" in ln), str(e))
-        # the advice for tl.dot's operands only where that is what Triton refused
-        mixed_dot = "same dtype" in said or "operands" in said.lower()
-        advice = (
-            "; tl.dot takes two operands of one dtype: cast the float32 probabilities to the "
-            "values' dtype (block_dot does)"
-            if mixed_dot
-            else ""
+        # Triton's refusal as the chapter words the rule it broke (tl.dot's operands of two
+        # dtypes, a mask of the wrong shape), else its first line about a dtype
+        said = in_chapter_words(e) or next(
+            (ln for x in chain for ln in str(x).splitlines() if "dtype" in ln), str(e)
         )
         pytest.fail(
             f"{case}: with bfloat16 caches (the engine's dtype on a GPU) the kernel does not run: "
-            f"{said.strip()[:200]}{advice}",
+            f"{said.strip()[:500]}",
             pytrace=False,
         )
 
