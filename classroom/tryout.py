@@ -86,6 +86,7 @@ def _frames(tb: TracebackType | None) -> Iterator[Tuple[FrameType, int]]:
 def _stopped(raised: BaseException, tryout: FrameType) -> str:
     """The ✘ line for a try-out that raised: the rule it was about to check, the error (the
     first cause, where Triton's interpreter wraps it), and the learner's line."""
+    cell = tryout.f_code.co_filename
     line = next((n for f, n in _frames(raised.__traceback__) if f is tryout), None)
     rule = _next_rule(tryout, line) if line is not None else None
     # Triton's interpreter re-raises a kernel's error as an InterpreterError from it, and a message-
@@ -116,14 +117,26 @@ def _stopped(raised: BaseException, tryout: FrameType) -> str:
         text = _statement(f.f_code.co_filename, n)
         at = f"your {f.f_code.co_name}, line {n}" + (f" (`{text}`)" if text else "")
     else:
-        n = line if line is not None else tryout.f_lineno
-        text = _statement(tryout.f_code.co_filename, n)
+        # the try-out's own deepest line (a helper it defined, or the block itself)
+        ours = next(
+            (
+                found
+                for e in shown_first + [e for e in _chain(raised) if e not in shown_first]
+                for found in [
+                    [n for f, n in _frames(e.__traceback__) if f.f_code.co_filename == cell]
+                ]
+                if found
+            ),
+            [line if line is not None else tryout.f_lineno],
+        )
+        n = ours[-1]
+        text = _statement(cell, n)
         at = f"the try-out's line {n}" + (f" (`{text}`)" if text else "")
         engine = _engine_line(shown_first)
         if engine is not None:
             # a value the learner's function returned (a tile of the wrong shape) fails where the
             # engine's code uses it: that line tells more than the try-out's own
-            at = f"the engine's {engine}, using what your function returned,"
+            at = f"what your function returned, used at the engine's {engine},"
     rule = rule or "the try-out's last lines"
     return f"{FAIL} {rule}: {at} raised {what}"
 
@@ -182,13 +195,13 @@ def _statement(filename: str, line: int) -> str:
             text = " ".join(
                 part.strip() for part in lines[inner.lineno - 1 : inner.end_lineno or inner.lineno]
             )
-            text = re.sub(r"\(\s+", "(", re.sub(r",\s*\)", ")", text))
+            text = re.sub(r",?\s+([)\]}])", r"\1", re.sub(r"([(\[{])\s+", r"\1", text))
     return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _engine_line(chain: List[BaseException]) -> str | None:
     """The deepest line of the engine's own code (minisgl/) in the first exception of `chain` that
-    has one, as "triton_decode.py line 160: `...`"; None when none does."""
+    has one, as "triton_decode.py line 160 (`...`)"; None when none does."""
     engine = os.sep + "minisgl" + os.sep
     for e in chain:
         found = [(f, n) for f, n in _frames(e.__traceback__) if engine in f.f_code.co_filename]
@@ -196,7 +209,7 @@ def _engine_line(chain: List[BaseException]) -> str | None:
             f, n = found[-1]
             text = linecache.getline(f.f_code.co_filename, n).strip()
             name = os.path.basename(f.f_code.co_filename)
-            return f"{name} line {n}" + (f": {text}" if text else "")
+            return f"{name} line {n}" + (f" (`{text}`)" if text else "")
     return None
 
 
