@@ -271,6 +271,29 @@ def test_prepare_batch_leaves_the_requests_lengths_to_the_launch():
             r.complete_one()  # what launching the step does: the next one is a decode
 
 
+def test_prepare_batch_leaves_the_input_ids_to_the_engine():
+    """`batch.input_ids` is the engine's to gather, on its stream, from the token pool through
+    input_tuple: under overlap (chapter 11) the previous step's sample is written into the pool on
+    the engine stream while the scheduler prepares this one, so a gather on the scheduler side
+    reads a token the engine has not written yet. On a CPU nothing races and the engine overwrites
+    the field, so the step's output cannot show it: the field itself does."""
+    llm = build_llm()
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
+    for phase in ("prefill", "decode"):
+        batch = Batch(reqs, phase)
+        llm._prepare_batch(batch)
+        got = batch.input_ids
+        shown = f"shape {list(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+        assert got is None, (
+            f"{phase} step: _prepare_batch set batch.input_ids ({shown}); leave "
+            "it unset: the engine gathers it from the token pool through input_tuple on its own "
+            "stream, and a read on the scheduler's side races the engine's write of the previous "
+            "step's sample under overlap (chapter 11)"
+        )
+        for r in reqs:
+            r.complete_one()  # what launching the step does: the next one is a decode
+
+
 @torch.inference_mode()
 def test_prepare_batch_builds_the_sampling_arguments_for_the_engines_device():
     """On a GPU, sampling arguments built for the host meet the device's logits in the sampler and
@@ -402,6 +425,27 @@ def test_filter_reqs_keeps_decodable_requests_and_drops_finished_ones():
     )
     assert dm.schedule_next_batch() is None, (
         "no request can decode: there should be no decode batch"
+    )
+
+
+def test_filter_reqs_reads_its_requests_once():
+    """`reqs` is an Iterable: one pass over it. A generator given to an answer that reads it twice
+    (an adding pass, then a removing one) is empty the second time, and a request that has reached
+    max_tokens stays running: it would be scheduled for a token past its max_tokens."""
+    dm = DecodeManager()
+    going, short = _req_after(0, 5, 3, steps=1), _req_after(2, 6, 2, steps=1)
+    dm.filter_reqs(iter([going, short]))
+    assert list(dm.running) == [0, 2], (
+        f"after filter_reqs(a generator of uids 0 and 2, both able to decode) running is "
+        f"{list(dm.running)}, expected [0, 2]"
+    )
+    going.complete_one()
+    short.complete_one()  # short reaches its max_tokens on this step
+    dm.filter_reqs(r for r in (going, short))
+    assert list(dm.running) == [0], (
+        f"filter_reqs(a generator of uids 0 and 2, 2 at its max_tokens): running is "
+        f"{list(dm.running)}, expected [0]: reqs is an Iterable, readable once (a generator is "
+        "empty the second time), so each request is added or removed in one pass over it"
     )
 
 
