@@ -609,11 +609,27 @@ def test_the_loop_blocks_for_messages_only_when_it_has_no_work(chunked):
     that blocks while nothing runs would stall there, waiting for a message that may never come."""
     llm = build_llm(max_extend_tokens=8) if chunked else build_llm()
     io = llm.io = RecordingIO(llm)
+    starts, loop = [], llm.normal_loop  # the receives recorded before each turn began
+
+    def one_turn():
+        starts.append(len(io.calls))
+        loop()
+
+    llm.normal_loop = one_turn
     prompts = prompt_ids()[:1] if chunked else prompt_ids()[:2]
     if chunked:
         assert len(prompts[0]) > 8, f"the test needs a prompt longer than a chunk, got {prompts}"
     llm.generate(prompts, greedy(3))
     llm.step()  # idle: a server would wait here for the next message
+    # the first rule: one receive a turn, its blocking decided before it
+    per_turn = [io.calls[a:b] for a, b in zip(starts, starts[1:] + [len(io.calls)])]
+    many = next(((t, calls) for t, calls in enumerate(per_turn, 1) if len(calls) != 1), None)
+    assert many is None, (
+        f"turn {many[0]} of {len(per_turn)} did {len(many[1])} receives: "
+        + ", then ".join("a blocking receive" if b else "a poll" for b, _ in many[1])
+        + " (one receive a turn: whether it blocks is decided before it, from has_work; a poll "
+        "that finds nothing and then a blocking receive are two)"
+    )
     wrong = [(blocking, work) for blocking, work in io.calls if blocking == work]
     assert not wrong, (
         f"{len(wrong)} of {len(io.calls)} receives: blocking={wrong[0][0]} with "
