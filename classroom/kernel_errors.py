@@ -72,18 +72,17 @@ def in_chapter_words(raised: BaseException) -> str | None:
                 f"tiles of shapes {shapes[0]} and {shapes[1]}" if shapes else "two tiles"
             ) + f" (dimension {index}: {a} against {b})"
             if call in ("tl.load", "tl.store") and shapes:
-                tile, guard = (
-                    shapes  # Triton broadcasts the pointers' tile with the mask (or other=)
-                )
+                # Triton broadcasts the pointers' tile with the mask (or other=)
+                tile, guard = shapes
                 fits = " or ".join(
-                    str(s) for s in ([tile[:-1] + [1]] if len(tile) > 1 else []) + [tile]
+                    str(shape) for shape in ([tile[:-1] + [1]] if len(tile) > 1 else []) + [tile]
                 )
                 return (
                     f"{call} was given a {tile} tile of pointers and a {guard} mask (or other=),"
                     f" which do not broadcast (dimension {index}: {a} against {b}): a mask has "
                     "the shape of the tile it guards, or one that broadcasts to it: here "
-                    f"{fits}, the keys along the tile's rows ([BLOCK_N, D] values take "
-                    "n_ok[:, None], not n_ok[None, :])"
+                    f"{fits} (chapter 17's [BLOCK_N, D] values, a key a row, take n_ok[:, None], "
+                    "not n_ok[None, :])"
                 )
             return (
                 f"{call} was given {tiles}, which do not broadcast: two tiles combine element "
@@ -94,7 +93,8 @@ def in_chapter_words(raised: BaseException) -> str | None:
         if m:
             return (
                 f"tl.dot takes two operands of one dtype, and was given {m.group(1)} and "
-                f"{m.group(2)}: cast the float32 probabilities to the values' dtype before the "
-                "product (block_dot does), and keep the accumulator float32"
+                f"{m.group(2)}: cast one to the other's before the product, and keep the "
+                "accumulator float32 (chapter 17's block_dot casts the float32 probabilities "
+                "to the values' dtype)"
             )
     return None
