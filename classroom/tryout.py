@@ -39,6 +39,7 @@ SENTINEL = re.compile(r"ch\d\d\.\w+: ")
 @contextmanager
 def attempt(exercise: str) -> Iterator[None]:
     tryout = _caller()
+    _checked.clear()
     try:
         yield
     except Exception as raised:
@@ -137,6 +138,9 @@ def _stopped(raised: BaseException, tryout: FrameType) -> str:
             # a value the learner's function returned (a tile of the wrong shape) fails where the
             # engine's code uses it: that line tells more than the try-out's own
             at = f"what your function returned, used at the engine's {engine},"
+    if rule is None and not linecache.getlines(cell) and _checked:
+        # the cell's source is unknown (run by exec, not by a kernel): the last rule printed
+        rule = f"the check after “{_checked[-1]}”"
     rule = rule or "the try-out's last lines"
     return f"{FAIL} {rule}: {at} raised {what}"
 
@@ -274,7 +278,11 @@ def _stub_error(e: BaseException | None, exercise: str) -> NotImplementedError |
 def check(rule: str, ok: bool, seen: str = "") -> bool:
     """Print `✔ rule`, or `✘ rule: seen` (what was seen instead, in plain words); returns `ok`."""
     print(f"{PASS} {rule}" if ok else f"{FAIL} {rule}" + (f": {seen}" if seen else ""))
+    _checked.append(rule)
     return bool(ok)
+
+
+_checked: List[str] = []  # the rules checked so far in the current try-out
 
 
 def raises(error: type, run: Callable[[], object]) -> Tuple[bool, str]:

@@ -554,3 +554,26 @@ def test_a_kernels_mask_on_the_wrong_axis_is_said_as_the_rule_it_breaks(tmp_path
         "raised ValueError: tl.load was given a [8, 16] tile of pointers and a [1, 8] mask" in line
     )
     assert "a mask has the shape of the tile it guards" in line, line
+
+
+def test_a_tryout_run_by_exec_without_its_source_names_the_last_rule_checked():
+    # exec of a string (a trial's harness, not a kernel): no source to read the next check's
+    # rule from, so the line says which check came last before the error
+    import contextlib
+    import io
+
+    from classroom.tryout import attempt, check
+
+    cell = (
+        'with attempt("ch99.pick"):\n'
+        '    check("an empty dict gives None", True)\n'
+        "    {}[3]\n"
+        '    check("a missing key is None", True)\n'
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(cell, "tryout-by-exec", "exec"), {"attempt": attempt, "check": check})
+    assert out.getvalue().splitlines() == [
+        "✔ an empty dict gives None",
+        "✘ the check after “an empty dict gives None”: the try-out's line 3 raised KeyError: 3",
+    ]
