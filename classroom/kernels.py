@@ -202,6 +202,19 @@ NAN_CAUSES = (
     "not kept in float32"
 )
 
+# combine_splits' own: its weights and their sum are where a NaN or an inf comes from
+COMBINE_NAN_CAUSES = (
+    "exp of a raw lse overflowing to inf (lse in the hundreds) or every weight underflowing to 0 "
+    "(lse far below 0), where exp(lse - the largest lse) stays in (0, 1]; or a division by a sum "
+    "of weights that is 0 or inf (0/0 and inf/inf are NaN)"
+)
+# causal_scores' own: a query whose row of scores is all -inf has a softmax of 0/0
+CAUSAL_NAN_CAUSES = (
+    "a query that sees no key at all (its row all -inf: exp gives 0s, and 0/0 is NaN): does "
+    "each query see its own key (<=, not <), and is m turned into its position among all len_k "
+    "keys, after the cached prefix?"
+)
+
 # A float32 result off by this much, and no more, is what TF32 products give: each float32 operand
 # keeps 10 of its 23 mantissa bits, about 1e-3 relative, where full float32 products stay near 1e-6.
 TF32_SIZED = (2e-5, 5e-3)
@@ -221,9 +234,15 @@ def _place(index: Sequence[int], new: Sequence[int] | None) -> str:
     return f"token {token}, head {head}"
 
 
-def difference_note(got: torch.Tensor, want: torch.Tensor, new: Sequence[int] | None = None) -> str:
+def difference_note(
+    got: torch.Tensor,
+    want: torch.Tensor,
+    new: Sequence[int] | None = None,
+    causes: str = NAN_CAUSES,
+) -> str:
     """What `got` (a kernel's [tokens, heads, dim] output) does differently from `want`, in one
-    phrase: the largest difference and where, or where NaN or inf came instead of a number. `new`:
+    phrase: the largest difference and where, or where NaN or inf came instead of a number, with
+    `causes`, the exercise's own ways of making one (online_softmax_step's by default). `new`:
     the requests' new tokens of a prefill (None for a decode, one token a request)."""
     if got.shape != want.shape:
         return f"shape {tuple(got.shape)}, expected {tuple(want.shape)}"
@@ -237,7 +256,7 @@ def difference_note(got: torch.Tensor, want: torch.Tensor, new: Sequence[int] | 
         first = bad.nonzero()[0].tolist()
         return (
             f"{' and '.join(kinds)} in {int(bad.sum())} of {got.numel()} values, the first at "
-            f"{_place(first, new)} (possible causes: {NAN_CAUSES})"
+            f"{_place(first, new)} (possible causes: {causes})"
         )
     float32 = got_dtype == torch.float32
     diff = (got - want).abs()

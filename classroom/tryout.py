@@ -22,9 +22,12 @@ import linecache
 import os
 import re
 import sys
+import sysconfig
 from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Callable, Iterator, List, Tuple
+
+from .kernel_errors import in_chapter_words
 
 PASS, FAIL = "✔", "✘"
 NOT_WRITTEN = "is not written yet"
@@ -36,6 +39,7 @@ SENTINEL = re.compile(r"ch\d\d\.\w+: ")
 @contextmanager
 def attempt(exercise: str) -> Iterator[None]:
     tryout = _caller()
+    _checked.clear()
     try:
         yield
     except Exception as raised:
@@ -96,37 +100,112 @@ def _stopped(raised: BaseException, tryout: FrameType) -> str:
     ):
         root = root.__cause__
     said = (str(root).strip().splitlines() or [""])[0][:200]
-    what = f"{type(root).__name__}: {said}" if said else type(root).__name__
-    # the deepest line of the notebook's own code (its cells share a folder) in any exception of
-    # the chain, the error shown first (a jitted helper's line, not the try-out's launch that
-    # Triton's InterpreterError was raised at): the learner's function, or the try-out itself
+    words = in_chapter_words(raised)  # a Triton refusal as the rule it broke, with its values
+    what = f"{type(root).__name__}: {words or said}" if (words or said) else type(root).__name__
+    # the deepest line of the learner's code in any exception of the chain, the error shown first
+    # (a jitted helper's line, not the try-out's launch that Triton's InterpreterError was raised
+    # at); else the try-out's own line that raised
     where = None
     shown_first = _chain(root)
     for e in shown_first + [e for e in _chain(raised) if e not in shown_first]:
         for f, n in _frames(e.__traceback__):
-            if os.path.dirname(f.f_code.co_filename) == os.path.dirname(cell):
+            if _learners(f, tryout):
                 where = (f, n)
         if where is not None:
             break
-    at = ""
     if where is not None:
         f, n = where
-        text = linecache.getline(f.f_code.co_filename, n).strip()
-        ours = f is tryout or f.f_code.co_firstlineno in _tryout_lines(tryout)
-        whose = "the try-out's" if ours else f"your {f.f_code.co_name}'s"
-        at = f", raised at {whose} line {n}: {text}" if text else f", raised at {whose} line {n}"
-        engine = _engine_line(shown_first) if ours else None
+        text = _statement(f.f_code.co_filename, n)
+        at = f"your {f.f_code.co_name}, line {n}" + (f" (`{text}`)" if text else "")
+    else:
+        # the try-out's own deepest line (a helper it defined, or the block itself)
+        ours = next(
+            (
+                found
+                for e in shown_first + [e for e in _chain(raised) if e not in shown_first]
+                for found in [
+                    [n for f, n in _frames(e.__traceback__) if f.f_code.co_filename == cell]
+                ]
+                if found
+            ),
+            [line if line is not None else tryout.f_lineno],
+        )
+        n = ours[-1]
+        text = _statement(cell, n)
+        at = f"the try-out's line {n}" + (f" (`{text}`)" if text else "")
+        engine = _engine_line(shown_first)
         if engine is not None:
             # a value the learner's function returned (a tile of the wrong shape) fails where the
-            # engine's kernel uses it: that line tells more than the try-out's launch
-            at = f", raised where the engine's {engine} uses what your function returned"
+            # engine's code uses it: that line tells more than the try-out's own
+            at = f"what your function returned, used at the engine's {engine},"
+    if rule is None and not linecache.getlines(cell) and _checked:
+        # the cell's source is unknown (run by exec, not by a kernel): the last rule printed
+        rule = f"the check after “{_checked[-1]}”"
     rule = rule or "the try-out's last lines"
-    return f"{FAIL} {rule}: the try-out stopped on {what}{at}"
+    return f"{FAIL} {rule}: {at} raised {what}"
+
+
+def _learners(frame: FrameType, tryout: FrameType) -> bool:
+    """Whether `frame` runs the learner's code: a notebook cell's (the cells share a folder) or a
+    file of the learner's own, anything but the try-out block itself and installed code (the
+    standard library, site-packages, this project's packages)."""
+    name = frame.f_code.co_filename
+    if frame is tryout or (
+        name == tryout.f_code.co_filename and frame.f_code.co_firstlineno in _tryout_lines(tryout)
+    ):
+        return False
+    if os.path.dirname(name) == os.path.dirname(tryout.f_code.co_filename):
+        return True
+    if name.startswith("<") or not os.path.isabs(name):
+        return False
+    path = os.path.realpath(name)
+    return not any(path.startswith(lib + os.sep) for lib in _LIBRARIES)
+
+
+_PROJECT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+_LIBRARIES = {
+    os.path.realpath(p)
+    for p in (
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+        *(os.path.join(_PROJECT, pkg) for pkg in ("minisgl", "classroom", "judge", "tests")),
+    )
+}
+
+
+def _statement(filename: str, line: int) -> str:
+    """The statement at `line` of a file or cell, on one line (a call spread over lines whole),
+    cut to 120 characters; "" when the source is not known."""
+    lines = linecache.getlines(filename)
+    if not 0 < line <= len(lines):
+        return ""
+    text = lines[line - 1].strip()
+    try:
+        tree = ast.parse("".join(lines))
+    except SyntaxError:
+        tree = None
+    if tree is not None:
+        spans = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.stmt)
+            and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and node.lineno <= line <= (node.end_lineno or node.lineno)
+            and (node.end_lineno or node.lineno) - node.lineno < 8
+        ]
+        if spans:
+            inner = min(spans, key=lambda node: (node.end_lineno or node.lineno) - node.lineno)
+            text = " ".join(
+                part.strip() for part in lines[inner.lineno - 1 : inner.end_lineno or inner.lineno]
+            )
+            text = re.sub(r",?\s+([)\]}])", r"\1", re.sub(r"([(\[{])\s+", r"\1", text))
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _engine_line(chain: List[BaseException]) -> str | None:
     """The deepest line of the engine's own code (minisgl/) in the first exception of `chain` that
-    has one, as "triton_decode.py line 160: `...`"; None when none does."""
+    has one, as "triton_decode.py line 160 (`...`)"; None when none does."""
     engine = os.sep + "minisgl" + os.sep
     for e in chain:
         found = [(f, n) for f, n in _frames(e.__traceback__) if engine in f.f_code.co_filename]
@@ -134,7 +213,7 @@ def _engine_line(chain: List[BaseException]) -> str | None:
             f, n = found[-1]
             text = linecache.getline(f.f_code.co_filename, n).strip()
             name = os.path.basename(f.f_code.co_filename)
-            return f"{name} line {n}" + (f": {text}" if text else "")
+            return f"{name} line {n}" + (f" (`{text}`)" if text else "")
     return None
 
 
@@ -199,7 +278,11 @@ def _stub_error(e: BaseException | None, exercise: str) -> NotImplementedError |
 def check(rule: str, ok: bool, seen: str = "") -> bool:
     """Print `✔ rule`, or `✘ rule: seen` (what was seen instead, in plain words); returns `ok`."""
     print(f"{PASS} {rule}" if ok else f"{FAIL} {rule}" + (f": {seen}" if seen else ""))
+    _checked.append(rule)
     return bool(ok)
+
+
+_checked: List[str] = []  # the rules checked so far in the current try-out
 
 
 def raises(error: type, run: Callable[[], object]) -> Tuple[bool, str]:

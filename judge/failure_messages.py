@@ -74,6 +74,9 @@ def describe(excinfo: pytest.ExceptionInfo, learner) -> Dict[str, Any]:
         message = excinfo.exconly()
         if isinstance(exc, pytest.fail.Exception):  # pytest.fail("..."): the test's own words
             message = message.removeprefix("Failed: ")
+        words = _kernel_words(exc)
+        if words:  # Triton's refusal in a learner's kernel, as chapter 17 words the rule it broke
+            message = words
         if isinstance(exc, NameError) and _raised_in_learner_code(exc, learner):
             message += NAME_ERROR_NOTE
         invalid = _validation_error(exc)
@@ -90,6 +93,17 @@ def describe(excinfo: pytest.ExceptionInfo, learner) -> Dict[str, Any]:
         "where": None if timeout else learner_frame(causes, learner),
         "timeout": timeout,
     }
+
+
+def _kernel_words(exc: BaseException) -> str | None:
+    """A Triton error raised in the learner's kernel in the chapter's words (the innermost
+    error's type, then the rule it broke with its values); None for any other error."""
+    if _loaded("triton") is None:
+        return None  # no kernel ran: never import triton to describe an error
+    from classroom.kernel_errors import causes, in_chapter_words
+
+    words = in_chapter_words(exc)
+    return f"{type(causes(exc)[-1]).__name__}: {words}" if words else None
 
 
 def _assertion_message(text: str) -> str:

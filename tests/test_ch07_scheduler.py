@@ -271,6 +271,29 @@ def test_prepare_batch_leaves_the_requests_lengths_to_the_launch():
             r.complete_one()  # what launching the step does: the next one is a decode
 
 
+def test_prepare_batch_leaves_the_input_ids_to_the_engine():
+    """`batch.input_ids` is the engine's to gather, on its stream, from the token pool through
+    input_tuple: under overlap (chapter 11) the previous step's sample is written into the pool on
+    the engine stream while the scheduler prepares this one, so a gather on the scheduler side
+    reads a token the engine has not written yet. On a CPU nothing races and the engine overwrites
+    the field, so the step's output cannot show it: the field itself does."""
+    llm = build_llm()
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
+    for phase in ("prefill", "decode"):
+        batch = Batch(reqs, phase)
+        llm._prepare_batch(batch)
+        got = batch.input_ids
+        shown = f"shape {list(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+        assert got is None, (
+            f"{phase} step: _prepare_batch set batch.input_ids ({shown}); leave "
+            "it unset: the engine gathers it from the token pool through input_tuple on its own "
+            "stream, and a read on the scheduler's side races the engine's write of the previous "
+            "step's sample under overlap (chapter 11)"
+        )
+        for r in reqs:
+            r.complete_one()  # what launching the step does: the next one is a decode
+
+
 @torch.inference_mode()
 def test_prepare_batch_builds_the_sampling_arguments_for_the_engines_device():
     """On a GPU, sampling arguments built for the host meet the device's logits in the sampler and
@@ -402,6 +425,27 @@ def test_filter_reqs_keeps_decodable_requests_and_drops_finished_ones():
     )
     assert dm.schedule_next_batch() is None, (
         "no request can decode: there should be no decode batch"
+    )
+
+
+def test_filter_reqs_reads_its_requests_once():
+    """`reqs` is an Iterable: one pass over it. A generator given to an answer that reads it twice
+    (an adding pass, then a removing one) is empty the second time, and a request that has reached
+    max_tokens stays running: it would be scheduled for a token past its max_tokens."""
+    dm = DecodeManager()
+    going, short = _req_after(0, 5, 3, steps=1), _req_after(2, 6, 2, steps=1)
+    dm.filter_reqs(iter([going, short]))
+    assert list(dm.running) == [0, 2], (
+        f"after filter_reqs(a generator of uids 0 and 2, both able to decode) running is "
+        f"{list(dm.running)}, expected [0, 2]"
+    )
+    going.complete_one()
+    short.complete_one()  # short reaches its max_tokens on this step
+    dm.filter_reqs(r for r in (going, short))
+    assert list(dm.running) == [0], (
+        f"filter_reqs(a generator of uids 0 and 2, 2 at its max_tokens): running is "
+        f"{list(dm.running)}, expected [0]: reqs is an Iterable, readable once (a generator is "
+        "empty the second time), so each request is added or removed in one pass over it"
     )
 
 
@@ -565,11 +609,27 @@ def test_the_loop_blocks_for_messages_only_when_it_has_no_work(chunked):
     that blocks while nothing runs would stall there, waiting for a message that may never come."""
     llm = build_llm(max_extend_tokens=8) if chunked else build_llm()
     io = llm.io = RecordingIO(llm)
+    starts, loop = [], llm.normal_loop  # the receives recorded before each turn began
+
+    def one_turn():
+        starts.append(len(io.calls))
+        loop()
+
+    llm.normal_loop = one_turn
     prompts = prompt_ids()[:1] if chunked else prompt_ids()[:2]
     if chunked:
         assert len(prompts[0]) > 8, f"the test needs a prompt longer than a chunk, got {prompts}"
     llm.generate(prompts, greedy(3))
     llm.step()  # idle: a server would wait here for the next message
+    # the first rule: one receive a turn, its blocking decided before it
+    per_turn = [io.calls[a:b] for a, b in zip(starts, starts[1:] + [len(io.calls)])]
+    many = next(((t, calls) for t, calls in enumerate(per_turn, 1) if len(calls) != 1), None)
+    assert many is None, (
+        f"turn {many[0]} of {len(per_turn)} did {len(many[1])} receives: "
+        + ", then ".join("a blocking receive" if b else "a poll" for b, _ in many[1])
+        + " (one receive a turn: whether it blocks is decided before it, from has_work; a poll "
+        "that finds nothing and then a blocking receive are two)"
+    )
     wrong = [(blocking, work) for blocking, work in io.calls if blocking == work]
     assert not wrong, (
         f"{len(wrong)} of {len(io.calls)} receives: blocking={wrong[0][0]} with "

@@ -30,7 +30,13 @@ from classroom.interpreter_bf16 import (  # noqa: E402
 )
 from classroom.interpreter_masked_load import poison_masked_loads  # noqa: E402
 from classroom.interpreter_tf32 import honour_tf32_dot  # noqa: E402
-from classroom.kernels import difference_note, merge_of_two_slices  # noqa: E402
+from classroom.kernel_errors import in_chapter_words  # noqa: E402
+from classroom.kernels import (  # noqa: E402
+    CAUSAL_NAN_CAUSES,
+    NAN_CAUSES,
+    difference_note,
+    merge_of_two_slices,
+)
 from helpers import test_device  # noqa: E402
 from minisgl.attention import TorchAttentionBackend, prepare_metadata  # noqa: E402
 from minisgl.attention.triton_backend import TritonAttentionBackend  # noqa: E402
@@ -60,7 +66,9 @@ def assert_attention(got, want, case: str, rule: str, new=None, tol: float = TOL
     )
     if close:
         return
-    note = difference_note(got, want, new)
+    # a prefill's NaN is causal_scores' first (a query that sees no key), then the online step's
+    causes = f"{CAUSAL_NAN_CAUSES}; or {NAN_CAUSES}" if case.startswith("prefill") else NAN_CAUSES
+    note = difference_note(got, want, new, causes=causes)
     bound = f" (tolerance {tol:g})" if note.startswith("largest difference") else ""
     merge = merge_diagnosis() if case.startswith("decode") and "1 slice(s)" not in case else ""
     if merge:  # the slices' merge is wrong: say so first, in numbers, whatever else the case shows
@@ -469,18 +477,14 @@ def _bf16_run(kernel, case: str):
         chain = _causes(e)
         if any(isinstance(x, NotImplementedError) for x in chain):
             raise
-        said = next((ln for x in chain for ln in str(x).splitlines() if "dtype" in ln), str(e))
-        # the advice for tl.dot's operands only where that is what Triton refused
-        mixed_dot = "same dtype" in said or "operands" in said.lower()
-        advice = (
-            "; tl.dot takes two operands of one dtype: cast the float32 probabilities to the "
-            "values' dtype (block_dot does)"
-            if mixed_dot
-            else ""
+        # Triton's refusal as the chapter words the rule it broke (tl.dot's operands of two
+        # dtypes, a mask of the wrong shape), else its first line about a dtype
+        said = in_chapter_words(e) or next(
+            (ln for x in chain for ln in str(x).splitlines() if "dtype" in ln), str(e)
         )
         pytest.fail(
             f"{case}: with bfloat16 caches (the engine's dtype on a GPU) the kernel does not run: "
-            f"{said.strip()[:200]}{advice}",
+            f"{said.strip()[:500]}",
             pytrace=False,
         )
 

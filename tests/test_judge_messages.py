@@ -424,3 +424,45 @@ def test_tests_not_run_for_one_reason_are_said_once():
     out = console.export_text()
     assert out.count(why) == 1 and "3 more test(s) not run: step already timed out" in out, out
     assert "test_a" in out and "test_b" not in out, out
+
+
+# ---------------------------------------------------------------------- Triton's refusals
+
+
+def test_a_triton_refusal_in_a_learners_kernel_is_said_as_the_rule_it_breaks(tmp_path, monkeypatch):
+    # Triton's interpreter: InterpreterError("ValueError('Cannot make_shape_compatible: ...')");
+    # the judge's line names the tl call, both shapes and the mask's rule (classroom/kernel_errors)
+    pytest.importorskip("triton")
+    import importlib.util
+
+    import torch
+
+    from judge.failure_messages import describe
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
+    path = tmp_path / "mine.py"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            import triton
+            import triton.language as tl
+
+            @triton.jit
+            def copy(src, dst, n, N: tl.constexpr, D: tl.constexpr):
+                rows, cols = tl.arange(0, N), tl.arange(0, D)
+                ok = rows < n
+                tile = tl.load(src + rows[:, None] * D + cols[None, :], mask=ok[None, :], other=0.0)
+                tl.store(dst + rows[:, None] * D + cols[None, :], tile)
+            """
+        )
+    )
+    spec = importlib.util.spec_from_file_location("mine", path)
+    mine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mine)
+    with pytest.raises(Exception) as info:
+        mine.copy[(1,)](torch.ones(8, 16), torch.zeros(8, 16), 5, 8, 16)
+    said = describe(info, None)["message"]
+    assert said.startswith(
+        "ValueError: tl.load was given a [8, 16] tile of pointers and a [1, 8] mask"
+    ), said
+    assert "a mask has the shape of the tile it guards" in said, said

@@ -358,8 +358,8 @@ def test_a_tryout_that_raises_prints_one_line_naming_the_rule_and_the_learners_l
         exec(compile(cell.read_text(), str(cell), "exec"), {"attempt": attempt, "check": check})
     assert out.getvalue().splitlines() == [
         "✔ an untagged dict stays",
-        "✘ message 1 comes back: the try-out stopped on KeyError: 'uid', raised at your revive's "
-        'line 2: return obj["uid"] + 1',
+        '✘ message 1 comes back: your revive, line 2 (`return obj["uid"] + 1`) raised KeyError: '
+        "'uid'",
     ]
 
 
@@ -392,9 +392,11 @@ def test_a_tryout_stopped_in_the_engine_names_the_engines_line(tmp_path):
         namespace.update(BatchSamplingArgs=BatchSamplingArgs, SamplingParams=SamplingParams)
         exec(compile(cell.read_text(), str(cell), "exec"), namespace)
     (line,) = out.getvalue().splitlines()
-    assert line.startswith("✘ the arguments are built: the try-out stopped on TypeError: "), line
-    assert "raised where the engine's sampler.py line " in line, line
-    assert line.endswith("uses what your function returned"), line
+    assert line.startswith(
+        "✘ the arguments are built: what your function returned, used at the engine's sampler.py "
+        "line "
+    ), line
+    assert "raised TypeError: BatchSamplingArgs.from_params: device must be" in line, line
 
 
 def test_a_tryout_helper_that_raises_is_named_as_the_tryouts(tmp_path):
@@ -427,8 +429,8 @@ def test_a_tryout_helper_that_raises_is_named_as_the_tryouts(tmp_path):
         namespace = {"attempt": attempt, "check": check, "asyncio": asyncio}
         exec(compile(cell.read_text(), str(cell), "exec"), namespace)
     assert out.getvalue().splitlines() == [
-        "✘ a dead worker is seen: the try-out stopped on TimeoutError, raised at the try-out's "
-        "line 6: raise asyncio.TimeoutError() from e",
+        "✘ a dead worker is seen: the try-out's line 6 (`raise asyncio.TimeoutError() from e`) "
+        "raised TimeoutError",
     ]
 
 
@@ -468,6 +470,110 @@ def test_a_jitted_helpers_error_names_the_helpers_line_not_the_launch(tmp_path):
         namespace = {"attempt": attempt, "check": check, "launch": _interpret}
         exec(compile(cell.read_text(), str(cell), "exec"), namespace)
     assert out.getvalue().splitlines() == [
-        "✘ the step runs: the try-out stopped on AttributeError: 'int' object has no attribute "
-        "'sum', raised at your step's line 2: return x.sum(axis=7)",
+        "✘ the step runs: your step, line 2 (`return x.sum(axis=7)`) raised AttributeError: 'int' "
+        "object has no attribute 'sum'",
+    ]
+
+
+def test_a_learners_file_beside_no_notebook_is_still_the_learners(tmp_path):
+    # a function pasted from a file elsewhere (a learner's module, a trial's file): its line is
+    # named, the whole statement on one line, as the learner wrote it over three
+    import contextlib
+    import io
+    import textwrap
+
+    from classroom.tryout import attempt, check
+
+    mine = tmp_path / "mine" / "answer.py"
+    mine.parent.mkdir()
+    mine.write_text("def pick(d, k):\n    return d[\n        k\n    ]\n")
+    cell = tmp_path / "cells" / "cell.py"
+    cell.parent.mkdir()
+    cell.write_text(
+        textwrap.dedent(
+            """\
+            with attempt("ch99.pick"):
+                got = pick({}, 3)
+                check("a missing key is None", got is None)
+            """
+        )
+    )
+    namespace = {"attempt": attempt, "check": check}
+    exec(compile(mine.read_text(), str(mine), "exec"), namespace)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(cell.read_text(), str(cell), "exec"), namespace)
+    assert out.getvalue().splitlines() == [
+        "✘ a missing key is None: your pick, line 2 (`return d[k]`) raised KeyError: 3",
+    ]
+
+
+def test_a_kernels_mask_on_the_wrong_axis_is_said_as_the_rule_it_breaks(tmp_path, monkeypatch):
+    # Triton's interpreter says "Cannot make_shape_compatible: incompatible dimensions at index 1:
+    # 16 and 8"; the try-out names the tl call, the two shapes and the mask's rule
+    pytest.importorskip("triton")
+    import contextlib
+    import io
+    import textwrap
+
+    import torch
+
+    from classroom.tryout import attempt, check
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when a kernel is decorated
+    cell = tmp_path / "cell.py"
+    cell.write_text(
+        textwrap.dedent(
+            """\
+            import triton
+            import triton.language as tl
+
+            @triton.jit
+            def copy(src, dst, n, N: tl.constexpr, D: tl.constexpr):
+                rows, cols = tl.arange(0, N), tl.arange(0, D)
+                ok = rows < n
+                tile = tl.load(src + rows[:, None] * D + cols[None, :], mask=ok[None, :], other=0.0)
+                tl.store(dst + rows[:, None] * D + cols[None, :], tile)
+
+            with attempt("ch99.copy"):
+                src, dst = torch.ones(8, 16), torch.zeros(8, 16)
+                copy[(1,)](src, dst, 5, 8, 16)
+                check("the first 5 rows are copied", bool(dst[:5].eq(1).all()))
+            """
+        )
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        namespace = {"attempt": attempt, "check": check, "torch": torch}
+        exec(compile(cell.read_text(), str(cell), "exec"), namespace)
+    (line,) = out.getvalue().splitlines()
+    assert line.startswith(
+        "✘ the first 5 rows are copied: your copy, line 8 (`tile = tl.load(src + rows[:, None]"
+    ), line
+    assert (
+        "raised ValueError: tl.load was given a [8, 16] tile of pointers and a [1, 8] mask" in line
+    )
+    assert "a mask has the shape of the tile it guards" in line, line
+
+
+def test_a_tryout_run_by_exec_without_its_source_names_the_last_rule_checked():
+    # exec of a string (a trial's harness, not a kernel): no source to read the next check's
+    # rule from, so the line says which check came last before the error
+    import contextlib
+    import io
+
+    from classroom.tryout import attempt, check
+
+    cell = (
+        'with attempt("ch99.pick"):\n'
+        '    check("an empty dict gives None", True)\n'
+        "    {}[3]\n"
+        '    check("a missing key is None", True)\n'
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(cell, "tryout-by-exec", "exec"), {"attempt": attempt, "check": check})
+    assert out.getvalue().splitlines() == [
+        "✔ an empty dict gives None",
+        "✘ the check after “an empty dict gives None”: the try-out's line 3 raised KeyError: 3",
     ]
