@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Callable, Iterator, List, Tuple
 
+from .kernel_errors import causes as _chain
 from .kernel_errors import in_chapter_words
 
 PASS, FAIL = "✔", "✘"
@@ -68,14 +69,6 @@ def _caller() -> FrameType | None:
     ):
         frame = frame.f_back
     return frame
-
-
-def _chain(e: BaseException | None) -> List[BaseException]:
-    seen: List[BaseException] = []
-    while e is not None and e not in seen:
-        seen.append(e)
-        e = e.__cause__ or e.__context__
-    return seen
 
 
 def _frames(tb: TracebackType | None) -> Iterator[Tuple[FrameType, int]]:

@@ -30,6 +30,7 @@ from classroom.interpreter_bf16 import (  # noqa: E402
 )
 from classroom.interpreter_masked_load import poison_masked_loads  # noqa: E402
 from classroom.interpreter_tf32 import honour_tf32_dot  # noqa: E402
+from classroom.kernel_errors import causes as _causes  # noqa: E402
 from classroom.kernel_errors import in_chapter_words  # noqa: E402
 from classroom.kernels import (  # noqa: E402
     CAUSAL_NAN_CAUSES,
@@ -457,15 +458,6 @@ def test_a_masked_load_gives_the_masked_off_lanes_a_value():
         "and 0 x NaN is NaN in the block's product): give other=0.0, or replace them with "
         "tl.where before their first use"
     )
-
-
-def _causes(e: BaseException) -> List[BaseException]:
-    """`e` and the exceptions it came from (Triton wraps a kernel's error in its own)."""
-    chain, seen = [], e
-    while seen is not None and seen not in chain:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    return chain
 
 
 def _bf16_run(kernel, case: str):

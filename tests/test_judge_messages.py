@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -440,22 +441,7 @@ def test_a_triton_refusal_in_a_learners_kernel_is_said_as_the_rule_it_breaks(tmp
     from judge.failure_messages import describe
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
-    path = tmp_path / "mine.py"
-    path.write_text(
-        textwrap.dedent(
-            """\
-            import triton
-            import triton.language as tl
-
-            @triton.jit
-            def copy(src, dst, n, N: tl.constexpr, D: tl.constexpr):
-                rows, cols = tl.arange(0, N), tl.arange(0, D)
-                ok = rows < n
-                tile = tl.load(src + rows[:, None] * D + cols[None, :], mask=ok[None, :], other=0.0)
-                tl.store(dst + rows[:, None] * D + cols[None, :], tile)
-            """
-        )
-    )
+    path = Path(__file__).parent / "data" / "mask_on_the_wrong_axis.py"
     spec = importlib.util.spec_from_file_location("mine", path)
     mine = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mine)

@@ -522,19 +522,11 @@ def test_a_kernels_mask_on_the_wrong_axis_is_said_as_the_rule_it_breaks(tmp_path
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when a kernel is decorated
     cell = tmp_path / "cell.py"
+    kernel = (Path(__file__).parent / "data" / "mask_on_the_wrong_axis.py").read_text()
     cell.write_text(
-        textwrap.dedent(
-            """\
-            import triton
-            import triton.language as tl
-
-            @triton.jit
-            def copy(src, dst, n, N: tl.constexpr, D: tl.constexpr):
-                rows, cols = tl.arange(0, N), tl.arange(0, D)
-                ok = rows < n
-                tile = tl.load(src + rows[:, None] * D + cols[None, :], mask=ok[None, :], other=0.0)
-                tl.store(dst + rows[:, None] * D + cols[None, :], tile)
-
+        kernel
+        + textwrap.dedent(
+            """
             with attempt("ch99.copy"):
                 src, dst = torch.ones(8, 16), torch.zeros(8, 16)
                 copy[(1,)](src, dst, 5, 8, 16)
@@ -548,7 +540,7 @@ def test_a_kernels_mask_on_the_wrong_axis_is_said_as_the_rule_it_breaks(tmp_path
         exec(compile(cell.read_text(), str(cell), "exec"), namespace)
     (line,) = out.getvalue().splitlines()
     assert line.startswith(
-        "✘ the first 5 rows are copied: your copy, line 8 (`tile = tl.load(src + rows[:, None]"
+        "✘ the first 5 rows are copied: your copy, line 12 (`tile = tl.load(src + rows[:, None]"
     ), line
     assert (
         "raised ValueError: tl.load was given a [8, 16] tile of pointers and a [1, 8] mask" in line
