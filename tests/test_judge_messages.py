@@ -430,6 +430,30 @@ def test_tests_not_run_for_one_reason_are_said_once():
 # ---------------------------------------------------------------------- Triton's refusals
 
 
+def test_a_running_state_returned_in_bf16_is_named_by_the_engines_math_refusal(monkeypatch):
+    # Triton's interpreter: InterpreterError("ValueError(\"Expected dtype ['fp32', 'fp64'] but got
+    # bf16\")") from the kernel's tl.log after the loop; the judge's line names the call, the
+    # dtype, which returned value had it and the float32-state rule (classroom/kernel_errors)
+    pytest.importorskip("triton")
+    import importlib.util
+
+    import torch
+
+    from judge.failure_messages import describe
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
+    path = Path(__file__).parent / "data" / "running_state_returned_in_bf16.py"
+    spec = importlib.util.spec_from_file_location("mine_bf16_state", path)
+    mine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mine)
+    with pytest.raises(Exception) as info:
+        mine.lse[(1,)](torch.ones(8), torch.zeros(1), 8)
+    said = describe(info, None)["message"]
+    assert said.startswith("ValueError: the engine's lse calls tl.log"), said
+    for words in ("takes fp32 or fp64 only", "given bf16", "returned l_i in bf16", "float32"):
+        assert words in said, f"{words!r} not in {said!r}"
+
+
 def test_a_triton_refusal_in_a_learners_kernel_is_said_as_the_rule_it_breaks(tmp_path, monkeypatch):
     # Triton's interpreter: InterpreterError("ValueError('Cannot make_shape_compatible: ...')");
     # the judge's line names the tl call, both shapes and the mask's rule (classroom/kernel_errors)
