@@ -476,3 +476,18 @@ def test_a_triton_refusal_in_a_learners_kernel_is_said_as_the_rule_it_breaks(tmp
         "ValueError: tl.load was given a [8, 16] tile of pointers and a [1, 8] mask"
     ), said
     assert "a mask has the shape of the tile it guards" in said, said
+
+
+def test_a_scheduler_mixins_name_is_said_as_the_scheduler():
+    # The Scheduler is built from one mixin a chapter: a TypeError from `self._process_last_data()`
+    # names SpeculativeSteps (chapter 24) in a chapter-7 message unless it is said as the scheduler
+    import minisgl.scheduler  # noqa: F401  (the names are the loaded Scheduler's mixins)
+    from classroom.engine_names import in_learner_terms
+
+    said = "SpeculativeSteps._process_last_data() missing 1 required positional argument"
+    assert in_learner_terms(said) == (
+        "Scheduler._process_last_data() missing 1 required positional argument"
+    )
+    assert in_learner_terms("SamplingParams.__init__() got an unexpected keyword") == (
+        "SamplingParams.__init__() got an unexpected keyword"
+    ), "a class that is not one of the scheduler's mixins keeps its name"
