@@ -25,6 +25,9 @@ _SHAPES = re.compile(
 _DOT_DTYPES = re.compile(r"Both operands must be same dtype\. Got (\w+) and (\w+)")
 # tl.exp, tl.log, tl.sqrt... (triton/language/math.py's _check_dtype): libdevice's float types only
 _MATH_DTYPE = re.compile(r"Expected dtype \[([^\]]*)\] but got (\w+)")
+# tl.store (and tl.load) of values whose shape is not the pointers' tile's
+_LISTED = r"(\[(?:[^\[\]]|\[[^\]]*\])*\])"  # a list's repr, its items "constexpr[16]"
+_POINTER_SHAPE = re.compile(f"Expected pointer argument to have shape {_LISTED} but got {_LISTED}")
 # the running state chapter 17's kernels carry through their loop and get back from the step
 _RUNNING_STATE = ("m_i", "l_i", "acc")
 _TL = os.sep + os.path.join("triton", "language") + os.sep
@@ -125,6 +128,34 @@ def _math_dtype_words(e: BaseException, accepted: str, got: str) -> str:
     )
 
 
+def _dims(listed: str) -> List[int]:
+    return [int(n) for n in re.findall(r"\d+", listed)]
+
+
+def _misshapen_state(e: BaseException) -> str:
+    """ ", the running state (m_i, l_i, acc) the kernel got back from the learner's step, with
+    its shapes" when they are not [M], [M] and [M, HEAD_DIM]; "" otherwise, or where no
+    engine kernel holding that state was running."""
+    for f, _ in reversed(_frames(e)):
+        held = f.f_locals
+        if all(n in held for n in _RUNNING_STATE):
+            shapes = {}
+            for n in _RUNNING_STATE:
+                try:
+                    shapes[n] = [int(d) for d in getattr(held[n], "shape", ())]
+                except (TypeError, ValueError):
+                    return ""
+            m_i, l_i, acc = (shapes[n] for n in _RUNNING_STATE)
+            if len(m_i) == 1 and l_i == m_i and len(acc) == 2 and acc[0] == m_i[0]:
+                return ""
+            return (
+                f"; online_softmax_step returned m_i {m_i}, l_i {l_i}, acc {acc}, where the kernel "
+                "carries m_i and l_i [M] and acc [M, HEAD_DIM] (one row a query head or token): "
+                "return them in the shapes they came in"
+            )
+    return ""
+
+
 def in_chapter_words(raised: BaseException) -> str | None:
     """What Triton refused in the learner's kernel, as the rule it broke with its values; None
     when the error is none of those the chapter explains."""
@@ -155,7 +186,16 @@ def in_chapter_words(raised: BaseException) -> str | None:
                 f"{call} was given {tiles}, which do not broadcast: two tiles combine element "
                 "by element only where each dimension is equal or 1 (add an axis with "
                 "[:, None] or [None, :] on the side it belongs to)"
-            )
+            ) + _misshapen_state(e)
+        m = _POINTER_SHAPE.search(said)
+        if m:
+            call = _tl_call(e) or "tl.store"
+            values, pointers = _dims(m.group(1)), _dims(m.group(2))
+            return (
+                f"{call} was given values of shape {values} for a tile of pointers of shape "
+                f"{pointers}: one value goes to each pointer, so the values have the pointers' "
+                "shape (or one that broadcasts to it)"
+            ) + _misshapen_state(e)
         m = _MATH_DTYPE.search(said)
         if m:
             return _math_dtype_words(e, m.group(1), m.group(2))

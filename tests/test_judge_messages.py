@@ -452,6 +452,15 @@ def test_a_running_state_returned_in_bf16_is_named_by_the_engines_math_refusal(m
     assert said.startswith("ValueError: the engine's lse calls tl.log"), said
     for words in ("takes fp32 or fp64 only", "given bf16", "returned l_i in bf16", "float32"):
         assert words in said, f"{words!r} not in {said!r}"
+    # a step that returns l_i as [M, 1]: the kernel's store refuses a [M, M, N] tile of values
+    with pytest.raises(Exception) as info:
+        mine.normalised[(1,)](torch.ones(4, 8), torch.zeros(4, 8), 4, 8)
+    said = describe(info, None)["message"]
+    assert (
+        "tl.store was given values of shape [4, 4, 8] for a tile of pointers of shape [4, 8]"
+        in (said)
+    ), said
+    assert "returned m_i [4], l_i [4, 1], acc [4, 8]" in said, said
 
 
 def test_a_triton_refusal_in_a_learners_kernel_is_said_as_the_rule_it_breaks(tmp_path, monkeypatch):
