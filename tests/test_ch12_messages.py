@@ -368,7 +368,16 @@ def test_revive_gives_a_one_dimensional_tensor_of_the_ids(ids, dtypes):
     """A one-token prompt is a 1-D tensor of one id, not a 0-D scalar: the scheduler takes its
     length and slices it."""
     for dtype in dtypes:
-        t = revive({"__tensor__": list(ids), "dtype": dtype})
+        obj = {"__tensor__": list(ids), "dtype": dtype}
+        try:
+            t = revive(dict(obj))
+        except (ValueError, TypeError) as e:
+            pytest.fail(
+                f"revive({obj}) raised {type(e).__name__}: {e}; expected a 1-D tensor of shape "
+                f"({len(ids)},): the ids are a flat list of integers (none at all is one too) "
+                f"that fit in {dtype}",
+                pytrace=False,
+            )
         assert isinstance(t, torch.Tensor) and tuple(t.shape) == (len(ids),), (
             f"revive({{'__tensor__': {ids}, 'dtype': {dtype!r}}}) gave "
             f"{t!r} of shape {tuple(getattr(t, 'shape', ()))}, expected a 1-D tensor of shape "
