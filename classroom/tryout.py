@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from types import FrameType, TracebackType
 from typing import Callable, Iterator, List, Tuple
 
+from .engine_names import in_learner_terms
 from .kernel_errors import causes as _chain
 from .kernel_errors import in_chapter_words
 
@@ -92,7 +93,7 @@ def _stopped(raised: BaseException, tryout: FrameType) -> str:
         and (type(root).__name__ == "InterpreterError" or not str(root).strip())
     ):
         root = root.__cause__
-    said = (str(root).strip().splitlines() or [""])[0][:200]
+    said = in_learner_terms((str(root).strip().splitlines() or [""])[0][:200])
     words = in_chapter_words(raised)  # a Triton refusal as the rule it broke, with its values
     what = f"{type(root).__name__}: {words or said}" if (words or said) else type(root).__name__
     # the deepest line of the learner's code in any exception of the chain, the error shown first

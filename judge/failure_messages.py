@@ -82,6 +82,9 @@ def describe(excinfo: pytest.ExceptionInfo, learner) -> Dict[str, Any]:
         invalid = _validation_error(exc)
         if invalid:
             message = invalid
+        from classroom.engine_names import in_learner_terms
+
+        message = in_learner_terms(message)  # a scheduler mixin's name as "Scheduler"
     text = message
     timeout = isinstance(exc, BaseException) and "Timeout" in text and "pytest-timeout" in text
     if timeout:

@@ -351,14 +351,20 @@ def test_prepare_batch_gives_each_request_its_sampling_arguments_in_batch_order(
     reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(p)]
     for r, sp in zip(reqs, params):
         r.sampling_params = sp
-    got = llm._prepare_batch(Batch(reqs, "prefill")).sample_args
-    want = BatchSamplingArgs.from_params(params, llm.vocab_size, llm.device)
+    # a batch in neither uid nor slot order (both 0, 1, 2 here): a policy that reorders its
+    # requests (chapter 23's priorities, a retraction) hands the scheduler such batches
+    order = [2, 0, 1]
+    batch = Batch([reqs[i] for i in order], "prefill")
+    got = llm._prepare_batch(batch).sample_args
+    want = BatchSamplingArgs.from_params([params[i] for i in order], llm.vocab_size, llm.device)
     for field in ("temperatures", "top_k", "top_p"):
         g, w = getattr(got, field), getattr(want, field)
         shown = None if g is None else [round(x, 3) for x in g.tolist()]
         assert g is not None and g.tolist() == w.tolist(), (
             f"sampling arguments, {field}: {shown}, expected "
-            f"{[round(x, 3) for x in w.tolist()]} (one per request)"
+            f"{[round(x, 3) for x in w.tolist()]} (one per request, in the batch's order: its "
+            f"requests are uids {[r.uid for r in batch.reqs]}, slots "
+            f"{[r.table_idx for r in batch.reqs]})"
         )
 
 

@@ -4,6 +4,7 @@ and checks sampling parameters again."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -280,7 +281,9 @@ def test_revive_rebuilds_each_tagged_object():
         ({"__msg__": "AbortMsg"}, "AbortMsg"),
         ({"__msg__": "AbortMsg", "uid": "x"}, ("AbortMsg", "uid")),
         ({"__msg__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": "no"}, "finished"),
-        ({"__tensor__": [1], "dtype": "float16"}, "float16"),
+        ({"__msg__": "DetokenizeMsg", "uid": 1, "next_token": "2", "finished": True}, "next_token"),
+        # as repr writes it, in quotes: an empty or spaced name must show in a log
+        ({"__tensor__": [1], "dtype": "float16"}, "'float16'"),
         # torch.tensor would truncate 1.5 to 1, take true as 1, build 2-D or 0-D tensors
         ({"__tensor__": [1.5], "dtype": "int64"}, "[1.5]"),
         ({"__tensor__": [1, 2.5], "dtype": "int64"}, "[1, 2.5]"),
@@ -290,8 +293,11 @@ def test_revive_rebuilds_each_tagged_object():
         # the dtype missing, or not a string: no KeyError, no unhashable TypeError
         ({"__tensor__": [1]}, ("dtype", "None")),
         ({"__tensor__": [1], "dtype": ["int32"]}, ("dtype", "['int32']")),
-        # torch.tensor raises a RuntimeError about overflow that names no message
+        # torch.tensor raises a RuntimeError (int32) or a ValueError (int64) about overflow that
+        # shows no ids: the range is the named dtype's, int64's too
         ({"__tensor__": [2**40], "dtype": "int32"}, ("[1099511627776]", "int32")),
+        ({"__tensor__": [2**70], "dtype": "int64"}, ("[1180591620717411303424]", "int64")),
+        ({"__tensor__": [-(2**63) - 1], "dtype": "int64"}, ("[-9223372036854775809]", "int64")),
         # SamplingParams(**[1]) is a TypeError that names no field
         ({"__sampling__": [1]}, "[1]"),
         ({"__sampling__": {"temperature": -1}}, "temperature"),
@@ -308,6 +314,7 @@ def test_revive_rebuilds_each_tagged_object():
         "a missing field",
         "a field of the wrong type",
         "a bool field given a string",
+        "an int field other than uid given a string",
         "unknown dtype",
         "float ids",
         "a float among int ids",
@@ -317,6 +324,8 @@ def test_revive_rebuilds_each_tagged_object():
         "no dtype",
         "a list as the dtype",
         "ids too large for the dtype",
+        "ids too large for int64",
+        "ids too small for int64",
         "sampling parameters not an object",
         "bad temperature",
         "bad top_p",
@@ -334,15 +343,41 @@ def test_revive_refuses_naming_the_problem(obj, words):
 
 
 @pytest.mark.parametrize(
-    "ids",
-    [[5], [], [5, 6, 7], [-(2**31), 2**31 - 1]],
-    ids=["one id", "no ids", "three ids", "the int32 limits"],
+    "ids,dtypes",
+    [
+        ([5], ("int32", "int64")),
+        # a flat list of integers, none of them: a 1-D tensor of shape (0,), as encode_value
+        # writes an empty token list
+        ([], ("int32", "int64")),
+        ([5, 6, 7], ("int32", "int64")),
+        ([-(2**31), 2**31 - 1], ("int32", "int64")),
+        # the range is the named dtype's: int32's limits do not bound an int64 tensor
+        ([2**40, -(2**40)], ("int64",)),
+        ([-(2**63), 2**63 - 1], ("int64",)),
+    ],
+    ids=[
+        "one id",
+        "no ids",
+        "three ids",
+        "the int32 limits",
+        "int64 ids past int32",
+        "the int64 limits",
+    ],
 )
-def test_revive_gives_a_one_dimensional_tensor_of_the_ids(ids):
+def test_revive_gives_a_one_dimensional_tensor_of_the_ids(ids, dtypes):
     """A one-token prompt is a 1-D tensor of one id, not a 0-D scalar: the scheduler takes its
     length and slices it."""
-    for dtype in ("int32", "int64"):
-        t = revive({"__tensor__": list(ids), "dtype": dtype})
+    for dtype in dtypes:
+        obj = {"__tensor__": list(ids), "dtype": dtype}
+        try:
+            t = revive(dict(obj))
+        except (ValueError, TypeError) as e:
+            pytest.fail(
+                f"revive({obj}) raised {type(e).__name__}: {e}; expected a 1-D tensor of shape "
+                f"({len(ids)},): the ids are a flat list of integers (none at all is one too) "
+                f"that fit in {dtype}",
+                pytrace=False,
+            )
         assert isinstance(t, torch.Tensor) and tuple(t.shape) == (len(ids),), (
             f"revive({{'__tensor__': {ids}, 'dtype': {dtype!r}}}) gave "
             f"{t!r} of shape {tuple(getattr(t, 'shape', ()))}, expected a 1-D tensor of shape "
@@ -354,20 +389,44 @@ def test_revive_gives_a_one_dimensional_tensor_of_the_ids(ids):
 
 
 def test_revive_leaves_the_dict_it_was_given_alone():
+    """Every tag's dict, revived or refused, and the dicts inside it: a caller may keep them."""
     for obj in (
         {"__msg__": "AbortMsg", "uid": 3},
         {"__msg__": "Shutdown", "uid": 1},
+        {"__msg__": "AbortMsg", "uid": "x"},
+        {"__msg__": "StatsReply", "uid": 7, "stats": {"slots_free": 8}},
         {"__tensor__": [1, 2], "dtype": "int32"},
+        {"__tensor__": [1], "dtype": "float16"},
+        {"__sampling__": dataclasses.asdict(PARAMS)},
+        {"__sampling__": {"temperature": 0.5}},
+        {"__sampling__": {"temperature": -1}},
     ):
-        before = dict(obj)
+        before = copy.deepcopy(obj)
         try:
             revive(obj)
-        except ValueError:
+        except (ValueError, TypeError):
             pass  # refusing is allowed; changing the caller's dict is not
         assert obj == before, (
-            f"revive changed the dict it was given: {before} became {obj} (build the message "
-            "from the other keys without popping '__msg__': the dict is the caller's)"
+            f"revive changed the dict it was given: {before} became {obj} (read the tag and the "
+            "fields without popping or rewriting them: the dict, and every dict in it, is the "
+            "caller's)"
         )
+
+
+def test_a_field_with_a_default_may_be_left_out():
+    """The class says which fields a message needs: one with a default may be absent (an older
+    sender's message), one without may not (test_revive_refuses_naming_the_problem)."""
+    obj = {"__msg__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": True}
+    want = DetokenizeMsg(uid=1, next_token=2, finished=True)
+    try:
+        m = revive(dict(obj))
+    except (ValueError, TypeError) as e:
+        pytest.fail(
+            f"revive({obj}) raised {type(e).__name__}: {e}; DetokenizeMsg's `error` has a default "
+            "(None), so a message without it is whole: the class, called with the fields given, "
+            "decides which are missing"
+        )
+    assert same(m, want), f"revive({obj}) gave {m!r}, expected {want!r}"
 
 
 BAD_SAMPLING = [{"temperature": -1}, {"top_p": 0}, {"top_k": "a"}, {"min_p": 0.1}]

@@ -430,6 +430,39 @@ def test_tests_not_run_for_one_reason_are_said_once():
 # ---------------------------------------------------------------------- Triton's refusals
 
 
+def test_a_running_state_returned_in_bf16_is_named_by_the_engines_math_refusal(monkeypatch):
+    # Triton's interpreter: InterpreterError("ValueError(\"Expected dtype ['fp32', 'fp64'] but got
+    # bf16\")") from the kernel's tl.log after the loop; the judge's line names the call, the
+    # dtype, which returned value had it and the float32-state rule (classroom/kernel_errors)
+    pytest.importorskip("triton")
+    import importlib.util
+
+    import torch
+
+    from judge.failure_messages import describe
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
+    path = Path(__file__).parent / "data" / "running_state_returned_in_bf16.py"
+    spec = importlib.util.spec_from_file_location("mine_bf16_state", path)
+    mine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mine)
+    with pytest.raises(Exception) as info:
+        mine.lse[(1,)](torch.ones(8), torch.zeros(1), 8)
+    said = describe(info, None)["message"]
+    assert said.startswith("ValueError: the engine's lse calls tl.log"), said
+    for words in ("takes fp32 or fp64 only", "given bf16", "returned l_i in bf16", "float32"):
+        assert words in said, f"{words!r} not in {said!r}"
+    # a step that returns l_i as [M, 1]: the kernel's store refuses a [M, M, N] tile of values
+    with pytest.raises(Exception) as info:
+        mine.normalised[(1,)](torch.ones(4, 8), torch.zeros(4, 8), 4, 8)
+    said = describe(info, None)["message"]
+    assert (
+        "tl.store was given values of shape [4, 4, 8] for a tile of pointers of shape [4, 8]"
+        in (said)
+    ), said
+    assert "returned m_i [4], l_i [4, 1], acc [4, 8]" in said, said
+
+
 def test_a_triton_refusal_in_a_learners_kernel_is_said_as_the_rule_it_breaks(tmp_path, monkeypatch):
     # Triton's interpreter: InterpreterError("ValueError('Cannot make_shape_compatible: ...')");
     # the judge's line names the tl call, both shapes and the mask's rule (classroom/kernel_errors)
@@ -452,3 +485,18 @@ def test_a_triton_refusal_in_a_learners_kernel_is_said_as_the_rule_it_breaks(tmp
         "ValueError: tl.load was given a [8, 16] tile of pointers and a [1, 8] mask"
     ), said
     assert "a mask has the shape of the tile it guards" in said, said
+
+
+def test_a_scheduler_mixins_name_is_said_as_the_scheduler():
+    # The Scheduler is built from one mixin a chapter: a TypeError from `self._process_last_data()`
+    # names SpeculativeSteps (chapter 24) in a chapter-7 message unless it is said as the scheduler
+    import minisgl.scheduler  # noqa: F401  (the names are the loaded Scheduler's mixins)
+    from classroom.engine_names import in_learner_terms
+
+    said = "SpeculativeSteps._process_last_data() missing 1 required positional argument"
+    assert in_learner_terms(said) == (
+        "Scheduler._process_last_data() missing 1 required positional argument"
+    )
+    assert in_learner_terms("SamplingParams.__init__() got an unexpected keyword") == (
+        "SamplingParams.__init__() got an unexpected keyword"
+    ), "a class that is not one of the scheduler's mixins keeps its name"

@@ -115,7 +115,8 @@ def combine_splits(o, lse):
     Receives: o [NUM_SPLITS, HEAD_DIM], each slice's softmax-weighted sum of values over its own
         keys (float32, already divided by the slice's own denominator); lse [NUM_SPLITS], the log
         of each slice's denominator, log(sum of exp(score)) over its keys, -inf for a slice that
-        holds no keys. Called by `_combine_kernel`, one program per request and query head.
+        holds no keys (whose `o` row is all zeros). Called by `_combine_kernel`, one program per
+        request and query head.
     Returns: [HEAD_DIM] float32, the softmax over all the request's keys applied to their values.
     Leaves: o and lse as they were (tiles in registers).
     Uses: `tl.exp`, `tl.max`, `tl.sum` (axis=0).

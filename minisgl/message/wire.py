@@ -134,9 +134,10 @@ def revive(obj: Dict[str, Any]) -> Any:
         a `"__sampling__"` dict (validated: bad values raise), a message for a `"__msg__"` dict
         naming a class of MESSAGE_TYPES (no other name: not SamplingParams, nor anything else
         minisgl.message imports; a name that is not a string names no class) whose fields are
-        exactly its class's, each of its declared type; any other dict as it is (a chat
-        message, the scheduler's stats).
-    Leaves: `obj` unchanged (json.loads's, or a caller's that may keep it).
+        its class's (one with a default may be left out), each of its declared type; any other
+        dict as it is (a chat message, the scheduler's stats).
+    Leaves: `obj` unchanged, whatever its tag, and every dict inside it (json.loads's, or a
+        caller's that may keep it).
     Uses: `MESSAGE_TYPES`, `TENSOR_DTYPES`, `SamplingParams` (ch01), `mistyped_fields(message)`
         (given: each field of a built message whose value is not of its declared type).
     Checked: every message comes back equal; each refusal is a ValueError that names what is
@@ -144,9 +145,11 @@ def revive(obj: Dict[str, Any]) -> Any:
         name too, `unknown message type ''`, and a list, `unknown message type ['AbortMsg']`),
         the class name for a message with the wrong fields (one its class does not have, one it
         lacks, or one of the wrong type, whose name is said too: `AbortMsg` ... `uid`), the
-        dtype as repr writes it for a tensor whose dtype is unknown, missing (`None`) or not a
-        string, the ids as repr writes them for ids that are not a flat list of integers
-        (`[1.5]`, `[True]`, `[[1, 2]]`, `5`) or do not fit in the dtype (`[2**40]` as int32),
+        dtype as repr writes it (`'float16'`, quoted) for a tensor whose dtype is unknown,
+        missing (`None`) or not a string, the ids as repr writes them for ids that are not a
+        flat list of integers (`[1.5]`, `[True]`, `[[1, 2]]`, `5`) or do not fit in the dtype
+        (`[2**40]` as int32, `[2**70]` as int64; `[2**40]` fits in int64, and `[]` is a
+        tensor of no ids),
         the value for sampling parameters that are not an object (`[1]`); SamplingParams' own
         errors go through as they are (a ValueError naming the field, a TypeError for a field
         it does not know).
@@ -163,7 +166,8 @@ def revive(obj: Dict[str, Any]) -> Any:
         # lists, none of which encode_value ever writes
         if not isinstance(ids, list) or not all(type(i) is int for i in ids):
             raise ValueError(f"a tensor in a message is a flat list of integer ids, got {ids!r}")
-        info = torch.iinfo(dtype)  # torch.tensor raises a RuntimeError naming no message
+        # torch.tensor's overflow errors (int32: RuntimeError, int64: ValueError) show no ids
+        info = torch.iinfo(dtype)
         if not all(info.min <= i <= info.max for i in ids):
             raise ValueError(f"a tensor in a message has ids {ids!r} that do not fit in {name}")
         return torch.tensor(ids, dtype=dtype)
