@@ -73,3 +73,17 @@ def test_an_emulated_graph_replays_a_dtype_conversion_of_its_input():
     buffer.copy_(torch.tensor([1, 2, 3]))
     graph.replay()
     assert out.tolist() == [2, 4, 6]
+
+
+def test_the_attention_kernels_refuse_a_strided_vector_of_rows():
+    """The Triton kernels read element b of rows / key lengths at the pointer + b: a strided view
+    (the proposal graph's `rows[1::2]` once) gave each request another's row on a GPU, with no
+    error, while the CPU's torch backend read it right. The launch refuses it now, on any device."""
+    from minisgl.kernel.triton_launch import check_vectors
+
+    rows = torch.arange(8)
+    check_vectors(rows=rows[1::2].contiguous(), seqlens=torch.ones(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"rows must be a contiguous 1-D tensor.*strides \(2,\)"):
+        check_vectors(rows=rows[1::2])
+    with pytest.raises(ValueError, match=r"seqlens must be a contiguous 1-D tensor"):
+        check_vectors(seqlens=torch.ones(2, 3)[:, 0])

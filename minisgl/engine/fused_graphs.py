@@ -19,6 +19,7 @@ import torch
 
 from minisgl.attention import AttentionMetadata
 from minisgl.core import Batch
+from minisgl.kernel.triton_launch import check_vectors
 
 from .graph_emulation import EmulatedGraph, capture
 
@@ -27,6 +28,9 @@ def forward_rows(engine, ids: torch.Tensor, positions: torch.Tensor, rows: torch
     """Logits [N, V] of one decode step of N rows of `engine`'s model: row n is token ids[n] at
     `positions[n]` of page-table row `rows[n]`, whose KV location the page table gives there, with
     positions[n] + 1 keys (decode_rows.py's form). Device tensors in, no host read."""
+    # checked on every device: the GPU's kernels read them by pointer, the CPU's torch would not
+    # mind a strided view (so only a GPU run would show one)
+    check_vectors(ids=ids, positions=positions, rows=rows)
     n = ids.shape[0]
     dev, table = ids.device, engine.page_table
     meta = AttentionMetadata(

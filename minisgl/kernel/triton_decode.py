@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .triton_blocks import key_block_scores, online_softmax_step
-from .triton_launch import launch, next_pow2, paged_kv_strides, settings
+from .triton_launch import check_vectors, launch, next_pow2, paged_kv_strides, settings
 from .triton_pdl import let_next_kernel_start, pdl_aware, wait_for_previous_kernel
 
 _TARGET_PROGRAMS = 1024  # a few waves of programs over the H200's 132 multiprocessors
@@ -183,6 +183,7 @@ def paged_decode_attention(
     group = num_heads // num_kv_heads
     assert group <= _BLOCK_H, f"at most {_BLOCK_H} query heads per KV head"
     kv_strides = paged_kv_strides(q, k_cache, v_cache, page_table)
+    check_vectors(rows=rows, seqlens=seqlens)
     ieee = q.dtype == torch.float32
     # 128 keys a block in 16-bit: 8-18 % faster than 64 on an H200 (benchmarks/decode_kernels.py);
     # float32 tiles take twice the shared memory

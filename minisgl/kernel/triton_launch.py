@@ -9,6 +9,7 @@ only the kernel modules beside it use it).
   rather than silently unused.
 * `paged_kv_strides(q, k_cache, v_cache, page_table)`: the checks and the stride arguments the two
   paged attention kernels (triton_decode.py, triton_prefill.py) take in the same order.
+* `check_vectors(...)`: the per-request vectors those kernels read by pointer are contiguous.
 """
 
 from __future__ import annotations
@@ -60,3 +61,17 @@ def paged_kv_strides(
         v_cache.stride(1),
         page_table.stride(0),
     )
+
+
+def check_vectors(**vectors: torch.Tensor) -> None:
+    """Refuse a per-request vector (rows, key lengths, query offsets) that is not one contiguous
+    1-D run. A kernel reads element b of such a vector at its pointer + b, so a strided view
+    (`rows[1::2]`, which torch indexing reads correctly) would hand it other requests' values,
+    with no error: the proposal graph of speculative decoding once passed one."""
+    for name, vector in vectors.items():
+        if vector.dim() != 1 or not vector.is_contiguous():
+            raise ValueError(
+                f"{name} must be a contiguous 1-D tensor (the kernel reads element b at its "
+                f"pointer + b), got shape {tuple(vector.shape)} with strides {vector.stride()}: "
+                "pass .contiguous()"
+            )

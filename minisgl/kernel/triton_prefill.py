@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .triton_blocks import key_block_scores, online_softmax_step
-from .triton_launch import launch, paged_kv_strides
+from .triton_launch import check_vectors, launch, paged_kv_strides
 
 
 @triton.jit
@@ -133,6 +133,7 @@ def paged_prefill_attention(
     batch = rows.shape[0]
     group = num_heads // k_cache.shape[1]
     kv_strides = paged_kv_strides(q, k_cache, v_cache, page_table)
+    check_vectors(rows=rows, cu_seqlens_q=cu_seqlens_q, seqlens=seqlens)
     ieee = q.dtype == torch.float32
     block_m, block_n = (32, 32) if ieee else (64, 64)  # float32 tiles take twice the shared memory
     out = torch.empty_like(q)

@@ -78,7 +78,8 @@ class ProposalGraphs:
         logits = forward_rows(self.engine, ids, positions, rows)
         token = logits[1::2].argmax(dim=-1).to(torch.int32)  # each request's second row
         drafts = [token]
-        position, row = positions[1::2], rows[1::2]
+        # contiguous: the attention kernels read rows by pointer (triton_launch.check_vectors)
+        position, row = positions[1::2], rows[1::2].contiguous()
         for _ in range(1, self.k):
             position = position + 1
             token = forward_rows(self.engine, token, position, row).argmax(dim=-1)
