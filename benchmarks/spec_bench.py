@@ -25,6 +25,7 @@ near 1; at large batch the step is bound by compute and the ratio grows towards 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -92,38 +93,48 @@ def acceptance(spec: dict, new_tokens: int) -> None:
 def tokens_per_second(spec: dict, new_tokens: int, repeat: int, k: int = 4) -> None:
     """Batch 1: plain decoding with the overlap loop and with the normal loop, and speculation
     (k drafts, 4 by default), which runs the normal loop: what speculation gains against what
-    giving up overlap costs."""
-    probe = build()
-    loads = workloads(probe)
+    giving up overlap costs. A batch-1 step of the bundled model is the host's speed, which
+    drifts from second to second on a shared machine, so the setups take turns: each round runs
+    every setup once, and the ratio is taken within a round (its median and range printed)."""
     setups = {
         "overlap": dict(overlap_scheduling=True),
         "normal": dict(overlap_scheduling=False),
         f"spec k={k}": dict(num_speculative_tokens=k, **spec),
     }
+    engines = {name: build(**options) for name, options in setups.items()}
+    loads = workloads(engines["overlap"])
     dtype = DTYPE.get("dtype", "the engine's default dtype")
     print(
-        f"\n== batch-1 tokens/s on {DEVICE[0]}, {dtype} ({new_tokens} new tokens, best of {repeat})"
+        f"\n== batch-1 tokens/s on {DEVICE[0]}, {dtype} ({new_tokens} new tokens; median of "
+        f"{repeat} rounds, the setups taking turns in each)"
     )
-    print(f"{'workload':12} " + " ".join(f"{n:>9}" for n in setups) + "  spec/overlap  same")
+    print(
+        f"{'workload':12} "
+        + " ".join(f"{n:>9}" for n in setups)
+        + "  spec/overlap (range over rounds)  same"
+    )
     for name, prompts in loads.items():
         prompt = prompts[0]
-        figures, outs = [], []
-        for options in setups.values():
-            llm = build(**options)
+        for llm in engines.values():
             llm.generate([prompt], greedy(8))  # warm up
-            best = float("inf")
-            for _ in range(repeat):
+        rates: dict = {n: [] for n in setups}
+        outs = {}
+        for _ in range(repeat):
+            for setup, llm in engines.items():
                 start = time.perf_counter()
-                out = llm.generate([prompt], greedy(new_tokens))[0]["token_ids"]
-                best = min(best, time.perf_counter() - start)
-            figures.append(new_tokens / best)
-            outs.append(out)
-        same = all(o == outs[0] for o in outs)
+                outs[setup] = llm.generate([prompt], greedy(new_tokens))[0]["token_ids"]
+                rates[setup].append(new_tokens / (time.perf_counter() - start))
+        spec_name = list(setups)[2]
+        ratios = [s / o for s, o in zip(rates[spec_name], rates["overlap"])]
+        same = all(o == outs["overlap"] for o in outs.values())
         print(
             f"{name:12} "
-            + " ".join(f"{f:9.1f}" for f in figures)
-            + f"  {figures[2] / figures[0]:12.2f}  {same}"
+            + " ".join(f"{statistics.median(rates[n]):9.1f}" for n in setups)
+            + f"  {statistics.median(ratios):12.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+            + f"{'':>5}{same}"
         )
+    for llm in engines.values():
+        llm.shutdown()
 
 
 class FixedDrafter:
