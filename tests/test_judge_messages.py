@@ -430,32 +430,42 @@ def test_tests_not_run_for_one_reason_are_said_once():
 # ---------------------------------------------------------------------- Triton's refusals
 
 
+def _interpreted(monkeypatch, name: str):
+    """tests/data/NAME.py's Triton kernels, decorated under Triton's interpreter."""
+    pytest.importorskip("triton")
+    import importlib.util
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when a kernel is decorated
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).parent / "data" / f"{name}.py"
+    )
+    kernels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernels)
+    return kernels
+
+
+def _judges_message(launch) -> str:
+    """The judge's failure message for the error `launch()` raises."""
+    from judge.failure_messages import describe
+
+    with pytest.raises(Exception) as info:
+        launch()
+    return describe(info, None)["message"]
+
+
 def test_a_running_state_returned_in_bf16_is_named_by_the_engines_math_refusal(monkeypatch):
     # Triton's interpreter: InterpreterError("ValueError(\"Expected dtype ['fp32', 'fp64'] but got
     # bf16\")") from the kernel's tl.log after the loop; the judge's line names the call, the
     # dtype, which returned value had it and the float32-state rule (classroom/kernel_errors)
-    pytest.importorskip("triton")
-    import importlib.util
-
     import torch
 
-    from judge.failure_messages import describe
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
-    path = Path(__file__).parent / "data" / "running_state_returned_in_bf16.py"
-    spec = importlib.util.spec_from_file_location("mine_bf16_state", path)
-    mine = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mine)
-    with pytest.raises(Exception) as info:
-        mine.lse[(1,)](torch.ones(8), torch.zeros(1), 8)
-    said = describe(info, None)["message"]
+    mine = _interpreted(monkeypatch, "running_state_returned_in_bf16")
+    said = _judges_message(lambda: mine.lse[(1,)](torch.ones(8), torch.zeros(1), 8))
     assert said.startswith("ValueError: the engine's lse calls tl.log"), said
     for words in ("takes fp32 or fp64 only", "given bf16", "returned l_i in bf16", "float32"):
         assert words in said, f"{words!r} not in {said!r}"
     # a step that returns l_i as [M, 1]: the kernel's store refuses a [M, M, N] tile of values
-    with pytest.raises(Exception) as info:
-        mine.normalised[(1,)](torch.ones(4, 8), torch.zeros(4, 8), 4, 8)
-    said = describe(info, None)["message"]
+    said = _judges_message(lambda: mine.normalised[(1,)](torch.ones(4, 8), torch.zeros(4, 8), 4, 8))
     assert (
         "tl.store was given values of shape [4, 4, 8] for a tile of pointers of shape [4, 8]"
         in (said)
@@ -466,21 +476,10 @@ def test_a_running_state_returned_in_bf16_is_named_by_the_engines_math_refusal(m
 def test_a_triton_refusal_in_a_learners_kernel_is_said_as_the_rule_it_breaks(tmp_path, monkeypatch):
     # Triton's interpreter: InterpreterError("ValueError('Cannot make_shape_compatible: ...')");
     # the judge's line names the tl call, both shapes and the mask's rule (classroom/kernel_errors)
-    pytest.importorskip("triton")
-    import importlib.util
-
     import torch
 
-    from judge.failure_messages import describe
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
-    path = Path(__file__).parent / "data" / "mask_on_the_wrong_axis.py"
-    spec = importlib.util.spec_from_file_location("mine", path)
-    mine = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mine)
-    with pytest.raises(Exception) as info:
-        mine.copy[(1,)](torch.ones(8, 16), torch.zeros(8, 16), 5, 8, 16)
-    said = describe(info, None)["message"]
+    mine = _interpreted(monkeypatch, "mask_on_the_wrong_axis")
+    said = _judges_message(lambda: mine.copy[(1,)](torch.ones(8, 16), torch.zeros(8, 16), 5, 8, 16))
     assert said.startswith(
         "ValueError: tl.load was given a [8, 16] tile of pointers and a [1, 8] mask"
     ), said
