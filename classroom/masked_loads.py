@@ -64,8 +64,16 @@ def _masked_without_other(call: ast.Call) -> bool:
 
 
 def _where(fn, lineno: int) -> str:
-    """The load's place in the learner's terms: its file and line where Python knows them."""
-    code = getattr(getattr(fn, "fn", fn), "__code__", None)
+    """The load's place in the learner's terms, as the try-outs' other lines give it: "your
+    online_softmax_step, line 14", with the file where it is one the learner named (a notebook
+    cell's file is IPython's temporary one, whose name means nothing to them)."""
+    inner = getattr(fn, "fn", fn)
+    name = getattr(inner, "__name__", "kernel")
+    code = getattr(inner, "__code__", None)
     if code is None:
-        return f"line {lineno} of {getattr(fn, '__name__', 'the kernel')}"
-    return f"{os.path.basename(code.co_filename)}, line {code.co_firstlineno + lineno - 1}"
+        return f"your {name}, line {lineno} of its source"
+    place = f"your {name}, line {code.co_firstlineno + lineno - 1}"
+    filename = code.co_filename
+    if filename.startswith("<") or "ipykernel_" in filename:
+        return place
+    return f"{place} of {os.path.basename(filename)}"
