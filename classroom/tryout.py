@@ -294,6 +294,23 @@ def raises(error: type, run: Callable[[], object]) -> Tuple[bool, str]:
     return False, f"it returned {got!r}"
 
 
+def raised_where(e: BaseException) -> str:
+    """Where the learner's code raised `e`, for a check's seen-string, as the try-out's other
+    lines give it: " (at your revive, line 12: `cls = MESSAGE_TYPES[name]`)"; "" when no frame
+    of the learner's code is in its traceback. For a try-out's helper that catches what the
+    learner's function raised and reports it as what was seen (chapter 12's `refusal`)."""
+    helper = _caller()
+    found = None
+    for f, n in _frames(e.__traceback__):
+        if helper is not None and _learners(f, helper):
+            found = (f, n)
+    if found is None:
+        return ""
+    f, n = found
+    text = _statement(f.f_code.co_filename, n)
+    return f" (at your {f.f_code.co_name}, line {n}" + (f": `{text}`)" if text else ")")
+
+
 def client_reads(model, body):
     """`body` as the openai client's pydantic `model` reads it: (the parsed object, "") or (None,
     what it refused, in words). A try-out then reports a field the client cannot read as a ✘ line

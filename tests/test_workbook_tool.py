@@ -508,6 +508,49 @@ def test_a_learners_file_beside_no_notebook_is_still_the_learners(tmp_path):
     ]
 
 
+def test_a_tryout_helper_that_catches_the_learners_error_names_the_learners_line(tmp_path):
+    # chapter 12's refusal() turns what revive raised into a check's seen-string: raised_where
+    # adds the learner's line to it, as the try-out's own lines give it (trial 8: a KeyError out
+    # of MESSAGE_TYPES[name] showed the rule and the error, not where)
+    import contextlib
+    import io
+    import textwrap
+
+    from classroom.tryout import attempt, check, raised_where
+
+    mine = tmp_path / "cells" / "answer.py"
+    mine.parent.mkdir()
+    mine.write_text("def pick(d, k):\n    return d[k]\n")
+    cell = tmp_path / "cells" / "cell.py"
+    cell.write_text(
+        textwrap.dedent(
+            """\
+            with attempt("ch99.pick"):
+                def refusal(k):
+                    try:
+                        pick({}, k)
+                        return "no error"
+                    except ValueError as e:
+                        return str(e)
+                    except Exception as e:
+                        return f"{type(e).__name__}, not a ValueError: {e}{raised_where(e)}"
+
+                said = refusal(3)
+                check("a missing key is a ValueError", said.startswith("no such key"), said)
+            """
+        )
+    )
+    namespace = {"attempt": attempt, "check": check, "raised_where": raised_where}
+    exec(compile(mine.read_text(), str(mine), "exec"), namespace)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(cell.read_text(), str(cell), "exec"), namespace)
+    assert out.getvalue().splitlines() == [
+        "✘ a missing key is a ValueError: KeyError, not a ValueError: 3 (at your pick, line 2: "
+        "`return d[k]`)",
+    ]
+
+
 def test_a_kernels_mask_on_the_wrong_axis_is_said_as_the_rule_it_breaks(tmp_path, monkeypatch):
     # Triton's interpreter says "Cannot make_shape_compatible: incompatible dimensions at index 1:
     # 16 and 8"; the try-out names the tl call, the two shapes and the mask's rule
