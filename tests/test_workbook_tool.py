@@ -475,35 +475,43 @@ def test_a_jitted_helpers_error_names_the_helpers_line_not_the_launch(tmp_path):
     ]
 
 
-def test_a_learners_file_beside_no_notebook_is_still_the_learners(tmp_path):
-    # a function pasted from a file elsewhere (a learner's module, a trial's file): its line is
-    # named, the whole statement on one line, as the learner wrote it over three
+def _answer_then_tryout(answer, source: str, tryout: str, namespace: dict) -> list:
+    """Run a learner's file `answer` (written with `source`), then a try-out cell beside it in
+    tmp's cells/ folder (`tryout`, dedented), in one namespace, as a notebook would: the lines
+    the try-out printed."""
     import contextlib
     import io
     import textwrap
 
-    from classroom.tryout import attempt, check
-
-    mine = tmp_path / "mine" / "answer.py"
-    mine.parent.mkdir()
-    mine.write_text("def pick(d, k):\n    return d[\n        k\n    ]\n")
-    cell = tmp_path / "cells" / "cell.py"
-    cell.parent.mkdir()
-    cell.write_text(
-        textwrap.dedent(
-            """\
-            with attempt("ch99.pick"):
-                got = pick({}, 3)
-                check("a missing key is None", got is None)
-            """
-        )
-    )
-    namespace = {"attempt": attempt, "check": check}
-    exec(compile(mine.read_text(), str(mine), "exec"), namespace)
+    answer.parent.mkdir(exist_ok=True)
+    answer.write_text(source)
+    cell = answer.parent.parent / "cells" / "cell.py"
+    cell.parent.mkdir(exist_ok=True)
+    cell.write_text(textwrap.dedent(tryout))
+    exec(compile(source, str(answer), "exec"), namespace)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(cell.read_text(), str(cell), "exec"), namespace)
-    assert out.getvalue().splitlines() == [
+    return out.getvalue().splitlines()
+
+
+def test_a_learners_file_beside_no_notebook_is_still_the_learners(tmp_path):
+    # a function pasted from a file elsewhere (a learner's module, a trial's file): its line is
+    # named, the whole statement on one line, as the learner wrote it over three
+
+    from classroom.tryout import attempt, check
+
+    printed = _answer_then_tryout(
+        tmp_path / "mine" / "answer.py",
+        "def pick(d, k):\n    return d[\n        k\n    ]\n",
+        """\
+        with attempt("ch99.pick"):
+            got = pick({}, 3)
+            check("a missing key is None", got is None)
+        """,
+        {"attempt": attempt, "check": check},
+    )
+    assert printed == [
         "✘ a missing key is None: your pick, line 2 (`return d[k]`) raised KeyError: 3",
     ]
 
@@ -512,40 +520,29 @@ def test_a_tryout_helper_that_catches_the_learners_error_names_the_learners_line
     # chapter 12's refusal() turns what revive raised into a check's seen-string: raised_where
     # adds the learner's line to it, as the try-out's own lines give it (trial 8: a KeyError out
     # of MESSAGE_TYPES[name] showed the rule and the error, not where)
-    import contextlib
-    import io
-    import textwrap
 
     from classroom.tryout import attempt, check, raised_where
 
-    mine = tmp_path / "cells" / "answer.py"
-    mine.parent.mkdir()
-    mine.write_text("def pick(d, k):\n    return d[k]\n")
-    cell = tmp_path / "cells" / "cell.py"
-    cell.write_text(
-        textwrap.dedent(
-            """\
-            with attempt("ch99.pick"):
-                def refusal(k):
-                    try:
-                        pick({}, k)
-                        return "no error"
-                    except ValueError as e:
-                        return str(e)
-                    except Exception as e:
-                        return f"{type(e).__name__}, not a ValueError: {e}{raised_where(e)}"
+    printed = _answer_then_tryout(
+        tmp_path / "cells" / "answer.py",
+        "def pick(d, k):\n    return d[k]\n",
+        """\
+        with attempt("ch99.pick"):
+            def refusal(k):
+                try:
+                    pick({}, k)
+                    return "no error"
+                except ValueError as e:
+                    return str(e)
+                except Exception as e:
+                    return f"{type(e).__name__}, not a ValueError: {e}{raised_where(e)}"
 
-                said = refusal(3)
-                check("a missing key is a ValueError", said.startswith("no such key"), said)
-            """
-        )
+            said = refusal(3)
+            check("a missing key is a ValueError", said.startswith("no such key"), said)
+        """,
+        {"attempt": attempt, "check": check, "raised_where": raised_where},
     )
-    namespace = {"attempt": attempt, "check": check, "raised_where": raised_where}
-    exec(compile(mine.read_text(), str(mine), "exec"), namespace)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(cell.read_text(), str(cell), "exec"), namespace)
-    assert out.getvalue().splitlines() == [
+    assert printed == [
         "✘ a missing key is a ValueError: KeyError, not a ValueError: 3 (at your pick, line 2: "
         "`return d[k]`)",
     ]
