@@ -72,6 +72,28 @@ def same(a, b) -> bool:
     return True
 
 
+TAGS = {torch.Tensor: "__tensor__", SamplingParams: "__sampling__"}
+
+
+def encoded_with_its_tags(msg) -> None:
+    """A round trip's first check, on the sender's side: every tensor or sampling-parameters field
+    of `msg` is encoded under its tag, so a frame that lost one fails as encode_value's mistake,
+    not as the receiver's refusal of what it was sent."""
+    encoded = encode_value(msg)
+    assert isinstance(encoded, dict) and encoded.get("__msg__") == type(msg).__name__, (
+        f"encode_value({type(msg).__name__}(...)) gave {encoded!r}: a message is encoded as its "
+        f"fields and its name, {{'__msg__': {type(msg).__name__!r}, ...}}"
+    )
+    for f in dataclasses.fields(msg):
+        tag = next((t for k, t in TAGS.items() if isinstance(getattr(msg, f.name), k)), None)
+        got = encoded.get(f.name)
+        assert tag is None or (isinstance(got, dict) and tag in got), (
+            f"a message's fields are encoded too: a {type(msg).__name__}'s {f.name} goes under "
+            f"{tag!r}, so that the receiver can revive it (dataclasses.asdict on the whole message "
+            f"drops that tag); encode_value wrote it as {repr(got)[:80]}"
+        )
+
+
 def test_a_tensor_travels_as_its_ids_and_dtype():
     for dtype, name in ((torch.int32, "int32"), (torch.int64, "int64")):
         got = encode_value(torch.tensor([5, 6, 7], dtype=dtype))
@@ -104,15 +126,9 @@ def test_sampling_params_travel_as_their_fields():
 
 def test_sampling_params_keep_which_fields_were_given_across_the_wire():
     sent = SamplingParams(temperature=0.5, max_tokens=3, fields_set=["temperature", "max_tokens"])
-    (msg,) = decode_batch(
-        encode_batch(
-            [
-                UserMsg(
-                    uid=1, input_ids=torch.tensor([5, 6], dtype=torch.int32), sampling_params=sent
-                )
-            ]
-        )
-    )
+    user = UserMsg(uid=1, input_ids=torch.tensor([5, 6], dtype=torch.int32), sampling_params=sent)
+    encoded_with_its_tags(user)
+    (msg,) = decode_batch(encode_batch([user]))
     assert isinstance(msg.sampling_params, SamplingParams), (
         "a UserMsg's sampling parameters should arrive as SamplingParams, got "
         f"{type(msg.sampling_params).__name__} {msg.sampling_params!r}: encode them as "
@@ -491,6 +507,8 @@ def test_a_frame_passes_revives_refusal_through_unchanged(obj):
 
 
 def test_every_message_survives_the_wire():
+    for msg in MESSAGES:
+        encoded_with_its_tags(msg)
     got = decode_batch(encode_batch(MESSAGES))
     assert len(got) == len(MESSAGES), (
         f"{len(MESSAGES)} messages sent in one frame, {len(got)} came back"
