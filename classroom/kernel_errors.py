@@ -156,6 +156,27 @@ def _misshapen_state(e: BaseException) -> str:
     return ""
 
 
+def refused_rule(raised: BaseException) -> str | None:
+    """The rule a Triton refusal in the learner's kernel broke, as a try-out's ✘ line is labelled
+    (in_chapter_words gives the values); None for any other error."""
+    for e in reversed(causes(raised)):
+        said = str(e)
+        if _SHAPES.search(said):
+            if (_tl_call(e) or "") in ("tl.load", "tl.store"):
+                return "a mask has the shape of the tile it guards, or one that broadcasts to it"
+            return "two tiles combine element by element only where each dimension is equal or 1"
+        if _POINTER_SHAPE.search(said):
+            return "a store's values have the shape of its tile of pointers"
+        if _MATH_DTYPE.search(said):
+            return "the running state (m_i, l_i, acc) and the math functions' operands are float32"
+        if _DOT_DTYPES.search(said):
+            return (
+                "tl.dot takes two operands of one dtype (block_dot casts the float32 "
+                "probabilities to the values' dtype)"
+            )
+    return None
+
+
 def in_chapter_words(raised: BaseException) -> str | None:
     """What Triton refused in the learner's kernel, as the rule it broke with its values; None
     when the error is none of those the chapter explains."""

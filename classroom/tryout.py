@@ -29,7 +29,7 @@ from typing import Callable, Iterator, List, Tuple
 
 from .engine_names import in_learner_terms
 from .kernel_errors import causes as _chain
-from .kernel_errors import in_chapter_words
+from .kernel_errors import in_chapter_words, refused_rule
 
 PASS, FAIL = "✔", "✘"
 NOT_WRITTEN = "is not written yet"
@@ -42,6 +42,7 @@ SENTINEL = re.compile(r"ch\d\d\.\w+: ")
 def attempt(exercise: str) -> Iterator[None]:
     tryout = _caller()
     _checked.clear()
+    _refusals.clear()
     try:
         yield
     except Exception as raised:
@@ -132,6 +133,8 @@ def _stopped(raised: BaseException, tryout: FrameType) -> str:
             # a value the learner's function returned (a tile of the wrong shape) fails where the
             # engine's code uses it: that line tells more than the try-out's own
             at = f"what your function returned, used at the engine's {engine},"
+    # a Triton refusal breaks a rule of its own, whatever the check it stopped was about
+    rule = refused_rule(raised) or rule
     if rule is None and not linecache.getlines(cell) and _checked:
         # the cell's source is unknown (run by exec, not by a kernel): the last rule printed
         rule = f"the check after “{_checked[-1]}”"
@@ -277,6 +280,26 @@ def check(rule: str, ok: bool, seen: str = "") -> bool:
 
 
 _checked: List[str] = []  # the rules checked so far in the current try-out
+_refusals: List[str] = []  # the ✘ lines kernel_run printed in the current try-out
+
+
+def kernel_run(run: Callable[[], object]) -> Tuple[bool, object]:
+    """(True, what `run()` returned), or (False, None) where the learner's kernel code made Triton
+    refuse (classroom/kernel_errors): that refusal is printed as a ✘ line under the rule it broke,
+    with the learner's line (once per try-out), and the try-out goes on to its other checks, so
+    one refusal does not hide what else is right or wrong. Any other error goes on up to
+    `attempt`, which stops the try-out there."""
+    try:
+        return True, run()
+    except Exception as e:
+        tryout = _caller()
+        if tryout is None or refused_rule(e) is None:
+            raise
+        line = _stopped(e, tryout)
+        if line not in _refusals:
+            _refusals.append(line)
+            print(line)
+        return False, None
 
 
 def raises(error: type, run: Callable[[], object]) -> Tuple[bool, str]:

@@ -82,6 +82,9 @@ def describe(excinfo: pytest.ExceptionInfo, learner) -> Dict[str, Any]:
         invalid = _validation_error(exc)
         if invalid:
             message = invalid
+        rule = exercise_rule(causes, learner)
+        if rule:
+            message = rule
         from classroom.engine_names import in_learner_terms
 
         message = in_learner_terms(message)  # a scheduler mixin's name as "Scheduler"
@@ -263,6 +266,30 @@ def _raised_in_learner_code(exc: BaseException, learner) -> bool:
     """Whether the innermost frame of `exc` is the learner's code (not the engine's or a test's)."""
     frames = traceback.extract_tb(exc.__traceback__)
     return learner is not None and bool(frames) and frames[-1].filename in learner.labels
+
+
+def exercise_rule(causes: List[BaseException], learner) -> str | None:
+    """An error raised in an exercise's own function, said as the rule the registry words for
+    that kind of error (the exercise's `raises`): "filter_reqs raised KeyError: 0: <the rule>",
+    in every test that meets it, an engine run's too; None where no rule is worded for it."""
+    if learner is None:
+        return None
+    rules = {
+        (e.attr, kind): words
+        for u in learner.spec.units
+        for e in u.exercises
+        if e.swap
+        for kind, words in e.raises.items()
+    }
+    for exc in causes:
+        frames = [
+            f for f in traceback.extract_tb(exc.__traceback__) if f.filename in learner.labels
+        ]
+        if frames:
+            name = frames[-1].name
+            words = rules.get((name, type(exc).__name__))
+            return f"{name} raised {type(exc).__name__}: {exc}; {words}" if words else None
+    return None
 
 
 def learner_frame(causes: List[BaseException], learner) -> str | None:

@@ -55,6 +55,7 @@ def spec_unit(code: LearnerCode, chapter: Chapter) -> UnitSpec:
             problem=code.problems.get(ex.name),
             tests=list(ex.tests),
             attempted=code.attempted.get(ex.name, True),
+            raises=dict(ex.raises),
         )
         for ex in chapter.exercises
     ]

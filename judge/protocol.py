@@ -38,6 +38,8 @@ class ExerciseSpec:
     )
     tests: List[str] = field(default_factory=list)  # the registry's tests of this exercise
     attempted: bool = True  # False: still the stub
+    # error class name -> the rule's words (registry.Exercise.raises)
+    raises: Dict[str, str] = field(default_factory=dict)
 
     @property
     def module(self) -> str:

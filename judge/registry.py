@@ -54,6 +54,10 @@ class Exercise:
     # the learner's code (on a GPU the Triton fast paths would skip some plain-torch functions):
     # (variable, value) pairs, each a setting of minisgl/env.py with one of its allowed values.
     engine_env: Tuple[Tuple[str, str], ...] = ()
+    # (error class name, the rule's words): an error of that class raised by this exercise's own
+    # function, wherever a test meets it (an engine run too), is reported as the rule it breaks
+    # (failure_messages.exercise_rule), not as a bare "KeyError: 0".
+    raises: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:
@@ -271,7 +275,20 @@ def _exercise(
         todo=str(e.get("todo", "")),
         equivalent_mutants=tuple(equivalents),
         engine_env=_engine_env(where, e.get("engine_env", {})),
+        raises=_raises(where, e.get("raises", {})),
     )
+
+
+def _raises(where: str, table: object) -> Tuple[Tuple[str, str], ...]:
+    """An exercise's `raises`: error class names (`KeyError`), each with the rule's words."""
+    if not isinstance(table, dict) or not all(
+        isinstance(k, str) and k.isidentifier() and isinstance(v, str) and v.strip()
+        for k, v in table.items()
+    ):
+        raise RegistryError(
+            f'{where}: `raises` must be a table like {{ KeyError = "the rule it breaks" }}'
+        )
+    return tuple((k, v.strip()) for k, v in table.items())
 
 
 def _engine_env(where: str, table: object) -> Tuple[Tuple[str, str], ...]:

@@ -23,7 +23,7 @@ from minisgl.message import (
     UserReply,
 )
 from minisgl.message.wire import decode_batch, encode_batch, encode_value, revive
-from refusals import raised
+from refusals import raised, refused_as_wanted, refuses
 
 # as the server builds them: the fields the client sent are the ones set
 SET = ["ignore_eos", "max_tokens", "temperature", "top_k", "top_p"]
@@ -72,6 +72,28 @@ def same(a, b) -> bool:
     return True
 
 
+TAGS = {torch.Tensor: "__tensor__", SamplingParams: "__sampling__"}
+
+
+def encoded_with_its_tags(msg) -> None:
+    """A round trip's first check, on the sender's side: every tensor or sampling-parameters field
+    of `msg` is encoded under its tag, so a frame that lost one fails as encode_value's mistake,
+    not as the receiver's refusal of what it was sent."""
+    encoded = encode_value(msg)
+    assert isinstance(encoded, dict) and encoded.get("__msg__") == type(msg).__name__, (
+        f"encode_value({type(msg).__name__}(...)) gave {encoded!r}: a message is encoded as its "
+        f"fields and its name, {{'__msg__': {type(msg).__name__!r}, ...}}"
+    )
+    for f in dataclasses.fields(msg):
+        tag = next((t for k, t in TAGS.items() if isinstance(getattr(msg, f.name), k)), None)
+        got = encoded.get(f.name)
+        assert tag is None or (isinstance(got, dict) and tag in got), (
+            f"a message's fields are encoded too: a {type(msg).__name__}'s {f.name} goes under "
+            f"{tag!r}, so that the receiver can revive it (dataclasses.asdict on the whole message "
+            f"drops that tag); encode_value wrote it as {repr(got)[:80]}"
+        )
+
+
 def test_a_tensor_travels_as_its_ids_and_dtype():
     for dtype, name in ((torch.int32, "int32"), (torch.int64, "int64")):
         got = encode_value(torch.tensor([5, 6, 7], dtype=dtype))
@@ -104,15 +126,9 @@ def test_sampling_params_travel_as_their_fields():
 
 def test_sampling_params_keep_which_fields_were_given_across_the_wire():
     sent = SamplingParams(temperature=0.5, max_tokens=3, fields_set=["temperature", "max_tokens"])
-    (msg,) = decode_batch(
-        encode_batch(
-            [
-                UserMsg(
-                    uid=1, input_ids=torch.tensor([5, 6], dtype=torch.int32), sampling_params=sent
-                )
-            ]
-        )
-    )
+    user = UserMsg(uid=1, input_ids=torch.tensor([5, 6], dtype=torch.int32), sampling_params=sent)
+    encoded_with_its_tags(user)
+    (msg,) = decode_batch(encode_batch([user]))
     assert isinstance(msg.sampling_params, SamplingParams), (
         "a UserMsg's sampling parameters should arrive as SamplingParams, got "
         f"{type(msg.sampling_params).__name__} {msg.sampling_params!r}: encode them as "
@@ -244,10 +260,8 @@ def test_encoding_leaves_the_callers_dicts_and_lists_alone():
     ],
 )
 def test_what_cannot_travel_is_refused(value, words):
-    with pytest.raises(TypeError) as err:
+    with refuses(TypeError, f"encode_value({value!r})", naming=words):
         encode_value(value)
-        pytest.fail(f"encode_value({value!r}) returned, expected a TypeError naming {words!r}")
-    assert words in str(err.value), f"the TypeError should name {words!r}, said {err.value}"
 
 
 def test_revive_rebuilds_each_tagged_object():
@@ -336,9 +350,11 @@ def test_revive_refuses_naming_the_problem(obj, words):
     wanted = f"a ValueError naming {' and '.join(map(repr, words))}"
     err = raised(lambda: revive(dict(obj)), f"revive({obj})", wanted)
     missing = [w for w in words if w not in str(err)]
-    assert isinstance(err, ValueError) and not missing, (
+    refused_as_wanted(
+        err,
+        isinstance(err, ValueError) and not missing,
         f"revive({obj}) raised {type(err).__name__}: {err}; expected a ValueError naming "
-        f"{' and '.join(map(repr, words))}"
+        f"{' and '.join(map(repr, words))}",
     )
 
 
@@ -439,9 +455,11 @@ def test_revive_lets_sampling_params_errors_through_as_they_are(fields):
     want = raised(lambda: SamplingParams(**fields), f"SamplingParams(**{fields})")
     obj = {"__sampling__": dict(fields)}
     got = raised(lambda: revive(obj), f"revive({obj})")
-    assert type(got) is type(want) and str(got) == str(want), (
+    refused_as_wanted(
+        got,
+        type(got) is type(want) and str(got) == str(want),
         f"revive({obj}) raised {got!r}; SamplingParams itself raises {want!r}, which already "
-        "names the field: let it through as it is"
+        "names the field: let it through as it is",
     )
 
 
@@ -480,13 +498,17 @@ def test_a_frame_passes_revives_refusal_through_unchanged(obj):
     )
     frame = json.dumps([obj]).encode()
     got = raised(lambda: decode_batch(frame), f"decode_batch({frame!r})", f"revive's {want!r}")
-    assert type(got) is type(want) and str(got) == str(want), (
+    refused_as_wanted(
+        got,
+        type(got) is type(want) and str(got) == str(want),
         f"decode_batch({frame!r}) raised {got!r}, but revive's own refusal {want!r} already "
-        "names the problem: catch only the errors of bytes that are not UTF-8 JSON"
+        "names the problem: catch only the errors of bytes that are not UTF-8 JSON",
     )
 
 
 def test_every_message_survives_the_wire():
+    for msg in MESSAGES:
+        encoded_with_its_tags(msg)
     got = decode_batch(encode_batch(MESSAGES))
     assert len(got) == len(MESSAGES), (
         f"{len(MESSAGES)} messages sent in one frame, {len(got)} came back"
@@ -570,9 +592,11 @@ def test_a_bad_frame_is_refused_naming_the_problem(frame, words):
         if isinstance(err, AttributeError)
         else ""
     )
-    assert isinstance(err, ValueError) and words in str(err), (
+    refused_as_wanted(
+        err,
+        isinstance(err, ValueError) and words in str(err),
         f"decode_batch({frame!r}) raised {type(err).__name__}: {err}; expected a ValueError "
-        f"naming {words!r}{half_built}"
+        f"naming {words!r}{half_built}",
     )
 
 
@@ -593,9 +617,11 @@ def test_a_frame_refusing_an_item_shows_it(frame, shown):
     """The refusal of an item that is not a message shows the item: with several in one frame,
     the reader learns which one."""
     err = raised(lambda: decode_batch(frame), f"decode_batch({frame!r})")
-    assert isinstance(err, ValueError) and "not a message" in str(err) and shown in str(err), (
+    refused_as_wanted(
+        err,
+        isinstance(err, ValueError) and "not a message" in str(err) and shown in str(err),
         f"decode_batch({frame!r}) raised {type(err).__name__}: {err}; expected a ValueError "
-        f"saying 'not a message' and showing the item ({shown})"
+        f"saying 'not a message' and showing the item ({shown})",
     )
 
 

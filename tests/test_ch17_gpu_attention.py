@@ -252,8 +252,19 @@ def merge_diagnosis() -> str:
     for lse0, lse1 in ((0.0, ln3), (300.0, 300.0 + ln3), (-300.0, -300.0 + ln3), (0.0, 200.0)):
         try:
             got = _merge_of_slices_of_1s_and_3s(lse0, lse1)
-        except Exception:
-            return ""
+        except Exception as e:
+            refused = in_chapter_words(e)
+            if refused is None:
+                return ""
+            # with as many slices as the head is wide (16 and 16), the same product broadcast
+            # silently: o [NUM_SPLITS, HEAD_DIM] times w [NUM_SPLITS] weighs o's columns
+            if "[2, 16] and [1, 2]" not in refused:  # o [2, 16] times w as a row [1, 2]
+                return f"combine_splits of 2 slices of a 16-wide head raised: {refused}"
+            return (
+                "combine_splits applies the weights along the head dimension instead of one per "
+                "slice (weigh each row: w[:, None]): with 16 slices and a 16-wide head the product "
+                "runs, with 2 slices it raised: " + refused.split(", which")[0]
+            )
         w1 = 1.0 / (1.0 + math.exp(lse0 - lse1))
         want = 1.0 * (1.0 - w1) + 3.0 * w1
         if not abs(got - want) <= 1e-4:  # NaN included

@@ -291,6 +291,25 @@ def test_a_learner_line_in_a_helper_belongs_to_the_exercise_that_called_it(proje
     )
 
 
+def test_an_error_an_exercise_raises_is_said_as_the_rule_the_registry_words(project, capsys):
+    registry = project.root / "registry.toml"
+    rule = "a slot is given back once, by the uid that holds it"
+    registry.write_text(
+        registry.read_text().replace(
+            'target = "fakepkg.sched:Scheduler.finish"',
+            f'target = "fakepkg.sched:Scheduler.finish"\nraises = {{ ValueError = "{rule}" }}',
+        )
+    )
+    swapped = FINISH.replace("(slot, uid)", "(uid, slot)")  # not in running: list.remove refuses
+    code, v = judge_json(capsys, "ch44", "--file", str(project.write("mine.py", swapped)))
+    got = messages(v)
+    assert got and all(m.startswith("finish raised ValueError") for m in got.values()), got
+    assert all(rule in m for m in got.values()), f"the rule is missing: {got}"
+    wrong_kind = "def finish(self, slot, uid):\n    raise KeyError(uid)\n"  # no rule worded
+    code, v = judge_json(capsys, "ch44", "--file", str(project.write("other.py", wrong_kind)))
+    assert all(rule not in m for m in messages(v).values()), messages(v)
+
+
 # ---------------------------------------------------------------------- where to ask for hints
 
 

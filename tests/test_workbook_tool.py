@@ -579,13 +579,62 @@ def test_a_kernels_mask_on_the_wrong_axis_is_said_as_the_rule_it_breaks(tmp_path
         namespace = {"attempt": attempt, "check": check, "torch": torch}
         exec(compile(cell.read_text(), str(cell), "exec"), namespace)
     (line,) = out.getvalue().splitlines()
+    # labelled with the rule the refusal broke, not the check it stopped (trial 8: a tl.dot
+    # refusal shown under the float32-state check's label)
     assert line.startswith(
-        "✘ the first 5 rows are copied: your copy, line 12 (`tile = tl.load(src + rows[:, None]"
+        "✘ a mask has the shape of the tile it guards, or one that broadcasts to it: your copy, "
+        "line 12 (`tile = tl.load(src + rows[:, None]"
     ), line
     assert (
         "raised ValueError: tl.load was given a [8, 16] tile of pointers and a [1, 8] mask" in line
     )
-    assert "a mask has the shape of the tile it guards" in line, line
+
+
+def test_a_kernel_refusal_in_kernel_run_is_one_line_and_the_other_checks_run(tmp_path, monkeypatch):
+    # kernel_run: Triton's refusal printed once, under its rule, and the try-out goes on (trial 8:
+    # `tl.dot(p, v)` on bfloat16 stopped chapter 17's try-out at its first check)
+    pytest.importorskip("triton")
+    import contextlib
+    import io
+    import textwrap
+
+    import torch
+
+    from classroom.tryout import attempt, check, kernel_run
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cell = tmp_path / "cell.py"
+    kernel = (Path(__file__).parent / "data" / "mask_on_the_wrong_axis.py").read_text()
+    cell.write_text(
+        kernel
+        + textwrap.dedent(
+            """
+            with attempt("ch99.copy"):
+                src = torch.ones(8, 16)
+                for _ in range(2):  # the same refusal twice: said once
+                    dst = torch.zeros(8, 16)
+                    ran, _ = kernel_run(lambda: copy[(1,)](src, dst, 5, 8, 16))
+                    if ran:
+                        check("the first 5 rows are copied", bool(dst[:5].eq(1).all()))
+                check("a check after the refusal still runs", True)
+                ran, got = kernel_run(lambda: 7)
+                check("a run that is not refused gives its value", ran and got == 7)
+            """
+        )
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        namespace = {"attempt": attempt, "check": check, "kernel_run": kernel_run, "torch": torch}
+        exec(compile(cell.read_text(), str(cell), "exec"), namespace)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and lines[1:] == [
+        "✔ a check after the refusal still runs",
+        "✔ a run that is not refused gives its value",
+    ], lines
+    assert lines[0].startswith(
+        "✘ a mask has the shape of the tile it guards, or one that broadcasts to it: your copy, "
+        "line 12"
+    ), lines[0]
 
 
 def test_a_tryout_run_by_exec_without_its_source_names_the_last_rule_checked():
