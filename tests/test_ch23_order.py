@@ -17,6 +17,7 @@ from classroom.order_runs import Queue, tenant_tokens, uids
 from helpers import build_llm
 from minisgl.env import ENV
 from minisgl.scheduler.policy import SHARED_RUN, order_queue
+from refusals import refuses
 
 
 def _order(queue, pending, policy="lpm", max_queue=128):
@@ -90,7 +91,7 @@ def test_fcfs_keeps_arrival_order():
 
 def test_an_unknown_policy_is_a_value_error_that_names_it():
     q = Queue()
-    with pytest.raises(ValueError, match="sjf"):
+    with refuses(ValueError, "order_queue(..., policy='sjf', ...)", match="sjf"):
         order_queue([q.request(0, 20, 0)], q, "sjf", 128)
 
 

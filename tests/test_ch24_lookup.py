@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from minisgl.speculative.lookup import propose_lookup
+from refusals import refuses
 
 
 def _said(tokens, k, **kw) -> str:
@@ -122,5 +123,5 @@ def test_lookup_leaves_the_tokens_and_returns_a_new_list():
     ids=["negative-k", "zero-ngram", "min-over-max"],
 )
 def test_lookup_refuses_bad_arguments_by_name(kw, named):
-    with pytest.raises(ValueError, match=named):
+    with refuses(ValueError, f"propose_lookup([1, 2, 1], {kw})", match=named):
         propose_lookup([1, 2, 1], **kw)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from helpers import test_device
 from minisgl.speculative.accept import verify_greedy, verify_sampled
+from refusals import refuses
 
 ROWS = 20_000
 FALSE_ALARM = 1e-6
@@ -181,7 +182,7 @@ def test_greedy_rows_match_a_row_by_row_oracle():
 )
 def test_greedy_refuses_bad_inputs_by_name(args, named):
     dev = _device()
-    with pytest.raises(ValueError, match=named):
+    with refuses(ValueError, f"verify_greedy{tuple(args)}", match=named):
         verify_greedy(*(torch.tensor(a, dtype=torch.int64, device=dev) for a in args))
 
 
@@ -315,9 +316,9 @@ def test_sampled_draws_only_from_the_given_generator():
 def test_sampled_refuses_draft_probs_of_the_wrong_shape():
     k = 2
     draft, q = _drafts_from(P, k, seed=0)
-    with pytest.raises(ValueError, match="draft_probs"):
+    with refuses(ValueError, "verify_sampled with draft_probs of 5 columns", match="draft_probs"):
         verify_sampled(draft, _full(k), q[:, :, :5], _target(k), _gen(0))
-    with pytest.raises(ValueError, match="draft_len"):
+    with refuses(ValueError, "verify_sampled with draft_len past the drafts", match="draft_len"):
         verify_sampled(draft, _full(k) + 1, q, _target(k), _gen(0))
-    with pytest.raises(ValueError, match="draft must be"):
+    with refuses(ValueError, "verify_sampled with a 1-D draft", match="draft must be"):
         verify_sampled(draft[0], _full(k)[:1], q[:1], _target(k)[:1], _gen(0))

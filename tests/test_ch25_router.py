@@ -15,11 +15,10 @@ from __future__ import annotations
 import random
 from typing import Dict, List
 
-import pytest
-
 from minisgl.router.policy import Balance, cache_aware
 from minisgl.router.tree import Node, PrefixTree
 from minisgl.router.workers import WorkerPool
+from refusals import refuses
 
 BAL = Balance(abs_threshold=4, rel_threshold=2.0, cache_threshold=0.5)
 
@@ -285,7 +284,7 @@ def test_random_inserts_matches_and_evictions_keep_the_size_true():
 
 def test_evict_refuses_a_negative_bound():
     t = tree_of("abc")
-    with pytest.raises(ValueError, match="max_size"):
+    with refuses(ValueError, "evict(-1)", match="max_size"):
         t.evict(-1)
     assert t.size == 3
 
@@ -363,7 +362,9 @@ def test_one_match_load_and_size_per_worker():
         (([1, 1], 10, [0, 0], [1]), "got 2, 2, 1"),
         (([], 10, [], []), "got 0, 0, 0"),
     ):
-        with pytest.raises(ValueError, match=f"^one match, load and size per worker: {said}$"):
+        with refuses(
+            ValueError, f"cache_aware{args}", match=f"^one match, load and size per worker: {said}$"
+        ):
             cache_aware(*args, BAL)
 
 

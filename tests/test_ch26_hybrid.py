@@ -33,6 +33,7 @@ from minisgl.kernel.delta_rule import (
     l2_normalize,
 )
 from minisgl.kvcache.state_pool import StatePool, reset_new_rows
+from refusals import refuses
 
 TOL = dict(atol=2e-5, rtol=1e-4)
 
@@ -259,7 +260,9 @@ def test_slot_rows_the_step_does_not_hold_are_kept():
 @pytest.mark.parametrize("news,totals", [([1, 1, 1], [1, 1, 1]), ([1, 2], [1]), ([1], [1, 2])])
 def test_slot_reset_refuses_lengths_that_do_not_match_the_rows(news, totals):
     said = f"2 rows, {len(news)} new lengths and {len(totals)} total lengths: one of each"
-    with pytest.raises(ValueError, match=said):
+    with refuses(
+        ValueError, f"reset_new_rows(pool of 2 rows, rows [0, 1], {news}, {totals})", match=said
+    ):
         reset_new_rows(_random_pool(), torch.tensor([0, 1]), news, totals)
 
 
