@@ -360,11 +360,17 @@ def test_prepare_batch_gives_each_request_its_sampling_arguments_in_batch_order(
     for field in ("temperatures", "top_k", "top_p"):
         g, w = getattr(got, field), getattr(want, field)
         shown = None if g is None else [round(x, 3) for x in g.tolist()]
+        vocab = (
+            f"; a top_k of -1 (off) is the model's whole vocabulary, self.vocab_size = "
+            f"{llm.vocab_size} (the page table is {llm.page_table.shape[1]} wide)"
+            if field == "top_k"
+            else ""
+        )
         assert g is not None and g.tolist() == w.tolist(), (
             f"sampling arguments, {field}: {shown}, expected "
             f"{[round(x, 3) for x in w.tolist()]} (one per request, in the batch's order: its "
             f"requests are uids {[r.uid for r in batch.reqs]}, slots "
-            f"{[r.table_idx for r in batch.reqs]})"
+            f"{[r.table_idx for r in batch.reqs]}){vocab}"
         )
 
 
