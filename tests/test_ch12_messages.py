@@ -524,6 +524,37 @@ def test_a_frame_passes_revives_refusal_through_unchanged(obj):
     )
 
 
+def test_a_frame_revives_the_objects_inside_its_messages_too():
+    """A message's tensor and sampling parameters are objects inside it: decode_batch must have
+    revive see every object of the frame, innermost first (json.loads's object_hook), not only
+    the frame's items, or revive meets a message whose fields are still tagged dicts."""
+    msg = MESSAGES[0]  # a UserMsg: a tensor and sampling parameters inside it
+    frame = encode_batch([msg])
+    try:
+        got = decode_batch(frame)
+        refusal = None
+    except ValueError as e:
+        refusal = e
+    still_tagged = refusal is not None and (
+        "'__tensor__'" in str(refusal) or "'__sampling__'" in str(refusal)
+    )
+    if still_tagged:
+        pytest.fail(
+            f"decode_batch({frame[:60]!r}...) handed revive a UserMsg whose fields were still "
+            "tagged dicts, and revive refused it: every object of the frame must be revived, the "
+            "ones inside a message first (json.loads calls its object_hook on each, innermost "
+            f"first), not only the frame's items. Revive said: {str(refusal)[:160]}",
+            pytrace=False,
+        )
+    if refusal is not None:
+        raise refusal
+    fields = {f: type(getattr(got[0], f, None)).__name__ for f in ("input_ids", "sampling_params")}
+    assert fields == {"input_ids": "Tensor", "sampling_params": "SamplingParams"}, (
+        f"decode_batch gave a UserMsg whose input_ids and sampling_params are {fields}: every "
+        "object of the frame is revived, the ones inside a message too"
+    )
+
+
 def test_every_message_survives_the_wire():
     for msg in MESSAGES:
         encoded_with_its_tags(msg)
