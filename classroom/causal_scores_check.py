@@ -87,7 +87,10 @@ def hidden_key_problem(device: torch.device | str = "cpu") -> str:
     visible = torch.ones(BLOCK, BLOCK).tril().bool()
     lowest_seen = out.masked_fill(~visible, float("inf")).amin(dim=1)
     hidden_best = out.masked_fill(visible, float("-inf")).amax(dim=1)
-    beaten = (hidden_best >= lowest_seen) | hidden_best.isnan()
+    # a row whose visible keys are not all kept (a mask off by one) breaks the causal rule, which
+    # the attention checks name; this rule is about what a hidden key scores
+    kept = out.masked_fill(~visible, 0.0).isfinite().all(dim=1)
+    beaten = kept & ((hidden_best >= lowest_seen) | hidden_best.isnan())
     if not beaten.any():
         return ""
     row = int(beaten.nonzero()[0])
