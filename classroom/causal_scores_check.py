@@ -94,6 +94,12 @@ def hidden_key_problem(device: torch.device | str = "cpu") -> str:
     if not beaten.any():
         return ""
     row = int(beaten.nonzero()[0])
+    if out[row][~visible[row]].unique().numel() > 1:  # scores, not one mask value: left unmasked
+        return (
+            f"query {row}'s keys after its own position kept their scores (up to "
+            f"{float(hidden_best[row]):.4g}): they are not masked at all and take part in the "
+            "softmax (query m sees keys 0 to its position only)"
+        )
     return (
         f"with every visible score between -6e4 and -5e4, query {row}'s hidden keys scored "
         f"{float(hidden_best[row]):g}, its visible ones down to {float(lowest_seen[row]):.4g}: "
