@@ -20,6 +20,7 @@ from classroom.device_tags import (
     tagging_made_for,
     wrong_devices,
 )
+from classroom.host_copies import host_copies, tag_page_table
 from classroom.step_dtypes import wrong_dtypes
 from helpers import assert_tokens_equal, build_llm, greedy, hf_greedy, prompt_ids
 from minisgl import LLM, SamplingParams
@@ -203,9 +204,31 @@ def test_prepare_batch_moves_the_tensors_it_builds_to_the_device():
         fi = llm._prepare_batch(Batch(reqs, phase))
         left = host_tensors(fi, llm.engine.device)
         assert not left, (
-            f"{phase} step: {', '.join(left)} built on the host did not go through "
-            "self.engine.kit.to_device(...): never copied, a GPU's kernels get host memory; copied "
-            "with .to(device), the scheduler waits for each copy (to_device's is asynchronous)"
+            f"{phase} step: {', '.join(left)} did not go through self.engine.kit.to_device(...): "
+            "never copied, a GPU's kernels get host memory; copied with .to(device) or made with "
+            "device=, the scheduler waits for each copy (to_device's is asynchronous)"
+        )
+        for r in reqs:
+            r.complete_one()  # what launching the step does: the next one is a decode
+
+
+@torch.inference_mode()
+def test_prepare_batch_reads_the_page_table_where_it_lives():
+    """The page table is on the device; out_loc is an index of it by tensors already there. A
+    copy of it (or of a device tensor) to the host makes the CPU wait for the device every step,
+    which a CPU never shows: classroom/host_copies.py records each such copy."""
+    llm = build_llm()
+    tag_device_copies(llm.engine)
+    distinct_scheduler_device(llm)
+    tag_page_table(llm)
+    reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
+    for phase in ("prefill", "decode"):
+        with tagging_made_for(llm.device), host_copies(llm) as copies:
+            llm._prepare_batch(Batch(reqs, phase))
+        assert not copies, (
+            f"{phase} step: _prepare_batch copied device state to the host: "
+            f"{'; '.join(copies)} (read the page table where it lives: index it with the "
+            "step's device tensors; a copy to the host waits for the device, every step)"
         )
         for r in reqs:
             r.complete_one()  # what launching the step does: the next one is a decode
@@ -360,11 +383,17 @@ def test_prepare_batch_gives_each_request_its_sampling_arguments_in_batch_order(
     for field in ("temperatures", "top_k", "top_p"):
         g, w = getattr(got, field), getattr(want, field)
         shown = None if g is None else [round(x, 3) for x in g.tolist()]
+        vocab = (
+            f"; a top_k of -1 (off) is the model's whole vocabulary, self.vocab_size = "
+            f"{llm.vocab_size} (the page table is {llm.page_table.shape[1]} wide)"
+            if field == "top_k"
+            else ""
+        )
         assert g is not None and g.tolist() == w.tolist(), (
             f"sampling arguments, {field}: {shown}, expected "
             f"{[round(x, 3) for x in w.tolist()]} (one per request, in the batch's order: its "
             f"requests are uids {[r.uid for r in batch.reqs]}, slots "
-            f"{[r.table_idx for r in batch.reqs]})"
+            f"{[r.table_idx for r in batch.reqs]}){vocab}"
         )
 
 

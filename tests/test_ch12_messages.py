@@ -22,7 +22,7 @@ from minisgl.message import (
     UserMsg,
     UserReply,
 )
-from minisgl.message.wire import decode_batch, encode_batch, encode_value, revive
+from minisgl.message.wire import MESSAGE_TYPES, decode_batch, encode_batch, encode_value, revive
 from refusals import raised, refused_as_wanted, refuses
 
 # as the server builds them: the fields the client sent are the ones set
@@ -291,8 +291,9 @@ def test_revive_rebuilds_each_tagged_object():
         ({"__msg__": "BackendMsg", "uid": 1}, "unknown message type 'BackendMsg'"),
         # a list is no class's name (and unhashable: no dict lookup may raise TypeError on it)
         ({"__msg__": ["AbortMsg"], "uid": 1}, "unknown message type ['AbortMsg']"),
-        ({"__msg__": "AbortMsg", "pid": 1}, "AbortMsg"),
-        ({"__msg__": "AbortMsg"}, "AbortMsg"),
+        # a known class with bad fields: refused naming the class and the field, not as unknown
+        ({"__msg__": "AbortMsg", "pid": 1}, ("AbortMsg", "pid")),
+        ({"__msg__": "AbortMsg"}, ("AbortMsg", "uid")),
         ({"__msg__": "AbortMsg", "uid": "x"}, ("AbortMsg", "uid")),
         ({"__msg__": "DetokenizeMsg", "uid": 1, "next_token": 2, "finished": "no"}, "finished"),
         ({"__msg__": "DetokenizeMsg", "uid": 1, "next_token": "2", "finished": True}, "next_token"),
@@ -312,6 +313,10 @@ def test_revive_rebuilds_each_tagged_object():
         ({"__tensor__": [2**40], "dtype": "int32"}, ("[1099511627776]", "int32")),
         ({"__tensor__": [2**70], "dtype": "int64"}, ("[1180591620717411303424]", "int64")),
         ({"__tensor__": [-(2**63) - 1], "dtype": "int64"}, ("[-9223372036854775809]", "int64")),
+        # each end of int32's range, one past it, and a bad id that is not the first
+        ({"__tensor__": [2**31], "dtype": "int32"}, ("[2147483648]", "int32")),
+        ({"__tensor__": [-(2**31) - 1], "dtype": "int32"}, ("[-2147483649]", "int32")),
+        ({"__tensor__": [1, 2**40], "dtype": "int32"}, ("[1, 1099511627776]", "int32")),
         # SamplingParams(**[1]) is a TypeError that names no field
         ({"__sampling__": [1]}, "[1]"),
         ({"__sampling__": {"temperature": -1}}, "temperature"),
@@ -340,6 +345,9 @@ def test_revive_rebuilds_each_tagged_object():
         "ids too large for the dtype",
         "ids too large for int64",
         "ids too small for int64",
+        "one past int32's largest",
+        "one past int32's smallest",
+        "a second id too large for the dtype",
         "sampling parameters not an object",
         "bad temperature",
         "bad top_p",
@@ -349,6 +357,16 @@ def test_revive_refuses_naming_the_problem(obj, words):
     words = words if isinstance(words, tuple) else (words,)
     wanted = f"a ValueError naming {' and '.join(map(repr, words))}"
     err = raised(lambda: revive(dict(obj)), f"revive({obj})", wanted)
+    # the kind of refusal, not only its words: a known class given bad fields is no unknown type
+    name = obj.get("__msg__")
+    if isinstance(name, str) and name in MESSAGE_TYPES:
+        refused_as_wanted(
+            err,
+            "unknown message type" not in str(err),
+            f"revive({obj}) said {str(err)!r}, but {name} is a known message type: a message "
+            "with the wrong fields is refused as that, naming the class and the field (a try "
+            "around both the lookup and the class's call cannot tell the two apart)",
+        )
     missing = [w for w in words if w not in str(err)]
     refused_as_wanted(
         err,
@@ -503,6 +521,37 @@ def test_a_frame_passes_revives_refusal_through_unchanged(obj):
         type(got) is type(want) and str(got) == str(want),
         f"decode_batch({frame!r}) raised {got!r}, but revive's own refusal {want!r} already "
         "names the problem: catch only the errors of bytes that are not UTF-8 JSON",
+    )
+
+
+def test_a_frame_revives_the_objects_inside_its_messages_too():
+    """A message's tensor and sampling parameters are objects inside it: decode_batch must have
+    revive see every object of the frame, innermost first (json.loads's object_hook), not only
+    the frame's items, or revive meets a message whose fields are still tagged dicts."""
+    msg = MESSAGES[0]  # a UserMsg: a tensor and sampling parameters inside it
+    frame = encode_batch([msg])
+    try:
+        got = decode_batch(frame)
+        refusal = None
+    except ValueError as e:
+        refusal = e
+    still_tagged = refusal is not None and (
+        "'__tensor__'" in str(refusal) or "'__sampling__'" in str(refusal)
+    )
+    if still_tagged:
+        pytest.fail(
+            f"decode_batch({frame[:60]!r}...) handed revive a UserMsg whose fields were still "
+            "tagged dicts, and revive refused it: every object of the frame must be revived, the "
+            "ones inside a message first (json.loads calls its object_hook on each, innermost "
+            f"first), not only the frame's items. Revive said: {str(refusal)[:160]}",
+            pytrace=False,
+        )
+    if refusal is not None:
+        raise refusal
+    fields = {f: type(getattr(got[0], f, None)).__name__ for f in ("input_ids", "sampling_params")}
+    assert fields == {"input_ids": "Tensor", "sampling_params": "SamplingParams"}, (
+        f"decode_batch gave a UserMsg whose input_ids and sampling_params are {fields}: every "
+        "object of the frame is revived, the ones inside a message too"
     )
 
 

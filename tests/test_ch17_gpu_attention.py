@@ -405,6 +405,34 @@ def test_the_first_token_of_a_fresh_prompt_attends_to_itself_alone():
     assert_prefill(got, scene, q, [5], case, rule)
 
 
+def test_causal_scores_returns_float32_scores():
+    # the online softmax takes the scores' max and exponentiates them in float32: scores rounded
+    # to bfloat16 are off by up to 0.4 % first, which the attention tests see only as a small
+    # difference blamed on the mask
+    from classroom.causal_scores_check import scores_dtype_problem
+
+    problem = scores_dtype_problem(device())
+    assert not problem, (
+        f"causal_scores on one block of float32 scores: {problem} (scale them and mask them, "
+        "without a cast: the raw scores are float32 and so is the online softmax's state)"
+    )
+
+
+def test_a_hidden_key_loses_to_every_visible_one():
+    # the attention tests' scores lie within a few units of 0, where -1e4 looks like -inf; a
+    # query and keys pointing apart give scores far below it
+    from classroom.causal_scores_check import hidden_key_problem
+
+    problem = hidden_key_problem(device())
+    rule = (
+        ""  # the scores' dtype: test_causal_scores_returns_float32_scores says that rule
+        if problem.startswith("the scores come back")
+        else " (a hidden key must lose to every visible one: -inf, or a value no score reaches, "
+        "such as -1e30)"
+    )
+    assert not problem, f"causal_scores on one block: {problem}{rule}"
+
+
 def test_a_chunk_sees_the_whole_cached_prefix():
     # 2 new tokens after 60 cached keys: the last key of the prefix outweighs everything, so both
     # new tokens must return (almost) its value

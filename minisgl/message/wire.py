@@ -143,8 +143,9 @@ def revive(obj: Dict[str, Any]) -> Any:
     Checked: every message comes back equal; each refusal is a ValueError that names what is
         wrong: `unknown message type 'Shutdown'` (the name as repr writes it, in quotes; an empty
         name too, `unknown message type ''`, and a list, `unknown message type ['AbortMsg']`),
-        the class name for a message with the wrong fields (one its class does not have, one it
-        lacks, or one of the wrong type, whose name is said too: `AbortMsg` ... `uid`), the
+        the class and the field for a message with the wrong fields (one its class does not
+        have, one it lacks, or one of the wrong type: `AbortMsg` ... `pid`; a known class, so
+        never `unknown message type`), the
         dtype as repr writes it (`'float16'`, quoted) for a tensor whose dtype is unknown,
         missing (`None`) or not a string, the ids as repr writes them for ids that are not a
         flat list of integers (`[1.5]`, `[True]`, `[[1, 2]]`, `5`) or do not fit in the dtype
