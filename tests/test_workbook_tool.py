@@ -548,37 +548,41 @@ def test_a_tryout_helper_that_catches_the_learners_error_names_the_learners_line
     ]
 
 
-def test_a_kernels_mask_on_the_wrong_axis_is_said_as_the_rule_it_breaks(tmp_path, monkeypatch):
-    # Triton's interpreter says "Cannot make_shape_compatible: incompatible dimensions at index 1:
-    # 16 and 8"; the try-out names the tl call, the two shapes and the mask's rule
-    pytest.importorskip("triton")
+def _kernel_tryout_lines(tmp_path, monkeypatch, tryout: str) -> list:
+    """The lines a try-out cell prints when it follows tests/data/mask_on_the_wrong_axis.py (a
+    kernel `copy` whose mask Triton refuses) in one file, run as a kernel runs a cell: from a
+    file, so the learner's line can be read back."""
     import contextlib
     import io
     import textwrap
 
     import torch
 
-    from classroom.tryout import attempt, check
+    from classroom.tryout import attempt, check, kernel_run
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when a kernel is decorated
     cell = tmp_path / "cell.py"
     kernel = (Path(__file__).parent / "data" / "mask_on_the_wrong_axis.py").read_text()
-    cell.write_text(
-        kernel
-        + textwrap.dedent(
-            """
-            with attempt("ch99.copy"):
-                src, dst = torch.ones(8, 16), torch.zeros(8, 16)
-                copy[(1,)](src, dst, 5, 8, 16)
-                check("the first 5 rows are copied", bool(dst[:5].eq(1).all()))
-            """
-        )
-    )
+    cell.write_text(kernel + textwrap.dedent(tryout))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        namespace = {"attempt": attempt, "check": check, "torch": torch}
+        namespace = {"attempt": attempt, "check": check, "kernel_run": kernel_run, "torch": torch}
         exec(compile(cell.read_text(), str(cell), "exec"), namespace)
-    (line,) = out.getvalue().splitlines()
+    return out.getvalue().splitlines()
+
+
+def test_a_kernels_mask_on_the_wrong_axis_is_said_as_the_rule_it_breaks(tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    (line,) = _kernel_tryout_lines(
+        tmp_path,
+        monkeypatch,
+        """
+        with attempt("ch99.copy"):
+            src, dst = torch.ones(8, 16), torch.zeros(8, 16)
+            copy[(1,)](src, dst, 5, 8, 16)
+            check("the first 5 rows are copied", bool(dst[:5].eq(1).all()))
+        """,
+    )
     # labelled with the rule the refusal broke, not the check it stopped (trial 8: a tl.dot
     # refusal shown under the float32-state check's label)
     assert line.startswith(
@@ -594,39 +598,22 @@ def test_a_kernel_refusal_in_kernel_run_is_one_line_and_the_other_checks_run(tmp
     # kernel_run: Triton's refusal printed once, under its rule, and the try-out goes on (trial 8:
     # `tl.dot(p, v)` on bfloat16 stopped chapter 17's try-out at its first check)
     pytest.importorskip("triton")
-    import contextlib
-    import io
-    import textwrap
-
-    import torch
-
-    from classroom.tryout import attempt, check, kernel_run
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    cell = tmp_path / "cell.py"
-    kernel = (Path(__file__).parent / "data" / "mask_on_the_wrong_axis.py").read_text()
-    cell.write_text(
-        kernel
-        + textwrap.dedent(
-            """
-            with attempt("ch99.copy"):
-                src = torch.ones(8, 16)
-                for _ in range(2):  # the same refusal twice: said once
-                    dst = torch.zeros(8, 16)
-                    ran, _ = kernel_run(lambda: copy[(1,)](src, dst, 5, 8, 16))
-                    if ran:
-                        check("the first 5 rows are copied", bool(dst[:5].eq(1).all()))
-                check("a check after the refusal still runs", True)
-                ran, got = kernel_run(lambda: 7)
-                check("a run that is not refused gives its value", ran and got == 7)
-            """
-        )
+    lines = _kernel_tryout_lines(
+        tmp_path,
+        monkeypatch,
+        """
+        with attempt("ch99.copy"):
+            src = torch.ones(8, 16)
+            for _ in range(2):  # the same refusal twice: said once
+                dst = torch.zeros(8, 16)
+                ran, _ = kernel_run(lambda: copy[(1,)](src, dst, 5, 8, 16))
+                if ran:
+                    check("the first 5 rows are copied", bool(dst[:5].eq(1).all()))
+            check("a check after the refusal still runs", True)
+            ran, got = kernel_run(lambda: 7)
+            check("a run that is not refused gives its value", ran and got == 7)
+        """,
     )
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        namespace = {"attempt": attempt, "check": check, "kernel_run": kernel_run, "torch": torch}
-        exec(compile(cell.read_text(), str(cell), "exec"), namespace)
-    lines = out.getvalue().splitlines()
     assert len(lines) == 3 and lines[1:] == [
         "✔ a check after the refusal still runs",
         "✔ a run that is not refused gives its value",
