@@ -566,6 +566,18 @@ def test_every_message_survives_the_wire():
         assert same(sent, back), f"sent {sent}, got back {back}"
 
 
+def test_a_frame_decodes_to_a_list_of_its_messages():
+    """The contract's return type: a list, as its annotation and docstring say (a caller may append
+    to it; a tuple refuses), an empty frame an empty list."""
+    for frame in (encode_batch(MESSAGES[:2]), b"[]"):
+        got = decode_batch(frame)
+        assert type(got) is list, (
+            f"decode_batch({frame[:40]!r}...) returned a {type(got).__name__} of "
+            f"{len(got)} messages; the contract returns the list of messages: json.loads's list, "
+            "as it is"
+        )
+
+
 def test_a_frame_is_a_json_array_of_messages():
     frame = encode_batch(MESSAGES[:2])
     items = json.loads(frame.decode("utf-8"))
