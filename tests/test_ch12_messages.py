@@ -302,6 +302,8 @@ def test_revive_rebuilds_each_tagged_object():
         # torch.tensor would truncate 1.5 to 1, take true as 1, build 2-D or 0-D tensors
         ({"__tensor__": [1.5], "dtype": "int64"}, "[1.5]"),
         ({"__tensor__": [1, 2.5], "dtype": "int64"}, "[1, 2.5]"),
+        # whole-number floats too: encode_value never writes 5.0, so a sender that did is not it
+        ({"__tensor__": [5.0, 2.0], "dtype": "int64"}, "[5.0, 2.0]"),
         ({"__tensor__": [True], "dtype": "int32"}, "[True]"),
         ({"__tensor__": [[1, 2]], "dtype": "int64"}, "[[1, 2]]"),
         ({"__tensor__": 5, "dtype": "int64"}, "5"),
@@ -337,6 +339,7 @@ def test_revive_rebuilds_each_tagged_object():
         "unknown dtype",
         "float ids",
         "a float among int ids",
+        "whole-number float ids",
         "boolean ids",
         "nested ids",
         "ids not a list",
