@@ -423,8 +423,8 @@ def test_filter_reqs_keeps_decodable_requests_and_drops_finished_ones():
             "token: a request that cannot decode and was never in running is simply not added "
             "(removing what is not there must not fail)"
         ) from None
-    assert list(dm.running) == [0, 2], (
-        "running should hold uids [0, 2] (can decode, in batch order; uid 1 is finished), got "
+    assert sorted(dm.running) == [0, 2], (
+        "running should hold uids 0 and 2 (they can decode; uid 1 is finished), got "
         f"{list(dm.running)}"
     )
 
@@ -436,7 +436,7 @@ def test_filter_reqs_keeps_decodable_requests_and_drops_finished_ones():
         "there: filter_reqs changes only the requests of the batch it is given (a running set "
         "rebuilt from the batch loses every request outside it)"
     )
-    assert list(dm.running) == [0, 2], (
+    assert sorted(dm.running) == [0, 2], (
         f"a chunked prefill is not decoding yet: running is {list(dm.running)}"
     )
 
@@ -470,7 +470,7 @@ def test_filter_reqs_reads_its_requests_once():
     dm = DecodeManager()
     going, short = _req_after(0, 5, 3, steps=1), _req_after(2, 6, 2, steps=1)
     dm.filter_reqs(iter([going, short]))
-    assert list(dm.running) == [0, 2], (
+    assert sorted(dm.running) == [0, 2], (
         f"after filter_reqs(a generator of uids 0 and 2, both able to decode) running is "
         f"{list(dm.running)}, expected [0, 2]"
     )
@@ -508,7 +508,9 @@ def test_requests_join_and_leave_the_running_batch():
         ("decode", [a, c]),
         ("decode", [a]),
     ]
-    got = launches(log)
+    # which requests each batch holds, not their order inside a decode batch: every row carries
+    # its own slot, so running's order changes no token (the chapter says it is not a rule)
+    got = [(phase, uids if phase == "prefill" else sorted(uids)) for phase, uids in launches(log)]
     assert got == want, (
         "the batches' composition over time is not what continuous batching gives: launched "
         f"(phase, uids) {got}, expected {want} (a arrives wanting 6 tokens, b 2, c 4 after step 2)"

@@ -21,12 +21,13 @@ class DecodeManager:
         Receives: `reqs`, the requests of the batch just launched, prefill or decode; chunks of a
             chunked prefill among them have `is_chunk` True (every other request False).
         Returns: nothing.
-        Leaves: `self.running` (uid -> request): every request that can decode is in it (a new
-            one at the end, in batch order), every one that cannot is out of it, including one
-            that never joined; a chunk never joins (its `can_decode` is always False).
+        Leaves: `self.running` (uid -> request): every request that can decode is in it, every
+            one that cannot is out of it, including one that never joined; a chunk never joins
+            (its `can_decode` is always False). Their order is free: each row carries its own
+            slot, so no token depends on it (adding a new one at the end keeps logs readable).
         Uses: `req.can_decode` (ch01), `req.is_chunk` (ch10: True on a `ChunkedReq`),
             `self.running` (ch07).
-        Checked: requests that can decode join in batch order, a finished one never does and leaves
+        Checked: requests that can decode join, a finished one never does and leaves
             once it reaches max_tokens; a chunked prefill is not decoding; batches compose over time
             as continuous batching says, with Hugging Face's tokens; every slot and page is back at
             the end.
