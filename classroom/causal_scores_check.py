@@ -4,8 +4,9 @@ on one block of scores.
 * Its scores come back float32, the dtype of the raw scores it was given: the online softmax
   takes their max and exponentiates them in float32, and a score rounded to bfloat16 is off by
   up to 0.4 % before anything else happens. Asked with a `tl.static_assert` on the returned dtype,
-  checked by the interpreter as it runs and by a GPU as it compiles; a comparison of the
-  attention's output only says the numbers are a little off, not why.
+  checked by the interpreter as it runs and by a GPU as it compiles, and, for scores cast to a
+  16-bit type and back (float32 again), by comparing each kept score with s * scale exactly; a
+  comparison of the attention's output only says the numbers are a little off, not why.
 * A hidden key loses to every visible one. `-inf` does; so does a finite value no score reaches
   (`-1e30`). A value a real score can go below (`-1e4`) does not: with every visible score near
   `-5e4` (a query and keys pointing apart, large) the hidden key becomes the row's maximum and
@@ -69,9 +70,35 @@ def _scores_or_dtype_problem(raw: torch.Tensor, scale: float, device) -> torch.T
 
 
 def scores_dtype_problem(device: torch.device | str = "cpu") -> str:
-    """ "" when the helper returns float32 scores for float32 raw scores, else what it returned."""
-    got = _scores_or_dtype_problem(torch.randn(BLOCK, BLOCK, device=device), 0.25, device)
-    return got if isinstance(got, str) else ""
+    """ "" when the helper returns float32 scores for float32 raw scores, each visible one exactly
+    s * scale, else what it returned: its dtype, or the scores a round trip through a 16-bit type
+    rounded (their dtype float32 again, so only their values show it), or visible scores that are
+    not s * scale at all."""
+    raw = torch.randn(BLOCK, BLOCK)
+    scale = 0.25  # a power of two: s * scale is exact, however the helper writes the product
+    got = _scores_or_dtype_problem(raw.to(device), scale, device)
+    if isinstance(got, str):
+        return got
+    want = raw * scale
+    # where the mask keeps the score (a mask off by one is the causal rule's, told by its checks)
+    kept = torch.ones(BLOCK, BLOCK).tril().bool() & got.isfinite()
+    wrong = kept & (got != want)
+    if not wrong.any():
+        return ""
+    q, k = (int(i) for i in wrong.nonzero()[0])
+    seen = f"query {q}, key {k}: got {float(got[q, k]):.8g}, s * scale is {float(want[q, k]):.8g}"
+    # a 16-bit round trip moves each score by at most 2**-9 of it in bfloat16 (less in float16,
+    # but up to its smallest step, 2**-24, near 0); two of them (the product taken in bfloat16
+    # too) by twice that. A scale gone wrong is a factor, far outside.
+    rounded = ((got - want).abs() <= want.abs() * 2**-7 + 2**-23)[kept].all()
+    if rounded:
+        worst = float(((got - want).abs() / want.abs().clamp_min(1e-30))[kept].max()) * 100
+        return (
+            "the scores stay float32: a round trip through a 16-bit type rounds each score by up "
+            "to 0.4 % (twice that where the cast truncates, as the CPU interpreter's bfloat16 "
+            f"does; here they moved by up to {worst:.2g} %; {seen})"
+        )
+    return f"the visible scores should be s * scale exactly ({seen})"
 
 
 def hidden_key_problem(device: torch.device | str = "cpu") -> str:
