@@ -94,6 +94,22 @@ def encoded_with_its_tags(msg) -> None:
         )
 
 
+def encode_with_sampling_params(value, what: str):
+    """encode_value(value) for a value holding a SamplingParams; a TypeError naming it is the
+    encoder's rule broken, said as that: SamplingParams is a dataclass but not a message."""
+    try:
+        return encode_value(value)
+    except TypeError as e:
+        refused_as_wanted(
+            e,
+            "SamplingParams" not in str(e),
+            f"encode_value({what}) raised TypeError: {e}; SamplingParams is a dataclass but not a "
+            "message: it travels under its own tag, {'__sampling__': its fields}, so it is "
+            "recognised before a dataclass is refused for not being in MESSAGE_TYPES",
+        )
+        raise
+
+
 def test_a_tensor_travels_as_its_ids_and_dtype():
     for dtype, name in ((torch.int32, "int32"), (torch.int64, "int64")):
         got = encode_value(torch.tensor([5, 6, 7], dtype=dtype))
@@ -102,7 +118,7 @@ def test_a_tensor_travels_as_its_ids_and_dtype():
 
 
 def test_sampling_params_travel_as_their_fields():
-    got = encode_value(PARAMS)
+    got = encode_with_sampling_params(PARAMS, "SamplingParams(...)")
     want = {
         "__sampling__": {
             "temperature": 0.7,
@@ -153,7 +169,7 @@ def test_a_message_is_its_fields_and_its_name():
         "logprobs": None,
     }
     assert got == want, f"a DetokenizeMsg should encode as {want}, got {got}"
-    user = encode_value(MESSAGES[0])
+    user = encode_with_sampling_params(MESSAGES[0], "a UserMsg")
     assert user.get("input_ids") == {
         "__tensor__": [5, 6, 7],
         "dtype": "int32",
