@@ -74,8 +74,11 @@ def assert_int64_indices(fi) -> None:
         "input_tuple positions": fi.input_tuple[1],
         "batch.out_loc": fi.batch.out_loc,
     }
-    wrong = {name: str(t.dtype) for name, t in named.items() if t.dtype != torch.int64}
-    assert not wrong, f"index tensors should be int64: {wrong}"
+    wrong = [f"{name} is {t.dtype}" for name, t in named.items() if t.dtype != torch.int64]
+    assert not wrong, (
+        f"index tensors should be int64, but {' and '.join(wrong)} (a GPU kernel computes byte "
+        "offsets from them, which overflow int32 in a large KV pool)"
+    )
 
 
 def assert_same(got, want: List[int], rule: str) -> None:
@@ -719,7 +722,10 @@ def test_a_slot_freed_in_the_normal_loop_is_reused_at_once_even_after_overlap_st
     got = llm.results[second].token_ids
     assert llm.results[second].finished, (
         f"after the first request {ending}, the second waited for its slot (got {len(got)} of "
-        "2 tokens)"
+        "2 tokens): the flag `_defer_slot_free` must be False for the whole of a normal step, "
+        "wherever a slot may be freed (the overlap step before it left it True; an abort frees "
+        "the slot while the turn's messages are processed), or the slot is parked in the "
+        "deferred list"
     )
     assert_tokens_equal([got], hf_greedy([p[1]], 2), "the request that waited for the freed slot")
     if ending == "finishes":
