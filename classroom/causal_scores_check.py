@@ -94,9 +94,8 @@ def scores_dtype_problem(device: torch.device | str = "cpu") -> str:
     if rounded:
         worst = float(((got - want).abs() / want.abs().clamp_min(1e-30))[kept].max()) * 100
         return (
-            "the scores stay float32: a round trip through a 16-bit type rounds each score by up "
-            "to 0.4 % (twice that where the cast truncates, as the CPU interpreter's bfloat16 "
-            f"does; here they moved by up to {worst:.2g} %; {seen})"
+            "the scores stay float32: each trip through a 16-bit type rounds a score by up to "
+            f"0.4 % (here they moved by up to {worst:.2g} %; {seen})"
         )
     return f"the visible scores should be s * scale exactly ({seen})"
 
