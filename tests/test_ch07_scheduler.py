@@ -195,6 +195,15 @@ def test_prepare_batch_builds_prefill_and_decode_indices():
     )
 
 
+def _prefill_then_decode(reqs):
+    """A prefill step of `reqs`, then a decode step: (phase, batch) each; after each the requests
+    advance as launching the step would (complete_one), so the next one is a decode."""
+    for phase in ("prefill", "decode"):
+        yield phase, Batch(reqs, phase)
+        for r in reqs:
+            r.complete_one()
+
+
 @torch.inference_mode()
 def test_prepare_batch_moves_the_tensors_it_builds_to_the_device():
     # On a CPU, kit.to_device returns its argument, so a step built without it runs; on a GPU its
@@ -203,16 +212,14 @@ def test_prepare_batch_moves_the_tensors_it_builds_to_the_device():
     llm = build_llm()
     tag_device_copies(llm.engine)
     reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
-    for phase in ("prefill", "decode"):
-        fi = llm._prepare_batch(Batch(reqs, phase))
+    for phase, batch in _prefill_then_decode(reqs):
+        fi = llm._prepare_batch(batch)
         left = host_tensors(fi, llm.engine.device)
         assert not left, (
             f"{phase} step: {', '.join(left)} did not go through self.engine.kit.to_device(...): "
             "never copied, a GPU's kernels get host memory; copied with .to(device) or made with "
             "device=, the scheduler waits for each copy (to_device's is asynchronous)"
         )
-        for r in reqs:
-            r.complete_one()  # what launching the step does: the next one is a decode
 
 
 @torch.inference_mode()
@@ -225,16 +232,14 @@ def test_prepare_batch_reads_the_page_table_where_it_lives():
     distinct_scheduler_device(llm)
     tag_page_table(llm)
     reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
-    for phase in ("prefill", "decode"):
+    for phase, batch in _prefill_then_decode(reqs):
         with tagging_made_for(llm.device), host_copies(llm) as copies:
-            llm._prepare_batch(Batch(reqs, phase))
+            llm._prepare_batch(batch)
         assert not copies, (
             f"{phase} step: _prepare_batch copied device state to the host: "
             f"{'; '.join(copies)} (read the page table where it lives: index it with the "
             "step's device tensors; a copy to the host waits for the device, every step)"
         )
-        for r in reqs:
-            r.complete_one()  # what launching the step does: the next one is a decode
 
 
 @torch.inference_mode()
@@ -249,17 +254,15 @@ def test_prepare_batch_hands_the_forward_only_tensors_on_the_engines_device():
     distinct_scheduler_device(llm)
     reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
     reqs[1].sampling_params = SamplingParams(temperature=0.7, max_tokens=4)  # sampling tensors
-    for phase in ("prefill", "decode"):
+    for phase, batch in _prefill_then_decode(reqs):
         with tagging_made_for(llm.device):
-            fi = llm._prepare_batch(Batch(reqs, phase))
+            fi = llm._prepare_batch(batch)
         off = off_device_tensors(fi, llm.device)
         assert not off, (
             f"{phase} step: every tensor handed to the forward must be on self.device "
             f"({llm.device}; prepare_metadata and from_params are given it, not a bare 'cpu'), "
             f"not: {', '.join(off)}"
         )
-        for r in reqs:
-            r.complete_one()  # what launching the step does: the next one is a decode
 
 
 @torch.inference_mode()
@@ -270,12 +273,10 @@ def test_prepare_batch_hands_the_forward_tensors_of_the_dtypes_their_contracts_s
     llm = build_llm()
     reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
     reqs[1].sampling_params = SamplingParams(temperature=0.7, max_tokens=4)  # sampling tensors
-    for phase in ("prefill", "decode"):
-        fi = llm._prepare_batch(Batch(reqs, phase))
+    for phase, batch in _prefill_then_decode(reqs):
+        fi = llm._prepare_batch(batch)
         wrong = wrong_dtypes(fi)
         assert not wrong, f"{phase} step: " + "; ".join(wrong)
-        for r in reqs:
-            r.complete_one()  # what launching the step does: the next one is a decode
 
 
 @torch.inference_mode()
@@ -285,16 +286,14 @@ def test_prepare_batch_leaves_the_requests_lengths_to_the_launch():
     read cached_len and device_len after `_prepare_batch` has returned."""
     llm = build_llm()
     reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
-    for phase in ("prefill", "decode"):
+    for phase, batch in _prefill_then_decode(reqs):
         before = [(r.cached_len, r.device_len) for r in reqs]
-        llm._prepare_batch(Batch(reqs, phase))
+        llm._prepare_batch(batch)
         after = [(r.cached_len, r.device_len) for r in reqs]
         assert after == before, (
             f"{phase} step: (cached_len, device_len) per request went from {before} to {after} "
             "inside _prepare_batch; they are the launch's to advance"
         )
-        for r in reqs:
-            r.complete_one()  # what launching the step does: the next one is a decode
 
 
 def test_prepare_batch_leaves_the_input_ids_to_the_engine():
@@ -305,8 +304,7 @@ def test_prepare_batch_leaves_the_input_ids_to_the_engine():
     the field, so the step's output cannot show it: the field itself does."""
     llm = build_llm()
     reqs = [_admit(llm, uid, ids, 4) for uid, ids in enumerate(prompt_ids()[:2])]
-    for phase in ("prefill", "decode"):
-        batch = Batch(reqs, phase)
+    for phase, batch in _prefill_then_decode(reqs):
         llm._prepare_batch(batch)
         got = batch.input_ids
         shown = f"shape {list(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
@@ -316,8 +314,6 @@ def test_prepare_batch_leaves_the_input_ids_to_the_engine():
             "stream, and a read on the scheduler's side races the engine's write of the previous "
             "step's sample under overlap (chapter 11)"
         )
-        for r in reqs:
-            r.complete_one()  # what launching the step does: the next one is a decode
 
 
 @torch.inference_mode()
